@@ -1,0 +1,68 @@
+"""aiotensor: an asyncio-native eager tensor runtime.
+
+``async with AsyncEagerSession() as s:`` gives a session that owns every tensor buffer
+it creates. Every op is a coroutine whose numpy kernel runs on a thread pool, so the
+event loop stays responsive; buffers of dropped handles are freed by one of three
+:class:`ResourceCleanupStrategy` values, and closing the session frees everything.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from ._backend import Backend as Backend
+from ._backend import InlineExecutor as InlineExecutor
+from ._backend import LocalBackend as LocalBackend
+from ._backend import PendingKernel as PendingKernel
+from ._config import ResourceCleanupStrategy as ResourceCleanupStrategy
+from ._config import SessionConfig as SessionConfig
+from ._defaults import get_default_session as get_default_session
+from ._errors import AioTensorError as AioTensorError
+from ._errors import BackendError as BackendError
+from ._errors import InvalidArgumentError as InvalidArgumentError
+from ._errors import InvalidDeviceError as InvalidDeviceError
+from ._errors import KernelError as KernelError
+from ._errors import NoSessionError as NoSessionError
+from ._errors import ResourceExhaustedError as ResourceExhaustedError
+from ._errors import SessionClosedError as SessionClosedError
+from ._errors import WrongEventLoopError as WrongEventLoopError
+from ._functional import *  # noqa: F403 -- the op functions; their names are listed in _functional.__all__
+from ._functional import __all__ as _op_names
+from ._interactive import InteractiveSession as InteractiveSession
+from ._kernels import BufferInfo as BufferInfo
+from ._kernels import KernelResult as KernelResult
+from ._registry import SessionStats as SessionStats
+from ._session import AsyncEagerSession as AsyncEagerSession
+from ._tensor import Tensor as Tensor
+
+try:
+    __version__ = version("aiotensor")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+    __version__ = "0+unknown"
+
+__all__ = [
+    "AioTensorError",
+    "AsyncEagerSession",
+    "Backend",
+    "BackendError",
+    "BufferInfo",
+    "InlineExecutor",
+    "InteractiveSession",
+    "InvalidArgumentError",
+    "InvalidDeviceError",
+    "KernelError",
+    "KernelResult",
+    "LocalBackend",
+    "NoSessionError",
+    "PendingKernel",
+    "ResourceCleanupStrategy",
+    "ResourceExhaustedError",
+    "SessionClosedError",
+    "SessionConfig",
+    "SessionStats",
+    "Tensor",
+    "WrongEventLoopError",
+    "__version__",
+    "get_default_session",
+    *_op_names,
+]

@@ -1,0 +1,199 @@
+"""The seam where kernels run and buffers live: :class:`Backend`, and the local thread pool.
+
+A backend turns ``(fn, args, kwargs)`` into buffers, releases buffers, and copies them
+back to the caller. The session never touches a buffer otherwise, so the same session
+code drives a local thread pool (:class:`LocalBackend`, the default), an inline
+executor for deterministic tests, and a Dask cluster (``aiotensor.distributed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import os
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, Protocol
+
+from ._devices import CPU0
+from ._kernels import KernelResult, run_kernel
+from ._types import NDArray
+
+__all__ = ["Backend", "InlineExecutor", "LocalBackend", "PendingKernel", "default_executor"]
+
+#: Fetches of more bytes than this copy on the pool rather than on the event loop.
+_COPY_ON_POOL_BYTES = 1 << 20
+
+
+class PendingKernel(Protocol):
+    """A submitted kernel: await it for its :class:`KernelResult`."""
+
+    def __await__(self) -> Generator[Any, None, KernelResult]:
+        """Wait for the kernel's buffers."""
+        ...
+
+    def abandon(self, adopt: Callable[[KernelResult], object]) -> None:
+        """The caller was cancelled: stop the kernel if possible, else hand its result to ``adopt``.
+
+        ``adopt`` runs on the event loop thread. It is how a result nobody awaits is
+        still owned (and freed) by the session.
+        """
+        ...
+
+
+class Backend(ABC):
+    """Where kernels run and buffers live (one small interface; see the module docstring)."""
+
+    @abstractmethod
+    def devices(self) -> list[str]:
+        """Device names ops may be placed on; the first is the default."""
+
+    async def start(self) -> None:  # noqa: B027 -- a hook, empty by default
+        """Called once on the session's event loop before its first op."""
+
+    @abstractmethod
+    def submit(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, device: str
+    ) -> PendingKernel:
+        """Run ``fn(*args, **kwargs)`` (backend buffers among ``args``) on ``device``."""
+
+    @abstractmethod
+    async def fetch(self, handles: Sequence[Any]) -> list[NDArray]:
+        """Copies of the buffers, owned by the caller (they outlive the session)."""
+
+    @abstractmethod
+    def peek(self, handle: Any) -> NDArray | None:
+        """A read-only view of a buffer without suspending, or ``None`` if it lives remotely."""
+
+    @abstractmethod
+    def release(self, handle: Any) -> None:
+        """Let go of a buffer (called once per buffer, on the loop thread)."""
+
+    async def aclose(self) -> None:  # noqa: B027 -- a hook, empty by default
+        """Free the backend's own resources (called by the session that owns it)."""
+
+
+class InlineExecutor(concurrent.futures.Executor):
+    """An executor that runs each call at once on the calling thread.
+
+    For deterministic tests only: kernels then block the event loop.
+    """
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        """Run ``fn`` now and return a finished future."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # delivered through the future, as a pool would
+            future.set_exception(exc)
+        return future
+
+
+_default_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_default_pool_lock = threading.Lock()
+
+
+def default_executor() -> concurrent.futures.ThreadPoolExecutor:
+    """The process-wide pool shared by sessions without ``max_workers``, sized to the cores.
+
+    Created on first use; sharing it is what lets a request-scoped session start
+    without starting a thread.
+    """
+    global _default_pool
+    pool = _default_pool
+    if pool is None:
+        with _default_pool_lock:
+            pool = _default_pool
+            if pool is None:
+                pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=os.cpu_count() or 1, thread_name_prefix="aiotensor"
+                )
+                _default_pool = pool
+    return pool
+
+
+def _forget_pool_after_fork() -> None:
+    # A forked child inherits the pool object but not its threads.
+    global _default_pool
+    _default_pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
+class _LocalPending:
+    __slots__ = ("_future", "_loop")
+
+    def __init__(self, future: concurrent.futures.Future[KernelResult], loop: asyncio.AbstractEventLoop) -> None:
+        self._future = future
+        self._loop = loop
+
+    def __await__(self) -> Generator[Any, None, KernelResult]:
+        return asyncio.wrap_future(self._future, loop=self._loop).__await__()
+
+    def abandon(self, adopt: Callable[[KernelResult], object]) -> None:
+        if self._future.cancel():  # never started: nothing was allocated
+            return
+        loop = self._loop
+
+        def hand_over(future: concurrent.futures.Future[KernelResult]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                return
+            try:
+                loop.call_soon_threadsafe(adopt, future.result())
+            except RuntimeError:  # loop closed: nobody is left to own the result
+                pass
+
+        self._future.add_done_callback(hand_over)
+
+
+class LocalBackend(Backend):
+    """Kernels on a ``concurrent.futures`` executor, buffers as read-only ndarrays in this process.
+
+    Args:
+        executor: Where kernels run; ``None`` uses the process-wide pool
+            (:func:`default_executor`).
+        owns_executor: Shut the executor down in :meth:`aclose`.
+    """
+
+    def __init__(self, executor: concurrent.futures.Executor | None = None, *, owns_executor: bool = False) -> None:
+        self._executor = executor
+        self._owns = owns_executor
+
+    @property
+    def executor(self) -> concurrent.futures.Executor:
+        """The executor kernels run on."""
+        return self._executor if self._executor is not None else default_executor()
+
+    def devices(self) -> list[str]:
+        return [CPU0]
+
+    def submit(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, device: str
+    ) -> PendingKernel:
+        # copy_context: kernels see the caller's context variables (numpy's errstate too).
+        ctx = contextvars.copy_context()
+        future = self.executor.submit(ctx.run, run_kernel, fn, args, kwargs)
+        return _LocalPending(future, asyncio.get_running_loop())
+
+    async def fetch(self, handles: Sequence[Any]) -> list[NDArray]:
+        def copy_all() -> list[NDArray]:
+            return [h.copy() for h in handles]
+
+        if sum(h.nbytes for h in handles) <= _COPY_ON_POOL_BYTES:
+            return copy_all()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, copy_all)
+
+    def peek(self, handle: Any) -> NDArray | None:
+        return handle  # type: ignore[no-any-return]
+
+    def release(self, handle: Any) -> None:
+        pass  # dropping the registry's reference is the release
+
+    async def aclose(self) -> None:
+        if self._owns and self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)

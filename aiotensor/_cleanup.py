@@ -1,0 +1,173 @@
+"""The three cleanup strategies, behind one small interface.
+
+A policy decides *when* the registry's dropped buffers are freed; the registry decides
+*how*. The session calls :attr:`CleanupPolicy.safe_point` around each await boundary of
+its API (it is ``None`` when a strategy has nothing to do there, so the hot path pays
+one attribute test) and :meth:`CleanupPolicy.stop` at close, after which it frees
+everything itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+from ._config import ResourceCleanupStrategy
+from ._registry import Registry
+
+__all__ = [
+    "BackgroundCleanup",
+    "CleanupPolicy",
+    "CloseOnlyCleanup",
+    "SafePointCleanup",
+    "make_policy",
+]
+
+logger = logging.getLogger("aiotensor")
+
+
+class CleanupPolicy(ABC):
+    """When a session frees buffers whose handles were dropped."""
+
+    #: The public strategy this policy implements.
+    strategy: ResourceCleanupStrategy
+    #: Whether pressure on ``memory_limit`` may free pending buffers early.
+    reclaims: bool
+    #: Called by the session before and after each op; ``None`` if there is nothing to do.
+    safe_point: Callable[[], object] | None = None
+    #: Times the machinery failed and was restarted.
+    failures: int = 0
+
+    @abstractmethod
+    def start(self, registry: Registry, loop: asyncio.AbstractEventLoop) -> None:
+        """Start whatever machinery the strategy needs, on the session's loop."""
+
+    def stop(self) -> asyncio.Task[None] | None:
+        """Stop the machinery; return a task to await if one is winding down."""
+        return None
+
+
+class SafePointCleanup(CleanupPolicy):
+    """``ON_SAFE_POINTS``: free synchronously at each safe point, with no extra task."""
+
+    strategy = ResourceCleanupStrategy.ON_SAFE_POINTS
+    reclaims = True
+
+    def start(self, registry: Registry, loop: asyncio.AbstractEventLoop) -> None:
+        self.safe_point = registry.collect
+
+
+class CloseOnlyCleanup(CleanupPolicy):
+    """``ON_SESSION_CLOSE``: never free before close."""
+
+    strategy = ResourceCleanupStrategy.ON_SESSION_CLOSE
+    reclaims = False
+
+    def start(self, registry: Registry, loop: asyncio.AbstractEventLoop) -> None:
+        pass
+
+
+class BackgroundCleanup(CleanupPolicy):
+    """``IN_BACKGROUND``: one supervised asyncio task frees buffers as they are dropped.
+
+    A drop (from any thread) schedules one wake-up of the task unless one is already
+    scheduled; the task clears that flag *before* draining the queue, so a drop that
+    races with a drain is either drained now or wakes the task again. The task
+    references this policy and the registry, never the session, so a session dropped
+    without ``close()`` can still be finalized.
+    """
+
+    strategy = ResourceCleanupStrategy.IN_BACKGROUND
+    reclaims = True
+
+    def __init__(self) -> None:
+        self._registry: Registry | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._event: asyncio.Event | None = None
+        self._armed = False
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, registry: Registry, loop: asyncio.AbstractEventLoop) -> None:
+        self._registry = registry
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+        self._event = asyncio.Event()
+        registry.on_drop = self._on_drop
+        self._spawn()
+
+    def _spawn(self) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(self._run(), name="aiotensor-cleanup")
+        task.add_done_callback(self._supervise)
+        self._task = task
+        if self._registry is not None and self._registry.pending:
+            self._wake()  # drops queued while no task was running
+
+    def _on_drop(self) -> None:
+        # Runs inside finalizers, on any thread: no locks, no allocation beyond a handle.
+        if self._armed or self._stopping:
+            return
+        self._armed = True
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            if threading.get_ident() == self._loop_thread:
+                loop.call_soon(self._wake)
+            else:
+                loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # the loop is closed: close() or the session finalizer frees
+            pass
+
+    def _wake(self) -> None:
+        if self._event is not None:
+            self._event.set()
+
+    async def _run(self) -> None:
+        event, registry = self._event, self._registry
+        assert event is not None
+        assert registry is not None
+        while True:
+            await event.wait()
+            event.clear()
+            self._armed = False
+            registry.collect()
+
+    def _supervise(self, task: asyncio.Task[None]) -> None:
+        if self._stopping or task.cancelled():
+            return
+        exc = task.exception()
+        self.failures += 1
+        logger.error(
+            "aiotensor: background cleanup task failed; restarting it",
+            exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None,
+        )
+        self._armed = False
+        self._spawn()
+
+    def stop(self) -> asyncio.Task[None] | None:
+        self._stopping = True
+        if self._registry is not None:
+            self._registry.on_drop = None
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            return task
+        return None
+
+
+_POLICIES: dict[ResourceCleanupStrategy, type[CleanupPolicy]] = {
+    ResourceCleanupStrategy.IN_BACKGROUND: BackgroundCleanup,
+    ResourceCleanupStrategy.ON_SAFE_POINTS: SafePointCleanup,
+    ResourceCleanupStrategy.ON_SESSION_CLOSE: CloseOnlyCleanup,
+}
+
+
+def make_policy(strategy: ResourceCleanupStrategy) -> CleanupPolicy:
+    """The policy object implementing ``strategy``."""
+    return _POLICIES[strategy]()

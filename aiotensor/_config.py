@@ -1,0 +1,57 @@
+"""Session configuration: the cleanup strategy and the TF1-style ConfigProto fields."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ._errors import InvalidArgumentError
+
+__all__ = ["ResourceCleanupStrategy", "SessionConfig"]
+
+
+class ResourceCleanupStrategy(enum.Enum):
+    """How a session frees the buffers of tensors whose handles were dropped.
+
+    Taken from TensorFlow's ``EagerSession.ResourceCleanupStrategy``. Whatever the
+    strategy, closing the session frees everything it still holds.
+    """
+
+    #: One supervised asyncio task per session frees dropped buffers as soon as
+    #: they are dropped, with no further op needed. The default.
+    IN_BACKGROUND = "in_background"
+    #: Dropped buffers are freed synchronously at the session's safe points: before
+    #: and after every op and around every other coroutine of its API. No extra task.
+    ON_SAFE_POINTS = "on_safe_points"
+    #: Nothing is freed before the session closes. Only for short sessions: n ops
+    #: in a loop of m iterations hold n*m buffers until close.
+    ON_SESSION_CLOSE = "on_session_close"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """Options of a session, after TensorFlow 1's ``ConfigProto``.
+
+    Attributes:
+        allow_soft_placement: Run an op placed on a device the backend lacks on
+            ``/cpu:0`` instead of raising :class:`InvalidDeviceError`.
+        log_device_placement: Log each op's name and device at INFO on the
+            ``aiotensor`` logger.
+        max_workers: Give the session a thread pool of its own with this many
+            workers, shut down at close. ``None`` shares the process-wide pool.
+        memory_limit: Bytes the session may hold at once (pending buffers
+            included). An allocation past it raises :class:`ResourceExhaustedError`.
+    """
+
+    allow_soft_placement: bool = False
+    log_device_placement: bool = False
+    max_workers: int | None = None
+    memory_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("max_workers", "memory_limit"):
+            value = getattr(self, field)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidArgumentError(f"SessionConfig.{field} must be a positive int or None, got {value!r}")

@@ -1,0 +1,87 @@
+"""The exception tree of aiotensor.
+
+Every error the library raises on purpose derives from :class:`AioTensorError`::
+
+    AioTensorError
+    ├── SessionClosedError        (also RuntimeError)
+    ├── WrongEventLoopError       (also RuntimeError)
+    ├── InvalidArgumentError      (also ValueError)
+    ├── InvalidDeviceError        (also ValueError)
+    ├── ResourceExhaustedError    (also MemoryError)
+    ├── NoSessionError            (also RuntimeError)
+    ├── BackendError              (the backend cannot run kernels)
+    └── KernelError               (a kernel raised something else)
+
+The second base lets callers who already catch ``ValueError`` or ``MemoryError``
+keep doing so.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AioTensorError",
+    "BackendError",
+    "InvalidArgumentError",
+    "InvalidDeviceError",
+    "KernelError",
+    "NoSessionError",
+    "ResourceExhaustedError",
+    "SessionClosedError",
+    "WrongEventLoopError",
+]
+
+
+class AioTensorError(Exception):
+    """Base class of every error raised by aiotensor."""
+
+
+class SessionClosedError(AioTensorError, RuntimeError):
+    """Raised when a closed (or closing) session, or one of its tensors, is used."""
+
+
+class WrongEventLoopError(AioTensorError, RuntimeError):
+    """Raised when a session is used from an event loop or thread other than the one it is bound to.
+
+    A session binds to the event loop it first runs on; its registry is confined to
+    that loop's thread, which is what lets the hot path go without locks.
+    """
+
+
+class InvalidArgumentError(AioTensorError, ValueError):
+    """Raised when an op gets a bad shape, dtype, value, ragged input or a foreign tensor.
+
+    The message names the op and the shapes and dtypes involved.
+    """
+
+
+class InvalidDeviceError(AioTensorError, ValueError):
+    """Raised when an op is placed on a device the backend does not have.
+
+    Set ``SessionConfig(allow_soft_placement=True)`` to fall back to ``/cpu:0`` instead.
+    """
+
+
+class ResourceExhaustedError(AioTensorError, MemoryError):
+    """Raised when an allocation would exceed ``memory_limit`` or the machine's memory.
+
+    The message names the requested, live and limit bytes.
+    """
+
+
+class KernelError(AioTensorError):
+    """Raised when a kernel fails with an error that is not about its arguments.
+
+    Typically an exception raised by a user function given to ``apply``; the original
+    exception is chained as ``__cause__``.
+    """
+
+
+class BackendError(AioTensorError):
+    """Raised when the backend cannot run kernels at all (its executor was shut down, its cluster is gone)."""
+
+
+class NoSessionError(AioTensorError, RuntimeError):
+    """Raised when a module-level op finds no session: no tensor argument and no default session.
+
+    Pass a tensor, use ``with session.as_default():``, or create an ``InteractiveSession``.
+    """

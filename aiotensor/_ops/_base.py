@@ -1,0 +1,85 @@
+"""What every op family needs from the session, and argument checks shared by the families."""
+
+from __future__ import annotations
+
+import operator
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._errors import InvalidArgumentError
+from .._kernels import NUMERIC_KINDS
+
+if TYPE_CHECKING:
+    from .._tensor import Tensor
+    from .._types import DTypeLike
+
+__all__ = ["OpsBase", "check_dtype", "check_shape", "count_bytes"]
+
+
+class OpsBase(ABC):
+    """The one method op families call: run a kernel, own what it returns."""
+
+    @abstractmethod
+    async def _dispatch(
+        self,
+        op: str,
+        kernel: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        *,
+        name: str | None,
+        nbytes: int | None,
+        user_kernel: bool,
+    ) -> tuple[list[Tensor], bool]:
+        """Run ``kernel(*args, **kwargs)`` (tensors replaced by buffers); wrap the outputs."""
+
+    async def _op(
+        self,
+        op: str,
+        kernel: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        nbytes: int | None = None,
+    ) -> Tensor:
+        tensors, _ = await self._dispatch(op, kernel, args, kwargs, name=name, nbytes=nbytes, user_kernel=False)
+        return tensors[0]
+
+
+def check_dtype(dtype: DTypeLike | None, op: str) -> np.dtype[Any] | None:
+    """``np.dtype(dtype)`` if it is numeric, ``None`` for ``None``; else InvalidArgumentError."""
+    if dtype is None:
+        return None
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise InvalidArgumentError(f"{op}: {dtype!r} is not a dtype ({exc})") from None
+    if dt.kind not in NUMERIC_KINDS:
+        raise InvalidArgumentError(
+            f"{op}: dtype {dt} is not numeric; tensors hold bool, integer, float or complex data"
+        )
+    return dt
+
+
+def check_shape(shape: int | Sequence[int], op: str) -> tuple[int, ...]:
+    """A shape as a tuple of non-negative ints; else InvalidArgumentError."""
+    dims = (shape,) if isinstance(shape, int | np.integer) else shape
+    try:
+        out = tuple(operator.index(d) for d in dims)
+    except TypeError:
+        raise InvalidArgumentError(f"{op}: shape must be an int or a sequence of ints, got {shape!r}") from None
+    if any(d < 0 for d in out):
+        raise InvalidArgumentError(f"{op}: shape {out} has a negative dimension")
+    return out
+
+
+def count_bytes(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:
+    """Bytes of an array of this shape and dtype, in exact integer arithmetic."""
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    return n

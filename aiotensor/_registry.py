@@ -1,0 +1,210 @@
+"""The resources a session owns: buffer ids, byte accounting and the drop queue.
+
+Threading model: the registry is confined to the thread of the session's event loop,
+with one exception, :meth:`Registry.notify_dropped`, which tensor finalizers call from
+any thread (including from inside garbage collection). That method only appends to a
+``collections.deque`` (atomic under the GIL) and calls a wake-up hook that takes no
+lock, so a finalizer can never wait on a lock its own thread holds.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import ResourceExhaustedError
+
+__all__ = ["Registry", "SessionStats"]
+
+logger = logging.getLogger("aiotensor")
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX, or not reported
+        return None
+
+
+#: Bytes of RAM on this machine: no single request may exceed it.
+PHYSICAL_MEMORY: int | None = _physical_memory()
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStats:
+    """An immutable snapshot of what a session holds, from :meth:`AsyncEagerSession.stats`.
+
+    Attributes:
+        live_tensors: Buffers the registry holds, pending ones included.
+        live_bytes: Their total size in bytes.
+        peak_bytes: The highest ``live_bytes`` seen since the session opened.
+        pending: Buffers whose handles were dropped but which are not freed yet.
+        allocated: Buffers registered since the session opened.
+        freed: Buffers freed since the session opened
+            (``allocated - freed == live_tensors``).
+        in_flight: Kernels submitted and not finished yet.
+        cleanup_failures: Times the background cleanup task failed and was restarted.
+    """
+
+    live_tensors: int
+    live_bytes: int
+    peak_bytes: int
+    pending: int
+    allocated: int
+    freed: int
+    in_flight: int = 0
+    cleanup_failures: int = 0
+
+
+class Registry:
+    """Maps resource ids to backend buffers and keeps the byte accounting."""
+
+    __slots__ = (
+        "_buffers",
+        "_dropped",
+        "_next_id",
+        "_release",
+        "allocated",
+        "closed",
+        "freed",
+        "live_bytes",
+        "memory_limit",
+        "on_drop",
+        "peak_bytes",
+        "reserved",
+    )
+
+    def __init__(self, release: Callable[[Any], None], memory_limit: int | None = None) -> None:
+        # rid -> (backend buffer, nbytes)
+        self._buffers: dict[int, tuple[Any, int]] = {}
+        self._dropped: collections.deque[int] = collections.deque()
+        self._next_id = 0
+        self._release = release
+        self.memory_limit = memory_limit
+        self.on_drop: Callable[[], None] | None = None
+        self.closed = False
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.reserved = 0
+        self.allocated = 0
+        self.freed = 0
+
+    # -- any thread ---------------------------------------------------------------
+    def notify_dropped(self, rid: int) -> None:
+        """Record that the last handle of ``rid`` is gone. Frees nothing by itself."""
+        if self.closed:
+            return
+        self._dropped.append(rid)
+        hook = self.on_drop
+        if hook is not None:
+            hook()
+
+    # -- loop thread only ---------------------------------------------------------
+    @property
+    def live_tensors(self) -> int:
+        """How many buffers the registry holds."""
+        return len(self._buffers)
+
+    @property
+    def pending(self) -> int:
+        """How many held buffers have no handle left."""
+        return len(self._dropped)
+
+    def add(self, buffer: Any, nbytes: int) -> int:
+        """Take ownership of ``buffer`` and return its resource id."""
+        rid = self._next_id
+        self._next_id = rid + 1
+        self._buffers[rid] = (buffer, nbytes)
+        self.allocated += 1
+        live = self.live_bytes + nbytes
+        self.live_bytes = live
+        if live > self.peak_bytes:
+            self.peak_bytes = live
+        return rid
+
+    def get(self, rid: int) -> Any:
+        """The buffer of ``rid``; ``KeyError`` if it was freed."""
+        return self._buffers[rid][0]
+
+    def reserve(self, nbytes: int, what: str, *, reclaim: bool) -> None:
+        """Check that ``nbytes`` more fit, and hold them for an allocation in flight.
+
+        Over the limit, pending buffers are freed first when ``reclaim`` is true (the
+        strategy allows it); if it still does not fit, raise ResourceExhaustedError.
+        """
+        if PHYSICAL_MEMORY is not None and nbytes > PHYSICAL_MEMORY:
+            raise ResourceExhaustedError(
+                f"{what}: requested {nbytes} bytes, more than this machine's "
+                f"{PHYSICAL_MEMORY} bytes of memory (live {self.live_bytes} bytes)"
+            )
+        limit = self.memory_limit
+        if limit is not None and self.live_bytes + self.reserved + nbytes > limit:
+            if reclaim:
+                self.collect()
+            if self.live_bytes + self.reserved + nbytes > limit:
+                raise ResourceExhaustedError(
+                    f"{what}: requested {nbytes} bytes with {self.live_bytes} bytes live"
+                    f" and {self.reserved} reserved would exceed memory_limit={limit}"
+                )
+        self.reserved += nbytes
+
+    def unreserve(self, nbytes: int) -> None:
+        """Give back bytes held by :meth:`reserve`."""
+        self.reserved -= nbytes
+
+    def over_limit(self) -> bool:
+        """Whether live bytes exceed the memory limit (for results whose size was unknown)."""
+        limit = self.memory_limit
+        return limit is not None and self.live_bytes > limit
+
+    def free(self, rid: int) -> bool:
+        """Let go of one buffer now; ``False`` if it was already freed."""
+        entry = self._buffers.pop(rid, None)
+        if entry is None:
+            return False
+        buffer, nbytes = entry
+        self.live_bytes -= nbytes
+        self.freed += 1
+        try:
+            self._release(buffer)
+        except Exception:  # the accounting is settled; a backend hiccup must not undo it
+            logger.exception("aiotensor: releasing a buffer failed")
+        return True
+
+    def collect(self) -> int:
+        """Free every buffer whose handle was dropped; return how many were freed."""
+        dropped = self._dropped
+        n = 0
+        while dropped:
+            # popleft one at a time: a finalizer may append concurrently, and a failure
+            # half-way leaves the rest queued, never lost.
+            if self.free(dropped.popleft()):
+                n += 1
+        return n
+
+    def close(self) -> int:
+        """Free everything and refuse further drops; return how many were freed."""
+        self.closed = True
+        self._dropped.clear()
+        n = 0
+        for rid in list(self._buffers):
+            if self.free(rid):
+                n += 1
+        return n
+
+    def stats(self, in_flight: int = 0, cleanup_failures: int = 0) -> SessionStats:
+        """An immutable snapshot of the accounting."""
+        return SessionStats(
+            live_tensors=len(self._buffers),
+            live_bytes=self.live_bytes,
+            peak_bytes=self.peak_bytes,
+            pending=len(self._dropped),
+            allocated=self.allocated,
+            freed=self.freed,
+            in_flight=in_flight,
+            cleanup_failures=cleanup_failures,
+        )

@@ -1,0 +1,59 @@
+"""Shared fixtures: every async test runs on asyncio and, where installed, uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import AsyncIterator, Callable, Mapping
+
+import pytest
+
+import aiotensor as at
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - uvloop is a test extra; skip its runs without it
+    uvloop = None
+
+STRATEGIES = list(at.ResourceCleanupStrategy)
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Run each async test on the default asyncio loop and on uvloop."""
+    factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
+    if uvloop is not None:
+        factories["uvloop"] = uvloop.new_event_loop
+    return factories
+
+
+@pytest.fixture(params=STRATEGIES, ids=[s.name for s in STRATEGIES])
+def strategy(request: pytest.FixtureRequest) -> at.ResourceCleanupStrategy:
+    """Each of the three cleanup strategies."""
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+async def session(strategy: at.ResourceCleanupStrategy) -> AsyncIterator[at.AsyncEagerSession]:
+    """An open session per strategy, closed (and checked empty) after the test."""
+    async with at.AsyncEagerSession(cleanup=strategy) as s:
+        yield s
+    stats = s.stats()
+    assert stats.live_tensors == 0
+    assert stats.live_bytes == 0
+
+
+@pytest.fixture
+async def s() -> AsyncIterator[at.AsyncEagerSession]:
+    """An open session with the default strategy, for tests of ops rather than of cleanup."""
+    async with at.AsyncEagerSession() as session:
+        yield session
+
+
+async def settle(session: at.AsyncEagerSession, timeout: float = 2.0) -> None:
+    """Collect garbage and wait until the background task has nothing pending."""
+    gc.collect()
+    async with asyncio.timeout(timeout):
+        while session.stats().pending:
+            await asyncio.sleep(0.001)
