@@ -115,8 +115,8 @@ class CreationOps(OpsBase):
         name: str | None = None,
     ) -> Tensor:
         """Evenly spaced values in ``[start, stop)`` (``arange(n)`` counts from 0), as numpy's ``arange``."""
-        args = (start,) if stop is None else (start, stop)
-        return await self._op("arange", np.arange, (*args, step), {"dtype": check_dtype(dtype, "arange")}, name=name)
+        bounds = (0, start) if stop is None else (start, stop)  # arange(n) counts 0..n-1
+        return await self._op("arange", np.arange, (*bounds, step), {"dtype": check_dtype(dtype, "arange")}, name=name)
 
     async def linspace(
         self,
