@@ -6,9 +6,7 @@ event loop stays responsive; buffers of dropped handles are freed by one of thre
 :class:`ResourceCleanupStrategy` values, and closing the session frees everything.
 """
 
-from __future__ import annotations
-
-from importlib.metadata import PackageNotFoundError, version
+import importlib.metadata as _metadata
 
 from ._backend import Backend as Backend
 from ._backend import InlineExecutor as InlineExecutor
@@ -36,8 +34,8 @@ from ._session import AsyncEagerSession as AsyncEagerSession
 from ._tensor import Tensor as Tensor
 
 try:
-    __version__ = version("aiotensor")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+    __version__ = _metadata.version("aiotensor")
+except _metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree without install
     __version__ = "0+unknown"
 
 __all__ = [

@@ -209,6 +209,7 @@ class AsyncEagerSession(AllOps):
             return
         if state is _State.UNOPENED:
             self._state = _State.CLOSED
+            _defaults.replace_interactive(self, None)
             await self._close_backend()
             return
         if state is _State.OPENING:
@@ -225,17 +226,15 @@ class AsyncEagerSession(AllOps):
                 await self._idle.wait()
         finally:
             stopping = self._shutdown_now()
-            try:
-                if stopping is not None:
-                    await asyncio.wait([stopping])
-                await self._close_backend()
-            finally:
-                _defaults.replace_interactive(self, None)
+            if stopping is not None:
+                await asyncio.wait([stopping])
+            await self._close_backend()
 
     def _shutdown_now(self) -> asyncio.Task[None] | None:
         stopping = self._policy.stop()
         self._registry.close()
         self._state = _State.CLOSED
+        _defaults.replace_interactive(self, None)
         if self._closed_event is not None:
             self._closed_event.set()
         return stopping
@@ -276,16 +275,20 @@ class AsyncEagerSession(AllOps):
         """The devices ops may be placed on, e.g. ``["/cpu:0"]``; the first is the default."""
         return list(self._backend.devices())
 
-    @contextlib.contextmanager
-    def device(self, name: str) -> Iterator[str]:
-        """Place the ops of this session run inside the block on device ``name``.
+    def device(self, name: str) -> contextlib.AbstractContextManager[str]:
+        """Place the ops of this session run inside ``with s.device(name):`` on device ``name``.
 
-        The name is checked when an op runs: an unknown device raises
+        A malformed name raises :class:`InvalidDeviceError` here; whether the device
+        exists is checked when an op runs: an unknown one raises
         :class:`InvalidDeviceError`, unless ``allow_soft_placement`` is set.
         """
-        token = self._device_var.set(canonical_device(name))
+        return self._device_scope(canonical_device(name))
+
+    @contextlib.contextmanager
+    def _device_scope(self, name: str) -> Iterator[str]:
+        token = self._device_var.set(name)
         try:
-            yield self._device_var.get() or ""
+            yield name
         finally:
             self._device_var.reset(token)
 

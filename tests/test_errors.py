@@ -1,0 +1,35 @@
+"""The exception tree: every error is an AioTensorError, and a familiar builtin where it fits."""
+
+from __future__ import annotations
+
+import pytest
+
+import aiotensor as at
+
+
+@pytest.mark.parametrize(
+    ("error", "builtin"),
+    [
+        (at.SessionClosedError, RuntimeError),
+        (at.WrongEventLoopError, RuntimeError),
+        (at.InvalidArgumentError, ValueError),
+        (at.InvalidDeviceError, ValueError),
+        (at.ResourceExhaustedError, MemoryError),
+        (at.NoSessionError, RuntimeError),
+        (at.KernelError, Exception),
+        (at.BackendError, Exception),
+    ],
+)
+def test_error_bases(error: type[Exception], builtin: type[Exception]) -> None:
+    assert issubclass(error, at.AioTensorError)
+    assert issubclass(error, builtin)
+    assert error.__doc__
+
+
+async def test_kernel_memory_error_becomes_resource_exhausted(s: at.AsyncEagerSession) -> None:
+    def hungry() -> None:
+        raise MemoryError("Unable to allocate")
+
+    with pytest.raises(at.ResourceExhaustedError, match=r"apply\(hungry\)"):
+        await s.apply(hungry)
+    assert s.stats().allocated == 0

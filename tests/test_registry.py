@@ -1,0 +1,99 @@
+"""The registry's accounting, drop queue and limits, tested directly."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from aiotensor import ResourceExhaustedError
+from aiotensor._registry import PHYSICAL_MEMORY, Registry
+
+
+def _registry(limit: int | None = None) -> tuple[Registry, list[object]]:
+    released: list[object] = []
+    return Registry(released.append, limit), released
+
+
+def test_accounting_add_collect_close() -> None:
+    reg, released = _registry()
+    a = reg.add("buf-a", 100)
+    b = reg.add("buf-b", 50)
+    assert (reg.live_tensors, reg.live_bytes, reg.peak_bytes, reg.allocated) == (2, 150, 150, 2)
+    assert reg.get(a) == "buf-a"
+    reg.notify_dropped(a)
+    assert reg.pending == 1
+    assert reg.collect() == 1
+    assert released == ["buf-a"]
+    assert (reg.live_tensors, reg.live_bytes, reg.peak_bytes, reg.freed, reg.pending) == (1, 50, 150, 1, 0)
+    with pytest.raises(KeyError):
+        reg.get(a)
+    assert reg.close() == 1
+    assert released == ["buf-a", "buf-b"]
+    assert reg.closed
+    reg.notify_dropped(b)  # after close: ignored
+    assert reg.pending == 0
+    stats = reg.stats()
+    assert stats.allocated - stats.freed == stats.live_tensors == 0
+
+
+def test_nothing_is_freed_twice() -> None:
+    reg, released = _registry()
+    rid = reg.add("x", 8)
+    reg.notify_dropped(rid)
+    reg.notify_dropped(rid)
+    assert reg.collect() == 1
+    assert reg.free(rid) is False
+    assert released == ["x"]
+    assert reg.freed == 1
+
+
+def test_a_failing_release_is_logged_and_the_accounting_stands(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(buffer: object) -> None:
+        raise OSError("remote gone")
+
+    reg = Registry(broken)
+    rid = reg.add("x", 8)
+    reg.notify_dropped(rid)
+    with caplog.at_level(logging.ERROR, logger="aiotensor"):
+        assert reg.collect() == 1
+    assert reg.live_bytes == 0
+    assert "releasing a buffer failed" in caplog.text
+
+
+def test_drops_from_many_threads_are_all_queued() -> None:
+    reg, _ = _registry()
+    rids = [reg.add(i, 1) for i in range(2000)]
+    threads = [threading.Thread(target=lambda part=rids[i::4]: [reg.notify_dropped(r) for r in part]) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert reg.pending == 2000
+    assert reg.collect() == 2000
+    assert reg.live_tensors == 0
+
+
+def test_reserve_checks_the_limit_and_reclaims_when_allowed() -> None:
+    reg, _ = _registry(limit=100)
+    rid = reg.add("x", 80)
+    reg.notify_dropped(rid)
+    with pytest.raises(ResourceExhaustedError, match=r"requested 40 bytes with 80 bytes live .* memory_limit=100"):
+        reg.reserve(40, "zeros", reclaim=False)
+    assert reg.live_bytes == 80  # nothing reclaimed
+    reg.reserve(40, "zeros", reclaim=True)  # frees the pending 80 first
+    assert (reg.live_bytes, reg.reserved) == (0, 40)
+    with pytest.raises(ResourceExhaustedError):
+        reg.reserve(70, "zeros", reclaim=True)  # 40 reserved + 70 > 100
+    reg.unreserve(40)
+    assert reg.reserved == 0
+
+
+@pytest.mark.skipif(PHYSICAL_MEMORY is None, reason="this platform does not report its memory")
+def test_a_request_larger_than_the_machine_fails_without_a_limit() -> None:
+    reg, _ = _registry()
+    assert PHYSICAL_MEMORY is not None
+    with pytest.raises(ResourceExhaustedError, match="more than this machine"):
+        reg.reserve(PHYSICAL_MEMORY + 1, "zeros", reclaim=True)
+    assert reg.reserved == 0
