@@ -347,3 +347,33 @@ def test_asyncio_run_returns_promptly_with_an_unclosed_session() -> None:
     assert "returned" in proc.stdout
     assert "Task was destroyed" not in proc.stderr
     assert time.monotonic() - start < 30
+
+
+async def test_memory_limit_reclaims_pending_then_raises(strategy: at.ResourceCleanupStrategy) -> None:
+    config = at.SessionConfig(memory_limit=1000)
+    async with at.AsyncEagerSession(cleanup=strategy, config=config) as s:
+        keep = await s.zeros(50)  # 400 bytes
+        dropped = await s.zeros(50)
+        del dropped  # 400 bytes pending
+        if strategy is at.ResourceCleanupStrategy.ON_SESSION_CLOSE:
+            with pytest.raises(at.ResourceExhaustedError, match=r"requested 400 bytes with 800 bytes live"):
+                await s.zeros(50)
+            assert s.stats().live_bytes == 800  # nothing was reclaimed, nothing allocated
+        else:
+            more = await s.zeros(50)  # fits once the pending buffer is reclaimed
+            assert s.stats().live_bytes <= 800
+            del more
+        with pytest.raises(at.ResourceExhaustedError, match=r"memory_limit=1000"):
+            await s.zeros(200)
+        # ops whose output size is only known afterwards are checked after the kernel
+        with pytest.raises(at.ResourceExhaustedError, match=r"result of 1600 bytes"):
+            await s.broadcast_to(keep, (4, 50))
+        np.testing.assert_array_equal(await keep.numpy(), np.zeros(50))  # still usable
+
+
+async def test_absurd_requests_fail_before_any_allocation(s: at.AsyncEagerSession) -> None:
+    with pytest.raises(at.ResourceExhaustedError, match="more than this machine"):
+        await s.zeros((10**8, 10**7))
+    with pytest.raises(at.InvalidArgumentError, match="negative"):
+        await s.ones((3, -1))
+    assert s.stats().allocated == 0
