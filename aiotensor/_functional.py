@@ -2,7 +2,9 @@
 
 With no tensor argument (``at.zeros(3)``) an op uses the default session
 (``with s.as_default():`` or the open ``InteractiveSession``); with neither it raises
-:class:`NoSessionError`. Each function is the session method of the same name.
+:class:`NoSessionError`. When the default session is a child (``parent=``) of the
+tensors' session, the child runs the op and owns the result. Each function is the
+session method of the same name.
 """
 
 from __future__ import annotations
@@ -30,8 +32,12 @@ def _session_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncEagerSess
                 # A child session may read its parent's tensors: prefer the child.
                 if found is None or (owner is not found and found in owner._ancestors):
                     found = owner
-    if found is None:
-        found = get_default_session()
+    default = get_default_session()
+    if found is None or (default is not None and found in default._ancestors):
+        # No tensor argument, or the default is a child of the tensors' session (a
+        # request session reading app weights): the child may read them, and owning
+        # the result there keeps it from living as long as the parent.
+        found = default
     if found is None:
         raise NoSessionError(
             "no session for this op: pass a tensor argument, use `with session.as_default():`,"

@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from .._tensor import Tensor
     from .._types import DTypeLike
 
-__all__ = ["OpsBase", "check_dtype", "check_shape", "count_bytes"]
+__all__ = ["CheckedKernel", "OpsBase", "as_numeric", "check_dtype", "check_shape", "count_bytes"]
+
+_PY_NUMBERS = (bool, int, float, complex)
 
 
 class OpsBase(ABC):
@@ -45,9 +47,62 @@ class OpsBase(ABC):
         *,
         name: str | None = None,
         nbytes: int | None = None,
+        data: int = 0,
     ) -> Tensor:
+        # ``data``: how many leading positional args are tensor values (checked numeric
+        # in the kernel); the rest are parameters such as shapes, axes or keys.
+        if data:
+            kernel = CheckedKernel(kernel, data)
         tensors, _ = await self._dispatch(op, kernel, args, kwargs, name=name, nbytes=nbytes, user_kernel=False)
         return tensors[0]
+
+
+def as_numeric(x: Any) -> Any:
+    """``x`` as a kernel input: numbers and numeric arrays as they are, array-likes as arrays.
+
+    Runs inside kernels (off the event loop). Python and numpy scalars pass unchanged
+    so that numpy's promotion rules (NEP 50: python scalars are "weak") still apply.
+    ``None``, strings, objects and ragged lists raise, so that no op turns them into
+    a result silently (numpy compares ``None`` element-wise, or takes ``argmax(None)``).
+    """
+    if isinstance(x, np.ndarray | np.generic):
+        if x.dtype.kind not in NUMERIC_KINDS:
+            raise TypeError(
+                f"input of dtype {x.dtype} is not numeric; tensors hold bool, integer, float or complex data"
+            )
+        return x
+    if isinstance(x, _PY_NUMBERS):
+        return x
+    if x is None or isinstance(x, str | bytes):
+        raise TypeError(f"{x!r:.40} is not a tensor value; expected a Tensor, a number or a numeric array")
+    arr = np.asarray(x)  # a nested list; raises ValueError when ragged
+    if arr.dtype.kind not in NUMERIC_KINDS:
+        raise TypeError(
+            f"input of type {type(x).__name__} gives dtype {arr.dtype}, not numeric;"
+            " tensors hold bool, integer, float or complex data"
+        )
+    return arr
+
+
+class CheckedKernel:
+    """A kernel whose first ``n`` positional arguments go through :func:`as_numeric`.
+
+    A class rather than a closure so that it pickles (for backends that ship kernels).
+    """
+
+    __slots__ = ("fn", "n")
+
+    def __init__(self, fn: Callable[..., Any], n: int) -> None:
+        self.fn = fn
+        self.n = n
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        n = self.n
+        checked = [as_numeric(a) for a in args[:n]]
+        return self.fn(*checked, *args[n:], **kwargs)
+
+    def __repr__(self) -> str:
+        return f"CheckedKernel({getattr(self.fn, '__name__', self.fn)!r}, {self.n})"
 
 
 def check_dtype(dtype: DTypeLike | None, op: str) -> np.dtype[Any] | None:

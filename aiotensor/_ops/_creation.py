@@ -100,11 +100,13 @@ class CreationOps(OpsBase):
 
     async def zeros_like(self, x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
         """Zeros with the shape (and, by default, the dtype) of ``x``."""
-        return await self._op("zeros_like", np.zeros_like, (x,), {"dtype": check_dtype(dtype, "zeros_like")}, name=name)
+        dt = check_dtype(dtype, "zeros_like")
+        return await self._op("zeros_like", np.zeros_like, (x,), {"dtype": dt}, name=name, data=1)
 
     async def ones_like(self, x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
         """Ones with the shape (and, by default, the dtype) of ``x``."""
-        return await self._op("ones_like", np.ones_like, (x,), {"dtype": check_dtype(dtype, "ones_like")}, name=name)
+        dt = check_dtype(dtype, "ones_like")
+        return await self._op("ones_like", np.ones_like, (x,), {"dtype": dt}, name=name, data=1)
 
     async def arange(
         self,

@@ -34,7 +34,7 @@ class ReductionOps(OpsBase):
     """Sums, means, extrema, spreads, arg-extrema and softmax."""
 
     async def _reduce(self, op: str, kernel: Any, x: TensorLike, kwargs: dict[str, Any], name: str | None) -> Tensor:
-        return await self._op(op, kernel, (x,), kwargs, name=name)
+        return await self._op(op, kernel, (x,), kwargs, name=name, data=1)
 
     async def sum(
         self,
