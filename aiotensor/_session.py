@@ -394,6 +394,12 @@ class AsyncEagerSession(AllOps):
             return result
         except asyncio.CancelledError:
             pending.abandon(self._adopt)
+            task = asyncio.current_task()
+            if task is not None and not task.cancelling():
+                # Nobody cancelled the caller: the backend cancelled the kernel (e.g. its
+                # executor was shut down with cancel_futures). A bare CancelledError would
+                # look like a cancellation of the caller's task and end it silently.
+                raise BackendError("the backend cancelled the kernel (was its executor shut down?)") from None
             raise
         finally:
             self._inflight -= 1

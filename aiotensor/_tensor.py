@@ -135,12 +135,14 @@ class Tensor:
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> NDArray:
         # A read-only view (no copy) unless asked: nobody can change a tensor through it.
+        # A view, not the buffer itself: the buffer owns its memory, so numpy would let
+        # anyone set its WRITEABLE flag back; a view of a read-only base refuses that.
         arr = self._session._peek(self)
         if dtype is not None and np.dtype(dtype) != arr.dtype:
             if copy is False:
                 raise ValueError(f"converting {arr.dtype} to {np.dtype(dtype)} needs a copy")
             return arr.astype(dtype)
-        return arr.copy() if copy else arr
+        return arr.copy() if copy else arr.view()
 
     def __repr__(self) -> str:
         shape = "(" + ", ".join(map(str, self._shape)) + ("," if len(self._shape) == 1 else "") + ")"
