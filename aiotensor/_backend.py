@@ -157,11 +157,18 @@ class LocalBackend(Backend):
         executor: Where kernels run; ``None`` uses the process-wide pool
             (:func:`default_executor`).
         owns_executor: Shut the executor down in :meth:`aclose`.
+
+    Attributes:
+        inline_small_ops: Whether sessions may run cheap kernels inline on the event
+            loop instead of submitting them (``SessionConfig.inline_threshold_us``).
+            False when the caller passed an executor of their own: every kernel
+            then goes to it.
     """
 
     def __init__(self, executor: concurrent.futures.Executor | None = None, *, owns_executor: bool = False) -> None:
         self._executor = executor
         self._owns = owns_executor
+        self.inline_small_ops = executor is None or owns_executor
 
     @property
     def executor(self) -> concurrent.futures.Executor:

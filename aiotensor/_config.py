@@ -41,14 +41,24 @@ class SessionConfig:
             workers, shut down at close. ``None`` shares the process-wide pool.
         memory_limit: Bytes the session may hold at once (pending buffers
             included). An allocation past it raises :class:`ResourceExhaustedError`.
+        inline_threshold_us: Ops whose kernel is estimated to take at most this
+            many microseconds run inline on the event loop thread, skipping the
+            thread hop (see ``docs/guides/performance-tuning.md``); larger ones, and
+            every ``apply`` and fused function, run on the pool. ``0`` sends every
+            kernel to the pool. Only sessions on the shared pool or their own
+            (``max_workers``) inline; an explicit ``executor=`` gets every kernel.
     """
 
     allow_soft_placement: bool = False
     log_device_placement: bool = False
     max_workers: int | None = None
     memory_limit: int | None = None
+    inline_threshold_us: float = 50.0
 
     def __post_init__(self) -> None:
+        limit = self.inline_threshold_us
+        if isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 <= limit < float("inf"):
+            raise InvalidArgumentError(f"SessionConfig.inline_threshold_us must be a finite number >= 0, got {limit!r}")
         for field in ("max_workers", "memory_limit"):
             value = getattr(self, field)
             if value is None:

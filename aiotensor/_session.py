@@ -28,7 +28,8 @@ from ._errors import (
     SessionClosedError,
     WrongEventLoopError,
 )
-from ._kernels import BadOutputError, KernelResult
+from ._inline import INLINE_STREAK, estimate_us
+from ._kernels import BadOutputError, KernelResult, run_kernel
 from ._ops import AllOps
 from ._registry import Registry, SessionStats
 from ._structure import describe, flatten, unflatten
@@ -112,6 +113,9 @@ class AsyncEagerSession(AllOps):
         self._cleanup = cleanup
         self._config = config
         self._backend: Backend = backend
+        local = isinstance(backend, LocalBackend) and backend.inline_small_ops
+        self._inline_us = config.inline_threshold_us if local else 0.0
+        self._inline_streak = 0
         self._ancestors: tuple[AsyncEagerSession, ...] = () if parent is None else (parent, *parent._ancestors)
         self._policy = make_policy(cleanup)
         self._registry = Registry(backend.release, config.memory_limit)
@@ -346,6 +350,11 @@ class AsyncEagerSession(AllOps):
         nbytes: int | None,
         user_kernel: bool,
     ) -> tuple[list[Tensor], bool]:
+        if self._inline_streak >= INLINE_STREAK:
+            # Inline ops never suspend: after a run of them, let other tasks (and the
+            # cleanup task) have the loop once. Before anything is reserved or run.
+            self._inline_streak = 0
+            await asyncio.sleep(0)
         if self._state is not _OPEN:
             await self._open()
         self._check_loop()
@@ -356,14 +365,25 @@ class AsyncEagerSession(AllOps):
         safe_point = policy.safe_point
         if safe_point is not None:
             safe_point()
+        limit = self._inline_us
+        inline = limit > 0 and not user_kernel and estimate_us(op, buffers, kw, nbytes) <= limit
+        if inline and safe_point is None and policy.reclaims and registry.pending:
+            # IN_BACKGROUND: a run of inline ops gives the cleanup task no turn, so the
+            # op frees what was dropped itself (earlier than the task would, never later).
+            registry.collect()
         if nbytes is not None:
             registry.reserve(nbytes, op, reclaim=policy.reclaims)
         try:
-            try:
-                pending = self._backend.submit(kernel, buffers, kw, device=device)
-            except RuntimeError as exc:
-                raise BackendError(f"{op}: the backend cannot run kernels: {exc}") from exc
-            result = await self._await_kernel(pending)
+            if inline:
+                self._inline_streak += 1
+                result = run_kernel(kernel, buffers, kw)
+            else:
+                self._inline_streak = 0
+                try:
+                    pending = self._backend.submit(kernel, buffers, kw, device=device)
+                except RuntimeError as exc:
+                    raise BackendError(f"{op}: the backend cannot run kernels: {exc}") from exc
+                result = await self._await_kernel(pending)
         except (asyncio.CancelledError, AioTensorError):
             raise
         except Exception as exc:
