@@ -1,0 +1,392 @@
+"""DaskBackend: session buffers as futures on a dask.distributed cluster.
+
+Each op becomes one task on its inputs' futures, so data stays on the workers; the
+task's wrapper (:mod:`._remote`) reports the result's shape, dtype and size as an
+event, so the client learns them without gathering. The session's registry owns one
+future per buffer; freeing a buffer releases its future, which is the client's last
+reference, so the scheduler forgets the key and the workers drop the data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import operator
+import time
+import uuid
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, Self
+
+import numpy as np
+from distributed import Client
+
+from .._backend import Backend, PendingKernel
+from .._devices import CPU0
+from .._errors import BackendError, InvalidArgumentError, WrongEventLoopError
+from .._kernels import BufferInfo, KernelResult
+from .._types import NDArray
+from ._remote import Meta, describe, run_remote
+
+__all__ = ["DaskBackend"]
+
+logger = logging.getLogger("aiotensor")
+
+#: ndarray arguments larger than this are scattered to a worker rather than embedded in
+#: the task (Dask warns about graphs over 10 MB and ships them through the scheduler).
+SCATTER_BYTES = 1 << 20
+#: The cached view of the workers is refreshed at most this often (seconds), by submits.
+REFRESH_SECONDS = 1.0
+#: Device names of workers: ``/worker:<index>``.
+WORKER_KIND = "worker"
+
+
+def _key_name(fn: Callable[..., Any]) -> str:
+    # apply() wraps the user's function in an object that keeps it as ``fn``.
+    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "fn", None), "__name__", None) or type(fn).__name__
+    return name.removeprefix("_k_").strip("_<>").replace("-", "_") or "kernel"
+
+
+def _has_large_array(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return value.nbytes > SCATTER_BYTES
+    if type(value) in (list, tuple):
+        return any(_has_large_array(v) for v in value)
+    return False
+
+
+class DaskBackend(Backend):
+    """Kernels as tasks on a dask.distributed cluster; buffers as futures in worker memory.
+
+    ``AsyncEagerSession(backend=DaskBackend(client))`` runs the session's ops on the
+    cluster with the same cleanup strategies: freeing a buffer releases its future.
+    Devices are ``/cpu:0`` (any worker, the default) and ``/worker:N`` for each worker,
+    numbered by worker name in the order first seen (a worker restarted under the same
+    name keeps its number).
+
+    Args:
+        client: A ``distributed.Client`` created with ``asynchronous=True`` on the
+            event loop the sessions run on (not closed by the backend), or a scheduler
+            address such as ``"tcp://127.0.0.1:8786"``: the backend then connects in
+            :meth:`start` and closes its own client in :meth:`aclose`; use it as
+            ``async with DaskBackend(address) as backend:``.
+
+    Raises:
+        InvalidArgumentError: ``client`` is a synchronous client, or neither a client
+            nor an address.
+    """
+
+    def __init__(self, client: Client | str) -> None:
+        if isinstance(client, str):
+            self._address: str | None = client
+            # Any: distributed is only partly typed; the public property gives the real type.
+            self._client: Any = None
+        elif isinstance(client, Client):
+            if not client.asynchronous:
+                raise InvalidArgumentError(
+                    "DaskBackend needs a client made with Client(..., asynchronous=True) on the session's"
+                    " event loop, or a scheduler address"
+                )
+            self._address, self._client = None, client
+        else:
+            raise InvalidArgumentError(
+                f"DaskBackend takes a distributed.Client or a scheduler address, got {type(client).__name__}"
+            )
+        self._topic = f"aiotensor-meta-{uuid.uuid4().hex}"
+        self._waiters: dict[str, asyncio.Future[Meta]] = {}
+        self._subscribed = False
+        self._closed = False
+        self._starting: asyncio.Lock | None = None
+        # worker name -> device index, never reused; device -> current worker address
+        self._indices: dict[str, int] = {}
+        self._placement: dict[str, str] = {}
+        self._devices = [CPU0]
+        self._refreshed = 0.0
+        self._refresh_task: asyncio.Task[None] | None = None
+
+    # -- lifecycle --------------------------------------------------------------------
+    @property
+    def client(self) -> Client:
+        """The Dask client ops are submitted through.
+
+        Raises:
+            BackendError: The backend was given an address and has not started yet.
+        """
+        client: Client = self._dask
+        return client
+
+    @property
+    def _dask(self) -> Any:
+        if self._client is None:
+            raise BackendError("DaskBackend has no client yet: it connects to its address in start()")
+        return self._client
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Connect (for an address), subscribe to metadata events and read the workers.
+
+        Called by each session on its first use; later calls only check the loop.
+        """
+        if self._closed:
+            raise BackendError("DaskBackend is closed")
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._client is None:
+                assert self._address is not None
+                connect: Any = Client  # distributed's Client.__init__ is untyped
+                try:
+                    self._client = await connect(self._address, asynchronous=True, set_as_default=False)
+                except OSError as exc:
+                    raise BackendError(f"cannot connect to the Dask scheduler at {self._address}: {exc}") from exc
+            client = self._client
+            if client.status == "newly-created":
+                await client
+            if client.loop.asyncio_loop is not asyncio.get_running_loop():
+                raise WrongEventLoopError(
+                    "the Dask client runs on another event loop than this session; create the client"
+                    " (Client(..., asynchronous=True)) inside the loop the session runs on"
+                )
+            if not self._subscribed:
+                client.subscribe_topic(self._topic, self._on_event)
+                self._subscribed = True
+            await self.refresh()
+
+    async def aclose(self) -> None:
+        """Stop listening for events and close the client if the backend created it."""
+        if self._closed:
+            return
+        self._closed = True
+        task, self._refresh_task = self._refresh_task, None
+        if task is not None:
+            task.cancel()
+        for waiter in self._waiters.values():
+            waiter.cancel()
+        self._waiters.clear()
+        client = self._client
+        if client is None:
+            return
+        if self._subscribed and client.status == "running":
+            with contextlib.suppress(ValueError):
+                client.unsubscribe_topic(self._topic)
+        if self._address is not None:
+            await client.close()
+
+    # -- devices ----------------------------------------------------------------------
+    def devices(self) -> list[str]:
+        """``/cpu:0`` (any worker) then ``/worker:N`` per live worker, as last refreshed."""
+        return self._devices
+
+    def worker_address(self, device: str) -> str | None:
+        """The address of the worker behind ``device`` (``None`` for ``/cpu:0`` or an unknown name)."""
+        return self._placement.get(device)
+
+    async def refresh(self) -> list[str]:
+        """Ask the scheduler for the live workers and update :meth:`devices`."""
+        client = self._dask
+        info = await client.scheduler.identity(n_workers=-1)
+        self._refreshed = time.monotonic()
+        names = {str(w.get("name", addr)): addr for addr, w in info.get("workers", {}).items()}
+        for name in sorted(names, key=lambda n: (len(n), n)):  # "2" before "10"
+            self._indices.setdefault(name, len(self._indices))
+        placement = {f"/{WORKER_KIND}:{self._indices[n]}": addr for n, addr in names.items()}
+        self._placement = dict(sorted(placement.items(), key=lambda kv: int(kv[0].rsplit(":", 1)[1])))
+        self._devices = [CPU0, *self._placement]
+        return self._devices
+
+    def _maybe_refresh(self) -> None:
+        # list_devices() is synchronous: keep its cached view fresh from the async side.
+        if time.monotonic() - self._refreshed < REFRESH_SECONDS:
+            return
+        task = self._refresh_task
+        if task is not None and not task.done():
+            return
+        self._refreshed = time.monotonic()
+        self._refresh_task = asyncio.get_running_loop().create_task(self._refresh_quietly())
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.refresh()
+        except (OSError, BackendError) as exc:  # the next submit tries again
+            logger.debug("aiotensor: refreshing the Dask workers failed: %s", exc)
+
+    # -- kernels ----------------------------------------------------------------------
+    def _on_event(self, event: tuple[float, Any]) -> None:
+        token, multi, outputs = event[1]
+        waiter = self._waiters.pop(token, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result((bool(multi), [(list(s), str(d), int(n)) for s, d, n in outputs]))
+
+    def submit(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, device: str
+    ) -> PendingKernel:
+        """Submit ``fn`` as one task on its inputs' futures; ``device`` maps to ``workers=``."""
+        if self._closed:
+            raise RuntimeError("DaskBackend is closed")
+        client = self._dask
+        if client.status not in ("running", "connecting"):
+            raise RuntimeError(f"the Dask client is {client.status}")
+        self._maybe_refresh()
+        workers = None if device == CPU0 else self._placement.get(device)
+        return _DaskPending(self, fn, args, kwargs, f"aiotensor-{_key_name(fn)}-{uuid.uuid4().hex}", workers)
+
+    async def fetch(self, handles: Sequence[Any]) -> list[NDArray]:
+        """Gather the buffers from the workers (copies owned by the caller)."""
+        try:
+            values = await self._dask.gather(list(handles))
+        except Exception as exc:
+            raise BackendError(f"gathering {len(handles)} buffer(s) from the cluster failed: {exc!r}") from exc
+        # A client in the workers' process (processes=False) gets the stored arrays themselves.
+        return [v if v.flags.writeable and v.flags.owndata else v.copy() for v in values]
+
+    def peek(self, handle: Any) -> NDArray | None:
+        """Always ``None``: buffers live on the workers; ``await t.numpy()`` gathers."""
+        return None
+
+    def release(self, handle: Any) -> None:
+        """Release the buffer's future: the scheduler forgets the key once nothing else needs it."""
+        handle.release()
+
+
+def _set_done(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
+class _DaskPending:
+    """One submitted task: awaiting it waits for its metadata event, never for its data."""
+
+    __slots__ = ("_args", "_backend", "_done", "_fn", "_future", "_key", "_kwargs", "_owned", "_waiter", "_workers")
+
+    def __init__(
+        self,
+        backend: DaskBackend,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        key: str,
+        workers: str | None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self._backend = backend
+        self._fn, self._args, self._kwargs = fn, args, kwargs
+        self._key = key
+        self._workers = workers
+        self._waiter: asyncio.Future[Meta] = loop.create_future()
+        self._done: asyncio.Future[None] = loop.create_future()
+        self._owned: list[Any] = []  # futures to release if the caller goes away
+        self._future: Any = None
+        backend._waiters[key] = self._waiter
+        if not _has_large_array((args, tuple(kwargs.values()))):
+            self._submit()  # start now; large inputs are scattered first, in __await__
+
+    def _submit(self) -> None:
+        client = self._backend._dask
+        future = client.submit(
+            run_remote,
+            self._fn,
+            self._args,
+            self._kwargs,
+            self._backend._topic,
+            self._key,
+            key=self._key,
+            workers=self._workers,
+            pure=False,
+        )
+        self._future = future
+        self._owned.append(future)
+        self._fn = self._args = self._kwargs = None  # type: ignore[assignment]
+        loop, done = asyncio.get_running_loop(), self._done
+
+        def finished(_: Any) -> None:  # on Dask's callback thread
+            with contextlib.suppress(RuntimeError):  # the loop closed
+                loop.call_soon_threadsafe(_set_done, done)
+
+        future.add_done_callback(finished)
+
+    async def _scatter_large(self) -> None:
+        client = self._backend._dask
+
+        async def put(value: Any) -> Any:
+            if isinstance(value, np.ndarray) and value.nbytes > SCATTER_BYTES:
+                future = await client.scatter(value, hash=False, workers=self._workers)
+                self._owned.append(future)
+                return future
+            if type(value) in (list, tuple):
+                return type(value)([await put(v) for v in value])
+            return value
+
+        self._args = await put(self._args)
+        self._kwargs = {k: await put(v) for k, v in self._kwargs.items()}
+
+    def __await__(self) -> Generator[Any, None, KernelResult]:
+        return self._result().__await__()
+
+    async def _result(self) -> KernelResult:
+        backend = self._backend
+        try:
+            if self._future is None:
+                await self._scatter_large()
+                self._submit()
+            future = self._future
+            assert future is not None
+            either: list[asyncio.Future[Any]] = [self._waiter, self._done]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if not self._waiter.done():
+                meta = await self._finished_without_event(future)
+            else:
+                meta = self._waiter.result()
+        except Exception:
+            self._release_owned()  # the erred key must not linger on the scheduler
+            raise
+        finally:
+            backend._waiters.pop(self._key, None)
+        multi, outputs = meta
+        handles: list[Any] = [future]
+        if multi:
+            # One future per output, computed where the tuple lives; the tuple's own key
+            # is released at once (the scheduler keeps it until the items exist).
+            client = backend._dask
+            handles = [
+                client.submit(operator.getitem, future, i, key=f"{self._key}-{i}", pure=False)
+                for i in range(len(outputs))
+            ]
+            future.release()
+        for f in self._owned:
+            if f is not future:
+                f.release()  # scattered inputs: the task holds them while it needs them
+        return KernelResult(
+            [BufferInfo(h, tuple(s), np.dtype(d), n) for h, (s, d, n) in zip(handles, outputs, strict=True)], multi
+        )
+
+    async def _finished_without_event(self, future: Any) -> Meta:
+        if future.status == "error":
+            await future  # raises the remote exception, with the remote traceback
+        if future.status != "finished":  # cancelled by Dask (client lost, scheduler restarted)
+            raise BackendError(f"the Dask cluster dropped task {self._key!r} ({future.status})")
+        # The event can trail the completion (or a rerun may not send one): give it one
+        # loop turn, then ask a tiny task on the same worker.
+        await asyncio.sleep(0)
+        if self._waiter.done():
+            return self._waiter.result()
+        probe = self._backend._dask.submit(describe, future, pure=False)
+        try:
+            meta: Meta = await probe
+        finally:
+            probe.release()
+        return meta
+
+    def abandon(self, adopt: Callable[[KernelResult], object]) -> None:
+        """The caller was cancelled: release the task's future, so the task no longer holds a worker."""
+        self._backend._waiters.pop(self._key, None)
+        self._release_owned()
+
+    def _release_owned(self) -> None:
+        for f in self._owned:
+            f.release()

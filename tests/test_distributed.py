@@ -1,0 +1,405 @@
+"""DaskBackend on a real LocalCluster: ops, the three strategies seen from the scheduler, failures.
+
+One cluster (2 worker processes) serves the whole module, and one asynchronous client
+on a module-scoped event loop. These tests run on the asyncio loop only: the client's
+loop is shared by every test, so the conftest's per-test asyncio/uvloop
+parametrization does not apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import cloudpickle
+import dask
+import numpy as np
+import pytest
+import pytest_asyncio
+from distributed import Client, LocalCluster
+
+import aiotensor as at
+from aiotensor.distributed import DaskBackend
+
+pytestmark = pytest.mark.asyncio(loop_scope="module", loop_factories=["asyncio"])
+
+# Workers cannot import this test module: ship its functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+STRATEGIES = list(at.ResourceCleanupStrategy)
+PREFIX = "aiotensor-"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    """Two single-threaded worker processes on 127.0.0.1; a task is retried once after a worker dies."""
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 1}),
+        LocalCluster(
+            n_workers=2,
+            processes=True,
+            threads_per_worker=1,
+            host="127.0.0.1",
+            dashboard_address=None,
+        ) as cluster,
+    ):
+        yield cluster
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(cluster: LocalCluster) -> AsyncIterator[Client]:
+    """The module's asynchronous client."""
+    async with Client(cluster.scheduler_address, asynchronous=True, set_as_default=False) as c:
+        await c.wait_for_workers(2)
+        yield c
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def backend(client: Client) -> AsyncIterator[DaskBackend]:
+    """A backend on the module's client, checked to leave no key on the workers."""
+    await client.wait_for_workers(2)
+    await until(client, lambda keys: not keys)
+    b = DaskBackend(client)
+    yield b
+    await b.aclose()
+    await until(client, lambda keys: not keys)
+
+
+async def held_keys(client: Client) -> list[str]:
+    """The session keys the workers hold in memory, as the scheduler reports them."""
+    has_what = await client.has_what()
+    return [k for keys in has_what.values() for k in keys if str(k).startswith(PREFIX)]
+
+
+async def until(client: Client, cond: Callable[[list[str]], bool], timeout: float = 5.0) -> list[str]:
+    """Poll the scheduler until ``cond(held keys)``: releases reach it a few ms after they happen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        keys = await held_keys(client)
+        if cond(keys):
+            return keys
+        if time.monotonic() > deadline:
+            raise AssertionError(f"scheduler still reports {len(keys)} held keys: {keys[:5]}")
+        await asyncio.sleep(0.01)
+
+
+async def where(client: Client, key: str) -> list[str]:
+    """The workers holding ``key`` (the metadata event can reach us before the scheduler records it)."""
+    async with asyncio.timeout(5):
+        while not (workers := list((await client.who_has()).get(key, ()))):
+            await asyncio.sleep(0.01)
+    return workers
+
+
+def _pairs(x: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    return x[::2] * 2, x[1::2].sum(keepdims=True)
+
+
+def _boom(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    raise ValueError(f"boom on shape {x.shape}")
+
+
+def _slow_square(x: np.ndarray[Any, Any], seconds: float) -> np.ndarray[Any, Any]:
+    time.sleep(seconds)
+    return x * x
+
+
+def _die(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    os._exit(1)  # a crash that takes the worker process with it (a segfault, an OOM kill)
+
+
+async def _subprocess(code: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        code,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()
+
+
+# -- import hygiene ----------------------------------------------------------------------
+async def test_import_aiotensor_imports_no_dask() -> None:
+    code = (
+        "import sys, aiotensor\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed'))\n"
+        "assert not bad, bad\n"
+    )
+    rc, out = await _subprocess(code)
+    assert rc == 0, out
+
+
+async def test_missing_extra_is_named() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['distributed'] = None\n"
+        "try:\n"
+        "    import aiotensor.distributed\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+        "else:\n"
+        "    raise SystemExit('imported without distributed')\n"
+    )
+    rc, out = await _subprocess(code)
+    assert rc == 0, out
+    assert "aiotensor[distributed]" in out
+
+
+# -- ops ---------------------------------------------------------------------------------
+async def test_ops_match_numpy(backend: DaskBackend) -> None:
+    rng = np.random.default_rng(0)
+    a_np = rng.standard_normal((4, 6)).astype(np.float32)
+    b_np = rng.standard_normal((6, 3)).astype(np.float32)
+    async with at.AsyncEagerSession(backend=backend) as s:
+        a = await s.constant(a_np, name="a")
+        b = await s.constant(b_np)
+        assert (a.shape, a.dtype, a.nbytes) == ((4, 6), np.float32, a_np.nbytes)
+        c = await s.matmul(a, b)
+        d = await s.exp(await (a + 1.0))
+        e = await s.sum(a, axis=1)
+        parts = await s.split(a, 3, axis=1)
+        pairs = await s.apply(_pairs, await s.reshape(a, (24,)))
+        values = await s.run({"c": c, "d": d, "e": e, "parts": parts, "pairs": pairs})
+    np.testing.assert_allclose(values["c"], a_np @ b_np, rtol=1e-5)
+    np.testing.assert_allclose(values["d"], np.exp(a_np + 1.0), rtol=1e-6)
+    np.testing.assert_allclose(values["e"], a_np.sum(axis=1), rtol=1e-5)
+    for got, want in zip(values["parts"], np.split(a_np, 3, axis=1), strict=True):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(values["pairs"], _pairs(a_np.reshape(24)), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert all(v.flags.writeable for v in values["parts"])  # fetched copies belong to the caller
+
+
+async def test_metadata_and_bytes_come_from_the_workers(backend: DaskBackend, client: Client) -> None:
+    async with at.AsyncEagerSession(backend=backend) as s:
+        x = await s.zeros((250, 4), dtype="float32")
+        parts = await s.split(x, 2)
+        assert [(p.shape, p.dtype, p.nbytes) for p in parts] == [((125, 4), np.float32, 2000)] * 2
+        # the split's own tuple is released once its two items exist
+        keys = await until(client, lambda keys: sorted(k.count("-") for k in keys) == [2, 3, 3])
+        reported = await client.nbytes(keys=keys, summary=False)
+        assert s.stats().live_bytes == sum(reported.values()) == 8000
+        assert sorted(k.rsplit("-", 1)[1] for k in keys if k.startswith(f"{PREFIX}split")) == ["0", "1"]
+
+
+async def test_large_constant_is_scattered(backend: DaskBackend) -> None:
+    big = np.arange(600_000, dtype=np.float64)  # 4.8 MB: past the scatter threshold
+    async with at.AsyncEagerSession(backend=backend) as s:
+        t = await s.constant(big)
+        total = await s.sum(t)
+        assert await total.numpy() == big.sum()
+        np.testing.assert_array_equal(await t.numpy(), big)
+
+
+async def test_numpy_protocol_says_to_await(backend: DaskBackend) -> None:
+    async with at.AsyncEagerSession(backend=backend) as s:
+        t = await s.ones((2,))
+        with pytest.raises(at.AioTensorError, match=r"await t\.numpy\(\)"):
+            np.asarray(t)
+        np.testing.assert_array_equal(await t.numpy(), [1.0, 1.0])
+
+
+# -- cleanup strategies, seen from the scheduler -----------------------------------------
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=[s.name for s in STRATEGIES])
+async def test_n_by_m_loop_held_keys(
+    backend: DaskBackend, client: Client, strategy: at.ResourceCleanupStrategy
+) -> None:
+    n, m = 4, 5
+    held: list[int] = []
+    async with at.AsyncEagerSession(backend=backend, cleanup=strategy) as s:
+        x = await s.constant(np.zeros(1000, dtype=np.float32))
+        for _ in range(m):
+            y = x
+            for _ in range(n):
+                y = await s.add(y, 1.0)  # drops the previous intermediate
+            gc.collect()
+            if strategy is at.ResourceCleanupStrategy.IN_BACKGROUND:
+                # no further op: the background task alone must release the futures
+                held.append(len(await until(client, lambda keys: len(keys) <= 2)))
+            elif strategy is at.ResourceCleanupStrategy.ON_SAFE_POINTS:
+                # the op's own safe point released all but x, y and the one it just read
+                held.append(len(await until(client, lambda keys: len(keys) <= 3)))
+            else:
+                held.append(len(await held_keys(client)))
+        np.testing.assert_array_equal(await y.numpy(), np.full(1000, n, dtype=np.float32))
+        stats = s.stats()
+        del y
+    if strategy is at.ResourceCleanupStrategy.ON_SESSION_CLOSE:
+        assert held == [1 + n * (i + 1) for i in range(m)]  # every intermediate is still on a worker
+        assert stats.live_tensors == 1 + n * m
+    else:
+        assert max(held) <= 3  # flat: the workers never hold the loop's history
+        assert stats.live_tensors <= 3
+    await until(client, lambda keys: not keys)  # close released everything the session made
+    assert s.stats().live_tensors == 0
+    assert s.stats().live_bytes == 0
+
+
+async def test_dropped_handle_releases_its_key(backend: DaskBackend, client: Client) -> None:
+    async with at.AsyncEagerSession(backend=backend) as s:
+        keep = await s.ones((10,))
+        drop = await s.ones((10,))
+        await until(client, lambda keys: len(keys) == 2)
+        del drop
+        gc.collect()
+        keys = await until(client, lambda keys: len(keys) == 1)
+        assert s.stats().live_tensors == 1
+        assert keys == [backend_key_of(keep, s)]
+
+
+def backend_key_of(t: at.Tensor, s: at.AsyncEagerSession) -> str:
+    """The Dask key behind a tensor (test-only peek into the registry)."""
+    return str(s._buffer(t, "test").key)
+
+
+async def test_child_session_reads_parent_buffers(backend: DaskBackend) -> None:
+    async with at.AsyncEagerSession(backend=backend) as app:
+        w = await app.constant([[1.0, 2.0], [3.0, 4.0]])
+        async with at.AsyncEagerSession(parent=app) as request:
+            y = await request.matmul(w, w)
+            np.testing.assert_array_equal(await y.numpy(), [[7.0, 10.0], [15.0, 22.0]])
+        assert request.stats().live_tensors == 0
+        assert app.stats().live_tensors == 1
+
+
+# -- devices -----------------------------------------------------------------------------
+async def test_devices_pin_ops_to_workers(backend: DaskBackend, client: Client) -> None:
+    async with at.AsyncEagerSession(backend=backend) as s:
+        devices = s.list_devices()
+        assert devices == ["/cpu:0", "/worker:0", "/worker:1"]
+        for device in devices[1:]:
+            with s.device(device):
+                t = await s.ones((3,))
+            assert t.device == device
+            assert await where(client, backend_key_of(t, s)) == [backend.worker_address(device)]
+        with pytest.raises(at.InvalidDeviceError, match="worker:7"), s.device("/worker:7"):
+            await s.ones((3,))
+
+
+async def test_soft_placement_falls_back_to_any_worker(backend: DaskBackend) -> None:
+    config = at.SessionConfig(allow_soft_placement=True)
+    async with at.AsyncEagerSession(backend=backend, config=config) as s:
+        with s.device("/gpu:0"):
+            t = await s.ones((3,))
+        assert t.device == "/cpu:0"
+
+
+# -- failures ----------------------------------------------------------------------------
+async def test_remote_exception_names_op_and_message(backend: DaskBackend, client: Client) -> None:
+    async with at.AsyncEagerSession(backend=backend) as s:
+        x = await s.ones((2, 3))
+        with pytest.raises(at.KernelError, match=r"apply\(_boom\).*ValueError: boom on shape \(2, 3\)") as info:
+            await s.apply(_boom, x)
+        assert isinstance(info.value.__cause__, ValueError)
+        # still usable, and the failed task's key is not left behind
+        y = await (x * 2.0)
+        np.testing.assert_array_equal(await y.numpy(), np.full((2, 3), 2.0))
+        assert s.stats().live_tensors == 2
+    await until(client, lambda keys: not keys)
+    erred = await client.run_on_scheduler(
+        lambda dask_scheduler: [k for k in dask_scheduler.tasks if str(k).startswith(f"{PREFIX}boom")]
+    )
+    assert erred == []
+
+
+async def test_cancel_releases_the_running_task(backend: DaskBackend, client: Client) -> None:
+    def scheduler_keys(dask_scheduler: Any) -> list[str]:
+        return [str(k) for k in dask_scheduler.tasks if str(k).startswith(PREFIX)]
+
+    async with at.AsyncEagerSession(backend=backend) as s:
+        x = await s.ones((4,))
+        task = asyncio.create_task(s.apply(_slow_square, x, 0.5))
+        async with asyncio.timeout(5):
+            while not any((await client.processing()).values()):
+                await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with asyncio.timeout(5):  # the scheduler forgets the task: nobody wants it
+            while len(await client.run_on_scheduler(scheduler_keys)) != 1:
+                await asyncio.sleep(0.01)
+        assert s.stats().live_tensors == 1
+        assert s.stats().in_flight == 0
+        y = await s.add(x, x)  # the session keeps working
+        np.testing.assert_array_equal(await y.numpy(), [2.0] * 4)
+
+
+async def _kill_worker_running(client: Client, key: str) -> str:
+    async with asyncio.timeout(10):
+        while True:
+            processing = await client.processing()
+            busy = [addr for addr, keys in processing.items() if key in keys]
+            if busy:
+                break
+            await asyncio.sleep(0.01)
+    pids = await client.run(os.getpid, workers=busy)
+    os.kill(pids[busy[0]], signal.SIGKILL)
+    return busy[0]
+
+
+@pytest.mark.slow
+async def test_worker_killed_mid_run(backend: DaskBackend, client: Client) -> None:
+    async with at.AsyncEagerSession(backend=backend) as s:
+        x = await s.constant(np.arange(6.0))
+        pending = asyncio.create_task(s.apply(_slow_square, x, 1.0))
+        async with asyncio.timeout(10):
+            while not (keys := [k for ks in (await client.processing()).values() for k in ks]):
+                await asyncio.sleep(0.01)
+        killed = await _kill_worker_running(client, keys[0])
+        # Dask reruns the task (and recomputes x if it was lost) on the other worker
+        y = await pending
+        np.testing.assert_array_equal(await y.numpy(), np.arange(6.0) ** 2)
+        z = await s.add(y, x)
+        np.testing.assert_array_equal(await z.numpy(), np.arange(6.0) ** 2 + np.arange(6.0))
+        assert killed not in await where(client, backend_key_of(z, s))
+    await client.wait_for_workers(2)  # the nanny restarts the worker for the next tests
+
+
+@pytest.mark.slow
+async def test_task_that_kills_its_workers_fails_clearly(backend: DaskBackend, client: Client) -> None:
+    async with at.AsyncEagerSession(backend=backend) as s:
+        x = await s.ones((3,))
+        with pytest.raises(at.KernelError, match=r"apply\(_die\).*KilledWorker"):
+            await s.apply(_die, x)
+        await client.wait_for_workers(2)
+        y = await s.add(x, x)  # usable again (x is recomputed if its worker died)
+        np.testing.assert_array_equal(await y.numpy(), [2.0] * 3)
+    await client.wait_for_workers(2)
+
+
+# -- construction and lifecycle ----------------------------------------------------------
+async def test_address_backend_owns_its_client(cluster: LocalCluster, client: Client) -> None:
+    async with DaskBackend(cluster.scheduler_address) as b:
+        own = b.client
+        assert own is not client
+        async with at.AsyncEagerSession(backend=b) as s:
+            t = await s.full((2, 2), 3.0)
+            np.testing.assert_array_equal(await (await s.matmul(t, t)).numpy(), np.full((2, 2), 18.0))
+        async with at.AsyncEagerSession(backend=b, cleanup=at.ResourceCleanupStrategy.ON_SAFE_POINTS) as s2:
+            assert await (await s2.ones((1,))).numpy() == 1.0
+    assert own.status == "closed"
+    with pytest.raises(at.SessionClosedError):
+        await s2.ones((1,))
+
+
+async def test_closed_backend_refuses_kernels(client: Client) -> None:
+    b = DaskBackend(client)
+    await b.aclose()
+    with pytest.raises(at.BackendError, match="closed"):
+        async with at.AsyncEagerSession(backend=b) as s:
+            await s.ones((1,))
+
+
+async def test_bad_clients_are_rejected() -> None:
+    with pytest.raises(at.InvalidArgumentError, match="Client or a scheduler address"):
+        DaskBackend(42)  # type: ignore[arg-type]
+    with pytest.raises(at.BackendError, match="no client yet"):
+        _ = DaskBackend("tcp://127.0.0.1:1").client
