@@ -1,0 +1,87 @@
+"""The served model: a small MLP whose weights come from a fixed seed (nothing is downloaded).
+
+Two forward passes live here: :func:`numpy_forward`, plain NumPy (the reference the
+tests compare against, and what the baseline apps run), and :class:`Model`, the same
+math as aiotensor ops on a request session reading weights owned by the app session.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import aiotensor as at
+
+__all__ = ["CLASSES", "HIDDEN", "IN_FEATURES", "SEED", "Model", "make_weights", "numpy_forward"]
+
+#: Features per input row.
+IN_FEATURES = 64
+#: Widths of the hidden layers.
+HIDDEN = (512, 512)
+#: Output classes.
+CLASSES = 10
+#: The seed the served weights are drawn from.
+SEED = 1234
+
+Array = np.ndarray[Any, np.dtype[np.float64]]
+Layer = tuple[Array, Array]
+
+
+def make_weights(seed: int = SEED) -> list[Layer]:
+    """``(weight, bias)`` per layer, He-initialised from ``seed``: the same seed gives the same model."""
+    rng = np.random.default_rng(seed)
+    sizes = (IN_FEATURES, *HIDDEN, CLASSES)
+    layers: list[Layer] = []
+    for fan_in, fan_out in itertools.pairwise(sizes):
+        w = rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)
+        b = rng.standard_normal(fan_out) * 0.01
+        layers.append((w, b))
+    return layers
+
+
+def numpy_forward(layers: list[Layer], x: Array) -> Array:
+    """Class probabilities for the rows of ``x``: ReLU hidden layers, then a stable softmax."""
+    h = x
+    for w, b in layers[:-1]:
+        h = np.maximum(h @ w + b, 0)
+    w, b = layers[-1]
+    logits = h @ w + b
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    """The MLP's weights as tensors of one (app-lifetime) session."""
+
+    layers: tuple[tuple[at.Tensor, at.Tensor], ...]
+
+    @classmethod
+    async def load(cls, session: at.AsyncEagerSession, layers: list[Layer]) -> Model:
+        """Copy ``layers`` into tensors owned by ``session``."""
+        tensors = []
+        for i, (w, b) in enumerate(layers):
+            tensors.append((await session.constant(w, name=f"w{i}"), await session.constant(b, name=f"b{i}")))
+        return cls(tuple(tensors))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all weights."""
+        return sum(w.nbytes + b.nbytes for w, b in self.layers)
+
+    async def predict(self, s: at.AsyncEagerSession, rows: list[list[float]]) -> Array:
+        """Class probabilities for ``rows``, computed in ``s`` (the app session or a child of it).
+
+        Each intermediate is a buffer of ``s``; rebinding ``h`` drops the previous one,
+        which ``s``'s cleanup strategy frees, and closing ``s`` frees the rest.
+        """
+        h = await s.constant(rows, dtype=np.float64, name="inputs")
+        for w, b in self.layers[:-1]:
+            h = await s.relu(await s.add(await s.matmul(h, w), b))
+        w, b = self.layers[-1]
+        probs = await s.softmax(await s.add(await s.matmul(h, w), b), axis=-1)
+        return await probs.numpy()
