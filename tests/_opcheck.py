@@ -48,7 +48,7 @@ async def as_tensors(s: at.AsyncEagerSession, args: tuple[Any, ...]) -> tuple[An
     return tuple(out)
 
 
-def assert_same(got: np.ndarray, expected: Any, where: str, *, exact: bool, rtol: float) -> None:
+def assert_same(got: np.ndarray, expected: Any, where: str, *, exact: bool, rtol: float, atol: float = 0.0) -> None:
     """``got`` equals numpy's ``expected`` in dtype, shape and value."""
     want = np.asarray(expected)
     assert isinstance(got, np.ndarray), f"{where}: numpy() gave {type(got).__name__}"
@@ -57,7 +57,7 @@ def assert_same(got: np.ndarray, expected: Any, where: str, *, exact: bool, rtol
     if exact or want.dtype.kind in "biu":
         np.testing.assert_array_equal(got, want, err_msg=where, strict=True)
     else:
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=0, equal_nan=True, err_msg=where, strict=True)
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=where, strict=True)
 
 
 async def check_op(
@@ -67,6 +67,7 @@ async def check_op(
     *args: Any,
     exact: bool = False,
     rtol: float = 1e-6,
+    atol: float = 0.0,
     **kwargs: Any,
 ) -> None:
     """``name(*args, **kwargs)`` as a session method and a module function equals ``reference``.
@@ -79,7 +80,7 @@ async def check_op(
     # NaN/inf results are compared too; kernels follow the caller's errstate, so one
     # errstate silences numpy's warnings for both the reference and the op.
     with np.errstate(all="ignore"):
-        await _check_op(s, name, where, reference, args, kwargs, exact=exact, rtol=rtol)
+        await _check_op(s, name, where, reference, args, kwargs, exact=exact, rtol=rtol, atol=atol)
 
 
 async def _check_op(
@@ -92,6 +93,7 @@ async def _check_op(
     *,
     exact: bool,
     rtol: float,
+    atol: float,
 ) -> None:
     try:
         expected = reference(*args, **kwargs)
@@ -99,20 +101,27 @@ async def _check_op(
     except NUMPY_ARG_ERRORS as exc:
         numpy_error = exc
     targs = await as_tensors(s, args)
+    has_tensor = any(isinstance(a, at.Tensor) or (isinstance(a, list) and at.Tensor in map(type, a)) for a in targs)
+    # Without a tensor argument the module function needs a default session.
+
+    def default() -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext() if has_tensor else s.as_default()
+
     for how, fn in (("session method", getattr(s, name)), ("module function", getattr(at, name))):
         label = f"{where} via {how}"
         if numpy_error is not None:
-            with pytest.raises(at.InvalidArgumentError) as info:
+            with pytest.raises(at.InvalidArgumentError) as info, default():
                 await fn(*targs, **kwargs)
             assert name in str(info.value), f"{label}: message does not name the op: {info.value}"
             continue
-        result = await fn(*targs, **kwargs)
+        with default():
+            result = await fn(*targs, **kwargs)
         assert isinstance(result, at.Tensor), f"{label}: returned {type(result).__name__}"
         assert result.session is s, f"{label}: result owned by another session"
         got = await result.numpy()
         assert result.shape == got.shape, f"{label}: metadata disagree with data"
         assert result.dtype == got.dtype, f"{label}: metadata disagree with data"
-        assert_same(got, expected, label, exact=exact, rtol=rtol)
+        assert_same(got, expected, label, exact=exact, rtol=rtol, atol=atol)
 
 
 @contextlib.contextmanager

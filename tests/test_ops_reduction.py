@@ -1,0 +1,147 @@
+"""Reductions and softmax against numpy: axes, keepdims, dtypes, empty inputs and errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aiotensor as at
+
+from ._opcheck import assert_invalid, check_op
+
+REDUCTIONS: dict[str, Callable[..., Any]] = {
+    "sum": np.sum,
+    "prod": np.prod,
+    "mean": np.mean,
+    "max": np.max,
+    "min": np.min,
+    "std": np.std,
+    "var": np.var,
+    "argmax": np.argmax,
+    "argmin": np.argmin,
+}
+ARG_REDUCTIONS = {"argmax", "argmin"}  # one axis or None
+NEEDS_NONEMPTY = {"mean", "std", "var"}  # numpy warns "empty slice" and gives NaN
+
+DTYPES = [np.float32, np.float64, np.int32, np.int64, np.bool_]
+_rng = np.random.default_rng(7)
+
+
+def _reference(fn: Callable[..., Any]) -> Callable[..., Any]:
+    # numpy takes several axes only as a tuple; our ops also take a list
+    def ref(x: Any, **kwargs: Any) -> Any:
+        if isinstance(kwargs.get("axis"), list):
+            kwargs["axis"] = tuple(kwargs["axis"])
+        return fn(x, **kwargs)
+
+    return ref
+
+
+@pytest.fixture
+async def sc() -> AsyncIterator[at.AsyncEagerSession]:
+    """A session that frees nothing before close, so allocation counts are exact."""
+    async with at.AsyncEagerSession(cleanup=at.ResourceCleanupStrategy.ON_SESSION_CLOSE) as session:
+        yield session
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+async def test_reduction_matches_numpy(s: at.AsyncEagerSession, name: str) -> None:
+    ref = _reference(REDUCTIONS[name])
+    axes: list[Any] = [None, 0, 1, -1] if name in ARG_REDUCTIONS else [None, 0, 1, -1, (0, 1), [0, 2], ()]
+    for dt in DTYPES:
+        x = np.asarray(_rng.integers(-3, 4, size=(2, 3, 4))).astype(dt)
+        for axis in axes:
+            for keepdims in (False, True):
+                await check_op(s, name, ref, x, axis=axis, keepdims=keepdims, rtol=1e-5)
+        await check_op(s, name, ref, np.asarray(x[0, 0, 0]))  # 0-d
+        await check_op(s, name, ref, x[0, 0].tolist())  # a python list
+    await check_op(s, name, ref, np.zeros((0, 3)), axis=1)  # zero rows of three: an empty result
+    if name not in NEEDS_NONEMPTY:
+        for x in [np.zeros((0, 3)), np.zeros((3, 0), np.int32)]:
+            await check_op(s, name, ref, x)  # max/min/argmax of nothing: both raise
+            await check_op(s, name, ref, x, axis=1)
+
+
+async def test_reduction_options(s: at.AsyncEagerSession) -> None:
+    x = np.asarray(_rng.normal(size=(3, 5)))
+    for name in ("std", "var"):
+        for correction in (0, 1, 0.5):
+            await check_op(s, name, REDUCTIONS[name], x, axis=1, correction=correction, rtol=1e-12)
+    i8 = np.array([100, 100, 100], np.int8)
+    await check_op(s, "sum", np.sum, i8)  # numpy sums small ints in the default int
+    await check_op(s, "sum", np.sum, i8, dtype=np.int8)  # wraps around, as numpy
+    await check_op(s, "prod", np.prod, i8, dtype=np.float32)
+    await check_op(s, "sum", np.sum, x.astype(np.float32), dtype="float64", axis=0)
+    nan = np.array([1.0, np.nan, 3.0])
+    for name in ("sum", "max", "min", "mean", "argmax"):
+        await check_op(s, name, REDUCTIONS[name], nan)  # NaN propagates (argmax finds it)
+    t = await s.constant(x)
+    assert (await s.sum(t, axis=0, keepdims=True, name="colsum")).name == "colsum"
+
+
+def _naive_softmax(x: Any, axis: int) -> Any:
+    # the textbook formula in float64, independent of the kernel's max-shifted form
+    x = np.asarray(x)
+    out_dtype = x.dtype if x.dtype.kind == "f" else np.dtype(np.float64)
+    e = np.exp(x.astype(np.float64))
+    return (e / e.sum(axis=axis, keepdims=True)).astype(out_dtype)
+
+
+def _naive_log_softmax(x: Any, axis: int) -> Any:
+    sm = _naive_softmax(x, axis)
+    return np.log(sm.astype(np.float64)).astype(sm.dtype)
+
+
+@pytest.mark.parametrize(("name", "ref"), [("softmax", _naive_softmax), ("log_softmax", _naive_log_softmax)])
+async def test_softmax(s: at.AsyncEagerSession, name: str, ref: Callable[..., Any]) -> None:
+    for dt in (np.float32, np.float64, np.int32, np.int64):
+        x = np.asarray(_rng.integers(-5, 6, size=(3, 4))).astype(dt)
+        # float32 log_softmax near 0 is x - max - log(sum): absolute error ~ eps * |x|
+        atol = 1e-5 if dt == np.float32 else 0.0
+        for axis in (-1, 0, 1):
+            await check_op(s, name, lambda a, axis: ref(a, axis), x, axis=axis, rtol=1e-5, atol=atol)
+        await check_op(s, name, lambda a: ref(a, -1), x[0], rtol=1e-5, atol=atol)  # default axis=-1
+    # large inputs: no overflow (exp(1000) is inf), the result is still a distribution
+    big = await s.constant([[1000.0, 1000.0, 0.0], [-1000.0, 0.0, 1000.0]])
+    sm = await (await s.softmax(big)).numpy()
+    np.testing.assert_allclose(sm, [[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]], atol=1e-300)
+    lsm = await (await s.log_softmax(big)).numpy()
+    np.testing.assert_allclose(lsm, [[-np.log(2), -np.log(2), -1000.0 - np.log(2)], [-2000.0, -1000.0, 0.0]])
+    assert np.all(np.isfinite(lsm))
+
+
+_ErrorCall = Callable[[at.AsyncEagerSession, at.Tensor], Awaitable[Any]]
+REDUCTION_ERRORS: list[tuple[str, _ErrorCall, str, tuple[str, ...]]] = [
+    ("sum-axis", lambda s, t: s.sum(t, axis=2), "sum", ("float64[2, 3]", "out of bounds")),
+    ("mean-axis-negative", lambda s, t: s.mean(t, axis=-3), "mean", ("float64[2, 3]",)),
+    ("max-repeated-axis", lambda s, t: s.max(t, axis=(0, 0)), "max", ("float64[2, 3]",)),
+    ("min-axis-str", lambda s, t: s.min(t, axis="a"), "min", ("float64[2, 3]",)),
+    ("argmax-tuple-axis", lambda s, t: s.argmax(t, axis=(0, 1)), "argmax", ("float64[2, 3]",)),
+    ("argmin-axis", lambda s, t: s.argmin(t, axis=5), "argmin", ("float64[2, 3]",)),
+    ("max-empty", lambda s, t: s.max(np.zeros((0, 2))), "max", ("float64[0, 2]", "identity")),
+    ("argmax-empty", lambda s, t: s.argmax([]), "argmax", ()),
+    ("sum-dtype-str", lambda s, t: s.sum(t, dtype="U2"), "sum", ("<U2",)),
+    ("prod-dtype-bogus", lambda s, t: s.prod(t, dtype="bogus"), "prod", ("bogus",)),
+    ("softmax-axis", lambda s, t: s.softmax(t, axis=2), "softmax", ("float64[2, 3]",)),
+    ("log-softmax-bool", lambda s, t: s.log_softmax([True, False]), "log_softmax", ()),
+    ("std-None", lambda s, t: s.std(None), "std", ("None",)),
+    ("var-str", lambda s, t: s.var("abc"), "var", ("'abc'",)),
+    ("mean-object", lambda s, t: s.mean(np.array([1, 2], dtype=object)), "mean", ("object",)),
+    ("sum-ragged", lambda s, t: s.sum([[1, 2], [3]]), "sum", ("inhomogeneous",)),
+]
+
+
+@pytest.mark.parametrize(("label", "call", "op", "fragments"), REDUCTION_ERRORS, ids=[c[0] for c in REDUCTION_ERRORS])
+async def test_reduction_errors(
+    sc: at.AsyncEagerSession,
+    label: str,
+    call: Callable[[at.AsyncEagerSession, at.Tensor], Awaitable[Any]],
+    op: str,
+    fragments: tuple[str, ...],
+) -> None:
+    t = await sc.constant(np.arange(6.0).reshape(2, 3))
+    await assert_invalid(sc, lambda: call(sc, t), op, *fragments)
+    np.testing.assert_array_equal(await (await sc.sum(t, axis=0)).numpy(), [3.0, 5.0, 7.0])
