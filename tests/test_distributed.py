@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import re
 import signal
 import sys
 import time
@@ -403,3 +404,34 @@ async def test_bad_clients_are_rejected() -> None:
         DaskBackend(42)  # type: ignore[arg-type]
     with pytest.raises(at.BackendError, match="no client yet"):
         _ = DaskBackend("tcp://127.0.0.1:1").client
+
+
+# -- the example -------------------------------------------------------------------------
+@pytest.mark.slow
+async def test_example_runs_on_a_given_address(cluster: LocalCluster, client: Client) -> None:
+    await until(client, lambda keys: not keys)
+    example = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "distributed.py")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        example,
+        cluster.scheduler_address,
+        "-n",
+        "3",
+        "-m",
+        "4",
+        "--size",
+        "1000",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    held = {
+        m["strategy"]: [int(v) for v in m["held"].split(", ")]
+        for m in re.finditer(r"(?P<strategy>\w+) +keys held per iteration \[(?P<held>[\d, ]+)\]", out.decode())
+    }
+    assert held["ON_SESSION_CLOSE"] == [4, 7, 10, 13]  # x plus every intermediate
+    # flat: x, the last result and at most one intermediate not yet released
+    assert max(held["IN_BACKGROUND"]) <= 3
+    assert max(held["ON_SAFE_POINTS"]) <= 3
+    assert out.decode().count("after close 0 keys") == 3
