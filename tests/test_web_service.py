@@ -127,6 +127,22 @@ async def test_request_sessions_freed_when_handler_raises(strategy: at.ResourceC
     assert service.session.closed
 
 
+async def test_fused_forward_matches_numpy() -> None:
+    app = create_app(fused=True)
+    rows = np.random.default_rng(2).standard_normal((7, IN_FEATURES)).tolist()
+    transport = httpx.ASGITransport(app)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://app") as c:
+        app_before = app.state.service.session.stats()
+        response = await c.post("/predict", json={"inputs": rows})
+        assert response.status_code == 200
+        np.testing.assert_allclose(response.json()["probabilities"], reference(rows), rtol=RTOL, atol=ATOL)
+        stats = (await c.get("/stats")).json()
+        assert app.state.service.session.stats() == app_before
+    # Two buffers per request: the input and the probabilities.
+    assert stats["requests"]["allocated"] == stats["requests"]["freed"] == 2
+    assert stats["requests"]["live_tensors"] == 0
+
+
 # -- the real server ---------------------------------------------------------------------
 def run(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run the client side on a fresh uvloop loop."""
@@ -137,7 +153,9 @@ def run(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
     """``uvicorn --loop uvloop`` serving the example app; checked for a clean shutdown."""
-    with serve("web_service.app:app") as srv:
+    # One BLAS thread per server, as in production: concurrency comes from requests.
+    blas = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with serve("web_service.app:app", env=blas) as srv:
         yield srv
     assert srv.process.returncode == 0, srv.log
     for bad in ("Traceback", "unclosed", "Error"):

@@ -34,7 +34,7 @@ import aiotensor as at
 
 from .model import SEED, Model, make_weights
 
-__all__ = ["ClientDisconnected", "PredictRequest", "PredictResponse", "Service", "app", "create_app"]
+__all__ = ["ClientDisconnected", "PredictRequest", "PredictResponse", "Service", "app", "create_app", "fused_app"]
 
 T = TypeVar("T")
 
@@ -182,7 +182,10 @@ async def cancel_on_disconnect(request: Request, fn: Callable[..., Awaitable[T]]
 
 
 def create_app(
-    *, seed: int = SEED, request_cleanup: at.ResourceCleanupStrategy = at.ResourceCleanupStrategy.ON_SESSION_CLOSE
+    *,
+    seed: int = SEED,
+    request_cleanup: at.ResourceCleanupStrategy = at.ResourceCleanupStrategy.ON_SESSION_CLOSE,
+    fused: bool = False,
 ) -> FastAPI:
     """The FastAPI app.
 
@@ -190,6 +193,8 @@ def create_app(
         seed: The seed the model weights are drawn from.
         request_cleanup: The strategy of request sessions. The default, ``ON_SESSION_CLOSE``,
             suits short sessions: no cleanup task per request, and close frees everything.
+        fused: Run the forward pass as one ``apply`` op (:meth:`Model.predict_fused`)
+            rather than op by op.
     """
 
     @contextlib.asynccontextmanager
@@ -212,7 +217,8 @@ def create_app(
     @app.post("/predict")
     async def predict(body: PredictRequest, request: Request, service: ServiceDep, s: SessionDep) -> PredictResponse:
         """Class probabilities for a batch of rows."""
-        probs = await cancel_on_disconnect(request, service.model.predict, s, body.inputs)
+        forward = service.model.predict_fused if fused else service.model.predict
+        probs = await cancel_on_disconnect(request, forward, s, body.inputs)
         return PredictResponse(probabilities=probs.tolist())
 
     @app.get("/stats")
@@ -229,3 +235,5 @@ def create_app(
 
 
 app = create_app()
+#: The same service, each forward pass fused into one op.
+fused_app = create_app(fused=True)

@@ -85,3 +85,17 @@ class Model:
         w, b = self.layers[-1]
         probs = await s.softmax(await s.add(await s.matmul(h, w), b), axis=-1)
         return await probs.numpy()
+
+    async def predict_fused(self, s: at.AsyncEagerSession, rows: list[list[float]]) -> Array:
+        """The same forward pass as one ``apply`` op: two pool round trips per request instead of ten.
+
+        The weights still reach the kernel as the app session's buffers, uncopied.
+        """
+        x = await s.constant(rows, dtype=np.float64, name="inputs")
+        probs = await s.apply(_forward_kernel, x, *[t for layer in self.layers for t in layer])
+        assert not isinstance(probs, tuple)
+        return await probs.numpy()
+
+
+def _forward_kernel(x: Array, *weights: Array) -> Array:
+    return numpy_forward(list(zip(weights[::2], weights[1::2], strict=True)), x)
