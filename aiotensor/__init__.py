@@ -12,6 +12,8 @@ from ._backend import Backend as Backend
 from ._backend import InlineExecutor as InlineExecutor
 from ._backend import LocalBackend as LocalBackend
 from ._backend import PendingKernel as PendingKernel
+from ._blas import blas_threads as blas_threads
+from ._blas import set_blas_threads as set_blas_threads
 from ._config import ResourceCleanupStrategy as ResourceCleanupStrategy
 from ._config import SessionConfig as SessionConfig
 from ._defaults import get_default_session as get_default_session
@@ -24,6 +26,10 @@ from ._errors import NoSessionError as NoSessionError
 from ._errors import ResourceExhaustedError as ResourceExhaustedError
 from ._errors import SessionClosedError as SessionClosedError
 from ._errors import WrongEventLoopError as WrongEventLoopError
+from ._function import FusedFunction as FusedFunction
+from ._function import FusedOps as FusedOps
+from ._function import FusedValue as FusedValue
+from ._function import function as function
 from ._functional import *  # noqa: F403 -- the op functions; their names are listed in _functional.__all__
 from ._functional import __all__ as _op_names
 from ._interactive import InteractiveSession as InteractiveSession
@@ -44,6 +50,9 @@ __all__ = [
     "Backend",
     "BackendError",
     "BufferInfo",
+    "FusedFunction",
+    "FusedOps",
+    "FusedValue",
     "InlineExecutor",
     "InteractiveSession",
     "InvalidArgumentError",
@@ -61,6 +70,9 @@ __all__ = [
     "Tensor",
     "WrongEventLoopError",
     "__version__",
+    "blas_threads",
+    "function",
     "get_default_session",
+    "set_blas_threads",
     *_op_names,
 ]

@@ -15,6 +15,7 @@ from typing import Any, Self
 
 from . import _defaults
 from ._backend import Backend, LocalBackend
+from ._blas import BLAS_OPS, Gated
 from ._cleanup import make_policy
 from ._config import ResourceCleanupStrategy, SessionConfig
 from ._devices import canonical_device
@@ -28,6 +29,7 @@ from ._errors import (
     SessionClosedError,
     WrongEventLoopError,
 )
+from ._function import FusedFunction
 from ._inline import INLINE_STREAK, estimate_us
 from ._kernels import BadOutputError, KernelResult, run_kernel
 from ._ops import AllOps
@@ -379,6 +381,8 @@ class AsyncEagerSession(AllOps):
                 result = run_kernel(kernel, buffers, kw)
             else:
                 self._inline_streak = 0
+                if op in BLAS_OPS and isinstance(self._backend, LocalBackend):
+                    kernel = Gated(kernel)  # BLAS threads x pool workers <= cores (see _blas)
                 try:
                     pending = self._backend.submit(kernel, buffers, kw, device=device)
                 except RuntimeError as exc:
@@ -497,3 +501,10 @@ class AsyncEagerSession(AllOps):
         flatten(fetches, leaves)
         values = await self._fetch(leaves, "run")
         return unflatten(fetches, iter(values))
+
+    def function(self, fn: Callable[..., Any], /) -> FusedFunction:
+        """``fn(ops, *args)`` as one op of this session: its ops run synchronously on one worker.
+
+        See :func:`aiotensor.function` (the same, with the session found from the arguments).
+        """
+        return FusedFunction(fn, self)

@@ -1,0 +1,145 @@
+"""Fused functions: one dispatch for a whole function of ops, checked against numpy and the accounting."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aiotensor as at
+
+
+def chain(ops: at.FusedOps, x: Any, w: Any) -> Any:
+    y = x @ w
+    for _ in range(5):
+        y = ops.add(y, 1.0) * 2.0
+    return ops.relu(y - 30.0)
+
+
+def chain_np(x: np.ndarray[Any, Any], w: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    y = x @ w
+    for _ in range(5):
+        y = (y + 1.0) * 2.0
+    return np.maximum(y - 30.0, 0)
+
+
+async def test_fused_function_matches_numpy(session: at.AsyncEagerSession) -> None:
+    xv = np.random.default_rng(0).standard_normal((4, 3))
+    wv = np.random.default_rng(1).standard_normal((3, 5))
+    x, w = await session.constant(xv), await session.constant(wv)
+    y = await session.function(chain)(x, w)
+    assert isinstance(y, at.Tensor)
+    assert y.session is session
+    np.testing.assert_allclose(await y.numpy(), chain_np(xv, wv))
+    del x, w, y
+
+
+async def test_module_level_decorator_finds_the_session_and_returns_tuples(s: at.AsyncEagerSession) -> None:
+    @at.function
+    def stats(ops: at.FusedOps, x: Any) -> tuple[Any, Any]:
+        return ops.mean(x), ops.std(x, correction=1)
+
+    data = np.arange(10.0)
+    mean, std = await stats(await s.constant(data))  # type: ignore[misc]
+    assert mean.session is s
+    np.testing.assert_allclose(await mean.numpy(), data.mean())
+    np.testing.assert_allclose(await std.numpy(), data.std(ddof=1))
+    assert stats.__name__ == "stats"
+
+
+async def test_intermediates_are_counted_and_freed(strategy: at.ResourceCleanupStrategy) -> None:
+    async with at.AsyncEagerSession(cleanup=strategy) as s:
+        x = await s.zeros(1000)  # 8000 bytes
+        before = s.stats()
+
+        def f(ops: at.FusedOps, x: Any) -> Any:
+            a = ops.add(x, 1.0)
+            b = ops.add(a, 1.0)
+            c = ops.add(b, 1.0)  # a is still referenced: 3 intermediates live at once
+            return ops.add(c, a)
+
+        y = await s.function(f)(x)
+        after = s.stats()
+        assert after.allocated - before.allocated == 4  # a, b, c and the result
+        assert after.freed - before.freed == 3  # a, b, c: freed inside the run
+        assert after.live_tensors == before.live_tensors + 1
+        assert after.live_bytes == before.live_bytes + 8000
+        assert after.peak_bytes >= before.live_bytes + 4 * 8000  # x + a, b, c, result
+        np.testing.assert_array_equal(await y.numpy(), np.full(1000, 4.0))
+    assert s.stats().live_bytes == 0
+
+
+async def test_returning_an_argument_gives_a_copy(s: at.AsyncEagerSession) -> None:
+    x = await s.constant([1.0, 2.0])
+    y = await s.function(lambda ops, x: x)(x)
+    assert isinstance(y, at.Tensor)
+    assert s._buffer(y, "t") is not s._buffer(x, "t")
+    np.testing.assert_array_equal(await y.numpy(), [1.0, 2.0])
+
+
+async def test_it_runs_on_one_pool_worker(s: at.AsyncEagerSession) -> None:
+    threads: list[str] = []
+
+    def record(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        threads.append(threading.current_thread().name)
+        return x + 1
+
+    def f(ops: at.FusedOps, x: Any) -> Any:
+        return ops.apply(record, ops.apply(record, x))
+
+    y = await s.function(f)(await s.constant([0.0]))
+    np.testing.assert_array_equal(await y.numpy(), [2.0])  # type: ignore[union-attr]
+    assert len(threads) == 2
+    assert len(set(threads)) == 1
+    assert threads[0].startswith("aiotensor")
+
+
+async def test_captured_tensors_and_numpy_arguments(s: at.AsyncEagerSession) -> None:
+    w = await s.constant(np.eye(2) * 3)
+
+    def f(ops: at.FusedOps, x: Any) -> Any:
+        assert isinstance(x, at.FusedValue)
+        assert x.shape == (2,)
+        return ops.matmul(x, w)
+
+    y = await s.function(f)(np.array([1.0, 2.0]))
+    np.testing.assert_array_equal(await y.numpy(), [3.0, 6.0])  # type: ignore[union-attr]
+
+
+async def test_errors_inside(s: at.AsyncEagerSession) -> None:
+    x = await s.constant(np.ones((2, 3)))
+    stats = s.stats()
+    with pytest.raises(at.InvalidArgumentError, match="matmul"):
+        await s.function(lambda ops, x: ops.matmul(ops.add(x, 1.0), x))(x)
+
+    def boom(ops: at.FusedOps, x: Any) -> Any:
+        raise KeyError("mine")
+
+    with pytest.raises(at.KernelError) as info:
+        await s.function(boom)(x)
+    assert isinstance(info.value.__cause__, KeyError)
+    with pytest.raises(at.KernelError, match="no op 'not_an_op'") as info:
+        await s.function(lambda ops, x: ops.not_an_op(x))(x)
+    assert isinstance(info.value.__cause__, AttributeError)
+    with pytest.raises(at.InvalidArgumentError, match="callable"):
+        at.function(42)  # type: ignore[arg-type]
+    after = s.stats()
+    assert after.live_tensors == stats.live_tensors
+    assert after.allocated - after.freed == stats.allocated - stats.freed
+
+
+async def test_memory_limit_applies_to_intermediates() -> None:
+    async with at.AsyncEagerSession(config=at.SessionConfig(memory_limit=100_000)) as s:
+        x = await s.zeros(5000)  # 40 kB of the 100 kB
+
+        def f(ops: at.FusedOps, x: Any) -> Any:
+            a = ops.add(x, 1.0)
+            return ops.add(a, x)  # a and the result: 80 kB > the 60 kB left
+
+        with pytest.raises(at.ResourceExhaustedError, match="fused function"):
+            await s.function(f)(x)
+        assert s.stats().live_bytes == 40_000
+        y = await s.function(lambda ops, x: ops.add(x, 2.0))(x)
+        np.testing.assert_array_equal(await y.numpy(), np.full(5000, 2.0))  # type: ignore[union-attr]

@@ -1,0 +1,146 @@
+"""Inline vs pool dispatch: which ops skip the thread hop, the always-pool switch, fairness, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aiotensor as at
+from aiotensor._inline import INLINE_STREAK, estimate_us
+
+
+class CountingBackend(at.LocalBackend):
+    """The shared pool, recording the thread every submitted kernel ran on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+        self.kernels: list[Any] = []
+
+    def submit(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, device: str
+    ) -> at.PendingKernel:
+        self.kernels.append(fn)
+
+        def recorded(*a: Any, **k: Any) -> Any:
+            self.threads.append(threading.current_thread().name)
+            return fn(*a, **k)
+
+        return super().submit(recorded, args, kwargs, device=device)
+
+
+async def test_small_op_runs_inline_and_big_op_on_the_pool() -> None:
+    backend = CountingBackend()
+    async with at.AsyncEagerSession(backend=backend) as s:
+        a = np.arange(16, dtype=np.float32)
+        x = await s.constant(a)
+        y = await s.add(x, x)
+        np.testing.assert_array_equal(await y.numpy(), a + a)
+        assert backend.threads == []  # neither the constant nor the add hopped
+
+        big = np.ones(1 << 21)  # 16 MiB: far above 50 µs of work
+        b = await s.constant(big)
+        z = await s.add(b, b)
+        np.testing.assert_array_equal(await z.numpy(), big + big)
+        assert len(backend.threads) == 2  # the constant and the add
+        assert all(name.startswith("aiotensor") for name in backend.threads)
+        assert threading.current_thread().name not in backend.threads
+
+
+async def test_always_pool_switch_sends_every_kernel_to_the_pool() -> None:
+    backend = CountingBackend()
+    config = at.SessionConfig(inline_threshold_us=0)
+    async with at.AsyncEagerSession(backend=backend, config=config) as s:
+        x = await s.constant([1.0, 2.0])
+        y = await s.add(x, 1.0)
+        np.testing.assert_array_equal(await y.numpy(), [2.0, 3.0])
+    assert len(backend.threads) == 2
+
+
+async def test_apply_and_unknown_costs_always_go_to_the_pool(s: at.AsyncEagerSession) -> None:
+    def where(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        return np.full(x.shape, threading.current_thread().name.startswith("aiotensor"))
+
+    t = await s.apply(where, np.zeros(2))
+    assert isinstance(t, at.Tensor)
+    np.testing.assert_array_equal(await t.numpy(), [True, True])
+
+
+async def test_an_explicit_executor_gets_every_kernel() -> None:
+    submitted: list[object] = []
+
+    class Counting(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+            submitted.append(fn)
+            return super().submit(fn, *args, **kwargs)
+
+    with Counting(1) as pool:
+        async with at.AsyncEagerSession(executor=pool) as s:
+            x = await s.constant([1.0])
+            await s.add(x, x)
+    assert len(submitted) == 2
+
+
+async def test_a_run_of_inline_ops_lets_other_tasks_run(s: at.AsyncEagerSession) -> None:
+    ran = asyncio.Event()
+
+    async def other() -> None:
+        ran.set()
+
+    task = asyncio.get_running_loop().create_task(other())
+    x = await s.constant([0.0])
+    for _ in range(INLINE_STREAK + 2):  # no await of our own suspends in this loop
+        x = await s.add(x, 1.0)
+    assert ran.is_set()
+    await task
+    np.testing.assert_array_equal(await x.numpy(), [INLINE_STREAK + 2.0])
+
+
+async def test_inline_ops_keep_each_strategy_contract(strategy: at.ResourceCleanupStrategy) -> None:
+    size = 1000
+    async with at.AsyncEagerSession(cleanup=strategy) as s:
+        x = await s.zeros(size, dtype="float32")
+        for i in range(40):
+            x = await s.add(x, 1.0)  # inline: the previous x is dropped here
+            stats = s.stats()
+            if strategy is at.ResourceCleanupStrategy.ON_SESSION_CLOSE:
+                assert stats.freed == 0
+                assert stats.live_tensors == i + 2
+            elif strategy is at.ResourceCleanupStrategy.ON_SAFE_POINTS:
+                assert stats.pending <= 1  # the last drop waits for the next safe point
+            else:
+                assert stats.pending <= 1  # drained by the next inline op
+        stats = s.stats()
+        if strategy is not at.ResourceCleanupStrategy.ON_SESSION_CLOSE:
+            assert stats.peak_bytes <= 3 * size * 4  # never more than input, output and one pending
+        np.testing.assert_array_equal(await x.numpy(), np.full(size, 40, np.float32))
+    assert s.stats().live_bytes == 0
+
+
+def test_cost_estimates() -> None:
+    small = np.ones(16, np.float32)
+    big = np.ones(1 << 20, np.float32)
+    assert estimate_us("add", (small, small), {}, None) < 5
+    assert estimate_us("add", (big, big), {}, None) > 50
+    assert estimate_us("exp", (small,), {}, None) < estimate_us("exp", (np.ones(4096, np.float32),), {}, None)
+    # an outer sum: the output (1M elements) is what costs, not the inputs
+    col, row = np.ones((1024, 1)), np.ones((1, 1024))
+    assert estimate_us("add", (col, row), {}, None) > 50
+    m64, m512 = np.ones((64, 64), np.float32), np.ones((512, 512), np.float32)
+    assert estimate_us("matmul", (m64, m64), {}, None) < 50 < estimate_us("matmul", (m512, m512), {}, None)
+    assert estimate_us("zeros", ((4,), 0, np.dtype("f8")), {}, 32) < 5
+    assert math.isinf(estimate_us("not_an_op", (small,), {}, None))
+    assert math.isinf(estimate_us("constant", ([[1.0] * 4] * 4, None), {}, None))  # nested python data
+
+
+@pytest.mark.parametrize("bad", [-1, float("inf"), float("nan"), True, "5"])
+def test_config_rejects_bad_thresholds(bad: object) -> None:
+    with pytest.raises(at.InvalidArgumentError, match="inline_threshold_us"):
+        at.SessionConfig(inline_threshold_us=bad)  # type: ignore[arg-type]
