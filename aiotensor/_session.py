@@ -152,7 +152,13 @@ class AsyncEagerSession(AllOps):
         return self._state in (_State.CLOSING, _State.CLOSED)
 
     async def __aenter__(self) -> Self:
-        await self._open()
+        try:
+            await self._open()
+        except asyncio.CancelledError:
+            # __aexit__ will not run, yet the shielded start goes on: close in a task of its
+            # own, outside the caller's (possibly level-triggered, as in anyio) cancellation.
+            self._abort_close = asyncio.get_running_loop().create_task(self.close())
+            raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -163,8 +169,16 @@ class AsyncEagerSession(AllOps):
         if state is _OPEN:
             return
         if state is _State.UNOPENED:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # e.g. trio, directly or through anyio
+                raise WrongEventLoopError(
+                    f"{self!r} needs a running asyncio event loop (asyncio or uvloop, also through"
+                    " anyio's asyncio backend); none runs in this thread. trio is not supported: kernel"
+                    " results come back as asyncio futures and IN_BACKGROUND frees from an asyncio task."
+                ) from None
             self._state = _State.OPENING
-            self._opening = asyncio.get_running_loop().create_task(self._start())
+            self._opening = loop.create_task(self._start())
         elif state is not _State.OPENING:
             raise SessionClosedError(f"{self!r} is closed")
         assert self._opening is not None
@@ -232,9 +246,11 @@ class AsyncEagerSession(AllOps):
                 await self._idle.wait()
         finally:
             stopping = self._shutdown_now()
-            if stopping is not None:
-                await asyncio.wait([stopping])
-            await self._close_backend()
+            try:
+                if stopping is not None:
+                    await asyncio.wait([stopping])
+            finally:  # also when that wait is cancelled (anyio cancels every await in a scope)
+                await self._close_backend()
 
     def _shutdown_now(self) -> asyncio.Task[None] | None:
         stopping = self._policy.stop()

@@ -33,7 +33,7 @@ def live_handles(session: AsyncEagerSession) -> list[Tensor]:
     return found
 
 
-async def _settle(session: AsyncEagerSession, timeout: float) -> None:  # noqa: ASYNC109 -- see below
+async def _settle(session: AsyncEagerSession, timeout: float) -> None:  # noqa: ASYNC109 -- assert_no_leaks explains its timeout
     # Finalizers of unreachable handles run in gc.collect(); their buffers become pending.
     gc.collect()
     if session.closed:

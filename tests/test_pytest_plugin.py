@@ -85,6 +85,8 @@ def test_fixture_in_strict_mode(pytester: pytest.Pytester) -> None:
 
 def test_fixture_under_anyio(pytester: pytest.Pytester) -> None:
     user_project(pytester, mode="strict", marker="@pytest.mark.anyio")
+    # anyio runs tests on trio too when it is installed; sessions need asyncio (see test_anyio)
+    pytester.makeconftest("import pytest\n\n@pytest.fixture\ndef anyio_backend():\n    return 'asyncio'\n")
     run(pytester).assert_outcomes(passed=1)
 
 
