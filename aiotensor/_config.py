@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from ._errors import InvalidArgumentError
+from ._memory import check_wait
 
 __all__ = ["ResourceCleanupStrategy", "SessionConfig"]
 
@@ -41,6 +42,10 @@ class SessionConfig:
             workers, shut down at close. ``None`` shares the process-wide pool.
         memory_limit: Bytes the session may hold at once (pending buffers
             included). An allocation past it raises :class:`ResourceExhaustedError`.
+        memory_wait: Seconds an allocation over ``memory_limit`` may wait for other
+            tasks to free memory (first come, first served) before it raises
+            :class:`ResourceExhaustedError`. ``None`` (the default) fails at once.
+            Needs ``memory_limit``; see ``docs/reliability.md`` for what is guaranteed.
         inline_threshold_us: Ops whose kernel is estimated to take at most this
             many microseconds run inline on the event loop thread, skipping the
             thread hop (see ``docs/guides/performance-tuning.md``); larger ones, and
@@ -54,6 +59,7 @@ class SessionConfig:
     max_workers: int | None = None
     memory_limit: int | None = None
     inline_threshold_us: float = 50.0
+    memory_wait: float | None = None
 
     def __post_init__(self) -> None:
         limit = self.inline_threshold_us
@@ -65,3 +71,4 @@ class SessionConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise InvalidArgumentError(f"SessionConfig.{field} must be a positive int or None, got {value!r}")
+        check_wait(self.memory_wait, self.memory_limit)

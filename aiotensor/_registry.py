@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ResourceExhaustedError
+from ._memory import MemoryGate
 
 __all__ = ["Registry", "SessionStats"]
 
@@ -71,6 +72,7 @@ class Registry:
         "allocated",
         "closed",
         "freed",
+        "gate",
         "live_bytes",
         "memory_limit",
         "on_drop",
@@ -78,7 +80,9 @@ class Registry:
         "reserved",
     )
 
-    def __init__(self, release: Callable[[Any], None], memory_limit: int | None = None) -> None:
+    def __init__(
+        self, release: Callable[[Any], None], memory_limit: int | None = None, memory_wait: float | None = None
+    ) -> None:
         # rid -> (backend buffer, nbytes)
         self._buffers: dict[int, tuple[Any, int]] = {}
         self._dropped: collections.deque[int] = collections.deque()
@@ -92,6 +96,8 @@ class Registry:
         self.reserved = 0
         self.allocated = 0
         self.freed = 0
+        #: The queue of allocations waiting for room (``memory_wait``), or None to fail at once.
+        self.gate = MemoryGate(self, memory_wait) if memory_wait is not None and memory_limit is not None else None
 
     # -- any thread ---------------------------------------------------------------
     def notify_dropped(self, rid: int) -> None:
@@ -136,11 +142,7 @@ class Registry:
         Over the limit, pending buffers are freed first when ``reclaim`` is true (the
         strategy allows it); if it still does not fit, raise ResourceExhaustedError.
         """
-        if PHYSICAL_MEMORY is not None and nbytes > PHYSICAL_MEMORY:
-            raise ResourceExhaustedError(
-                f"{what}: requested {nbytes} bytes, more than this machine's "
-                f"{PHYSICAL_MEMORY} bytes of memory (live {self.live_bytes} bytes)"
-            )
+        self.check_physical(nbytes, what)
         limit = self.memory_limit
         if limit is not None and self.live_bytes + self.reserved + nbytes > limit:
             if reclaim:
@@ -152,9 +154,35 @@ class Registry:
                 )
         self.reserved += nbytes
 
+    def check_physical(self, nbytes: int, what: str) -> None:
+        """Raise ResourceExhaustedError if ``nbytes`` is more than this machine's memory."""
+        if PHYSICAL_MEMORY is not None and nbytes > PHYSICAL_MEMORY:
+            raise ResourceExhaustedError(
+                f"{what}: requested {nbytes} bytes, more than this machine's "
+                f"{PHYSICAL_MEMORY} bytes of memory (live {self.live_bytes} bytes)"
+            )
+
     def unreserve(self, nbytes: int) -> None:
         """Give back bytes held by :meth:`reserve`."""
         self.reserved -= nbytes
+        if self.gate is not None:
+            self.gate.poke()
+
+    def check_result(self, nbytes: int, what: str, *, reclaim: bool) -> None:
+        """Check that a result of ``nbytes`` (size unknown before its kernel) fits under the limit.
+
+        Called before the result is registered, so a rejected result never gets a
+        handle. Pending buffers are freed first when ``reclaim`` is true.
+        """
+        limit = self.memory_limit
+        if limit is None or self.live_bytes + nbytes <= limit:
+            return
+        if reclaim:
+            self.collect()
+        if self.live_bytes + nbytes > limit:
+            raise ResourceExhaustedError(
+                f"{what}: result of {nbytes} bytes with {self.live_bytes} bytes live would exceed memory_limit={limit}"
+            )
 
     def over_limit(self) -> bool:
         """Whether live bytes exceed the memory limit (for results whose size was unknown)."""
@@ -169,6 +197,8 @@ class Registry:
         buffer, nbytes = entry
         self.live_bytes -= nbytes
         self.freed += 1
+        if self.gate is not None:
+            self.gate.poke()
         try:
             self._release(buffer)
         except Exception:  # the accounting is settled; a backend hiccup must not undo it
@@ -190,6 +220,8 @@ class Registry:
         """Free everything and refuse further drops; return how many were freed."""
         self.closed = True
         self._dropped.clear()
+        if self.gate is not None:
+            self.gate.close()
         n = 0
         for rid in list(self._buffers):
             if self.free(rid):

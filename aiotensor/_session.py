@@ -32,6 +32,7 @@ from ._errors import (
 from ._function import FusedFunction
 from ._inline import INLINE_STREAK, estimate_us
 from ._kernels import BadOutputError, KernelResult, run_kernel
+from ._memory import MemoryGate
 from ._ops import AllOps
 from ._registry import Registry, SessionStats
 from ._structure import describe, flatten, unflatten
@@ -120,7 +121,7 @@ class AsyncEagerSession(AllOps):
         self._inline_streak = 0
         self._ancestors: tuple[AsyncEagerSession, ...] = () if parent is None else (parent, *parent._ancestors)
         self._policy = make_policy(cleanup)
-        self._registry = Registry(backend.release, config.memory_limit)
+        self._registry = Registry(backend.release, config.memory_limit, config.memory_wait)
         self._state = _State.UNOPENED
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -389,7 +390,9 @@ class AsyncEagerSession(AllOps):
             # IN_BACKGROUND: a run of inline ops gives the cleanup task no turn, so the
             # op frees what was dropped itself (earlier than the task would, never later).
             registry.collect()
-        if nbytes is not None:
+        if registry.gate is not None:
+            await self._wait_for_memory(registry.gate, op, nbytes)
+        elif nbytes is not None:
             registry.reserve(nbytes, op, reclaim=policy.reclaims)
         try:
             if inline:
@@ -415,9 +418,9 @@ class AsyncEagerSession(AllOps):
             for buf in result.buffers:
                 self._backend.release(buf.handle)
             raise SessionClosedError(f"{op}: the session was closed while the op ran")
+        if registry.memory_limit is not None:
+            await self._fit_result(op, result, nbytes)
         tensors = [self._wrap(buf, op, name, i, device, result.multi) for i, buf in enumerate(result.buffers)]
-        if registry.memory_limit is not None and registry.over_limit():
-            self._reject_over_limit(op, tensors)
         if safe_point is not None:
             safe_point()
         if self._config.log_device_placement:
@@ -463,20 +466,33 @@ class AsyncEagerSession(AllOps):
             else:
                 registry.notify_dropped(registry.add(buf.handle, buf.nbytes))
 
-    def _reject_over_limit(self, op: str, tensors: list[Tensor]) -> None:
+    async def _wait_for_memory(self, gate: MemoryGate, op: str, nbytes: int | None) -> None:
+        # memory_wait: queue for room under memory_limit (see _memory.py).
+        await gate.acquire(nbytes, op, reclaim=self._policy.reclaims)
+        if self._state is not _OPEN:
+            if nbytes is not None:
+                self._registry.unreserve(nbytes)
+            raise SessionClosedError(f"{op}: the session was closed while the op waited for memory")
+
+    async def _fit_result(self, op: str, result: KernelResult, reserved: int | None) -> None:
+        # Checked before the buffers get handles: a result rejected after wrapping left
+        # a handle whose later drop queued an already-freed id (stats().pending was off).
         registry = self._registry
-        if self._policy.reclaims:
-            registry.collect()
-        if not registry.over_limit():
-            return
-        requested = sum(t.nbytes for t in tensors)
-        for t in tensors:
-            registry.free(t._rid)
-        live = registry.live_bytes
-        raise ResourceExhaustedError(
-            f"{op}: result of {requested} bytes with {live} bytes live"
-            f" would exceed memory_limit={registry.memory_limit}"
-        )
+        nbytes = sum(buf.nbytes for buf in result.buffers)
+        gate = registry.gate
+        if gate is not None and reserved is not None and nbytes <= reserved:
+            return  # its room was reserved before the kernel ran
+        try:
+            if gate is None:
+                registry.check_result(nbytes, op, reclaim=self._policy.reclaims)
+            else:
+                await gate.fit_result(nbytes, op, reclaim=self._policy.reclaims)
+                if self._state is not _OPEN:
+                    raise SessionClosedError(f"{op}: the session was closed while the op waited for memory")
+        except BaseException:
+            for buf in result.buffers:
+                self._backend.release(buf.handle)
+            raise
 
     def _kernel_error(self, op: str, args: tuple[Any, ...], exc: Exception, user_kernel: bool) -> AioTensorError:
         where = f"{op}({describe(args)})"
