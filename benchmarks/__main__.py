@@ -1,0 +1,93 @@
+"""Run the whole benchmark suite in one process: ``python -m benchmarks [--quick]``.
+
+Prints every table (median and min-max over rounds) and the issue's targets, and
+writes ``docs/performance.md`` with the plots under ``docs/img/``. The web and Dask
+benchmarks (``bench_web.py``, ``bench_distributed.py``, owned by their examples) run
+as subprocesses when present, and their markdown snippets become sections of the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from . import bench_dispatch, bench_kernels, bench_memory, bench_overheads
+from ._harness import Report
+from ._report import markdown, plot, print_console
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS: dict[str, Callable[[Report], None]] = {
+    "dispatch": bench_dispatch.run,
+    "overheads": bench_overheads.run,
+    "memory": bench_memory.run,
+    "kernels": bench_kernels.run,
+}
+EXTERNAL = {
+    "web": ("bench_web.py", ["--requests", "300", "--heavy-requests", "30"], []),
+    "distributed": ("bench_distributed.py", ["--quick"], []),
+}
+
+
+def _external(report: Report, name: str, quick: bool, timeout: float) -> None:
+    script, quick_args, full_args = EXTERNAL[name]
+    path = ROOT / "benchmarks" / script
+    if not path.exists():
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        snippet = Path(tmp) / f"{name}.md"
+        cmd = [sys.executable, str(path), *(quick_args if quick else full_args), "--markdown", str(snippet)]
+        shown = f"python benchmarks/{script} {' '.join(quick_args if quick else full_args)}".strip()
+        try:
+            subprocess.run(cmd, cwd=ROOT, check=True, timeout=timeout, capture_output=True, text=True)
+            body = snippet.read_text() if snippet.exists() else "(the script wrote no snippet)"
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            stderr = getattr(exc, "stderr", "") or ""
+            body = f"`{shown}` failed in this run:\n\n```\n{str(stderr)[-1500:]}\n```"
+        report.sections.append((f"{name} (`{shown}`)", body))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line and run the suite."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds (< 60 s, a smoke run)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per measurement (default 5, quick 2)")
+    parser.add_argument("--only", nargs="*", choices=sorted(SCENARIOS), help="run only these scenarios")
+    parser.add_argument("--external", choices=["auto", "yes", "no"], default="auto",
+                        help="run bench_web.py / bench_distributed.py too (auto: not with --quick)")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "performance.md", help="the page to write")
+    parser.add_argument("--no-write", action="store_true", help="print only; write neither the page nor the PNGs")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (2 if args.quick else 5)
+    report = Report(quick=args.quick, rounds=rounds)
+    start = time.perf_counter()
+    for name in args.only or SCENARIOS:
+        t0 = time.perf_counter()
+        try:
+            SCENARIOS[name](report)
+        except Exception:  # one broken scenario must not lose the others' numbers
+            report.sections.append((f"scenario {name} failed", f"```\n{traceback.format_exc()}\n```"))
+            traceback.print_exc()
+        print(f"[{name}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr)
+    if args.external == "yes" or (args.external == "auto" and not args.quick and not args.only):
+        for name in EXTERNAL:
+            _external(report, name, args.quick, timeout=900)
+    print_console(report)
+    print(f"[total: {time.perf_counter() - start:.1f} s]", file=sys.stderr)
+    if not args.no_write:
+        images = plot(report, args.out.parent / "img")
+        command = "python -m benchmarks" + (" --quick" if args.quick else "")
+        commentary_file = ROOT / "benchmarks" / "commentary.md"
+        commentary = commentary_file.read_text() if commentary_file.exists() else ""
+        args.out.write_text(markdown(report, command, images, commentary))
+        print(f"wrote {args.out} and {len(images)} plots", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
