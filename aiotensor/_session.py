@@ -43,7 +43,10 @@ __all__ = ["AsyncEagerSession"]
 
 logger = logging.getLogger("aiotensor")
 
-_ARG_ERRORS = (BadOutputError, ValueError, TypeError, IndexError, ZeroDivisionError, OverflowError)
+# Errors a kernel raises because of its arguments. ArithmeticError covers numpy's
+# FloatingPointError under np.errstate(all="raise"); RuntimeWarning is numpy's warning
+# turned into an error by the caller's warning filters.
+_ARG_ERRORS = (BadOutputError, ValueError, TypeError, IndexError, ArithmeticError, RuntimeWarning)
 
 
 class _State(enum.Enum):

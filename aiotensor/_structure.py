@@ -48,7 +48,9 @@ def _describe_one(x: Any) -> str:
     if isinstance(x, list | tuple):
         if len(x) <= 4:
             inner = ", ".join(_describe_one(e) for e in x)
-            return f"[{inner}]" if isinstance(x, list) else f"({inner})"
+            if isinstance(x, list):
+                return f"[{inner}]"
+            return f"({inner},)" if len(x) == 1 else f"({inner})"
         return f"{type(x).__name__} of {len(x)}"
     text = repr(x)
     return text if len(text) <= 40 else f"{type(x).__name__}"

@@ -33,3 +33,14 @@ async def test_kernel_memory_error_becomes_resource_exhausted(s: at.AsyncEagerSe
     with pytest.raises(at.ResourceExhaustedError, match=r"apply\(hungry\)"):
         await s.apply(hungry)
     assert s.stats().allocated == 0
+
+
+async def test_floating_point_errors_under_errstate_raise_are_argument_errors(s: at.AsyncEagerSession) -> None:
+    import numpy as np
+
+    with (
+        np.errstate(divide="raise"),
+        pytest.raises(at.InvalidArgumentError, match=r"divide\(float64\[2\], 0\): divide by zero"),
+    ):
+        await s.divide(np.ones(2), 0)
+    assert s.stats().allocated == 0

@@ -97,7 +97,7 @@ async def test_describe_inputs(s: at.AsyncEagerSession) -> None:
     t = await s.zeros((2, 3), dtype=np.float32)
     assert describe((t, np.ones(4, np.int8), 2.5)) == "float32[2, 3], int8[4], 2.5"
     assert describe(([t, 1],)) == "[float32[2, 3], 1]"
-    assert describe(((t,),)) == "(float32[2, 3])"
+    assert describe(((t,),)) == "(float32[2, 3],)"
     assert describe(([1, 2, 3, 4, 5],)) == "list of 5"
     assert describe(("x" * 100,)) == "str"  # long values by type only
     assert describe(()) == ""
