@@ -4,7 +4,8 @@ Each app (``examples/web_service``) runs as a real ``uvicorn --loop uvloop`` pro
 with the same settings (one worker, BLAS threads pinned); an ``httpx.AsyncClient``
 sends ``POST /predict`` at a fixed concurrency while a second client probes
 ``GET /health`` every few milliseconds, so the table shows both throughput and how
-responsive the event loop stays while it serves.
+responsive the event loop stays while it serves. All apps serve for the whole run and
+take turns in interleaved rounds.
 
 Run::
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
 import sys
@@ -88,15 +90,24 @@ async def load(url: str, bodies: list[bytes], concurrency: int) -> tuple[float, 
             nonlocal errors
             for body in queue:
                 start = time.perf_counter()
-                response = await c.post("/predict", content=body, headers=headers)
+                try:
+                    response = await c.post("/predict", content=body, headers=headers)
+                except httpx.TransportError as exc:  # counted, not retried: the table shows it
+                    print(f"  /predict failed: {exc!r}", file=sys.stderr)
+                    errors += 1
+                    continue
                 latencies.append(time.perf_counter() - start)
                 errors += response.status_code != 200
 
         async def prober() -> None:
             while not done.is_set():
                 start = time.perf_counter()
-                await probe.get("/health")
-                health.append(time.perf_counter() - start)
+                try:
+                    await probe.get("/health")
+                except httpx.TransportError as exc:
+                    print(f"  /health failed: {exc!r}", file=sys.stderr)
+                else:
+                    health.append(time.perf_counter() - start)
                 await asyncio.sleep(HEALTH_EVERY)
 
         probing = asyncio.create_task(prober())
@@ -120,17 +131,43 @@ def bodies_for(n: int, rows: int, seed: int) -> list[bytes]:
     return [distinct[i % len(distinct)] for i in range(n)]
 
 
-def measure(app: str, target: str, workloads: dict[str, list[bytes]], args: argparse.Namespace) -> list[Result]:
-    """Serve ``target`` once and run every workload against it (after a warm-up)."""
+def measure(workloads: dict[str, list[bytes]], args: argparse.Namespace) -> list[Result]:
+    """Serve every app at once and run the workloads in interleaved rounds.
+
+    Every app serves for the whole run; each round sends a slice of each workload to
+    each app in turn, in a rotating order, so load from other processes on the machine
+    spreads over all apps instead of landing on whichever ran at that moment.
+    """
     blas = str(args.blas_threads)
     env = {"OPENBLAS_NUM_THREADS": blas, "OMP_NUM_THREADS": blas, "MKL_NUM_THREADS": blas}
-    results = []
-    with serve(target, env=env) as server, asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    samples: dict[tuple[str, str], tuple[list[float], list[float], list[float], list[int]]] = {
+        (app, workload): ([], [], [], []) for workload in workloads for app in APPS
+    }
+    with contextlib.ExitStack() as stack, asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        servers = {app: stack.enter_context(serve(target, env=env)) for app, target in APPS.items()}
+        urls = {app: server.url for app, server in servers.items()}
         for workload, bodies in workloads.items():
-            runner.run(load(server.url, bodies[: max(1, len(bodies) // 10)], args.concurrency))  # warm-up
-            seconds, latencies, health, errors = runner.run(load(server.url, bodies, args.concurrency))
-            results.append(Result(app, workload, len(bodies), seconds, np.array(latencies), np.array(health), errors))
-    return results
+            for url in urls.values():  # warm-up
+                runner.run(load(url, bodies[: max(1, len(bodies) // 10)], args.concurrency))
+            share = -(-len(bodies) // args.rounds)
+            for r in range(args.rounds):
+                order = list(urls)[r % len(urls) :] + list(urls)[: r % len(urls)]
+                for app in order:
+                    seconds, latencies, health, errors = runner.run(
+                        load(urls[app], bodies[r * share : (r + 1) * share], args.concurrency)
+                    )
+                    times, lat, probes, errs = samples[app, workload]
+                    times.append(seconds)
+                    lat.extend(latencies)
+                    probes.extend(health)
+                    errs.append(errors)
+    for app, server in servers.items():
+        if any(sum(samples[app, workload][3]) for workload in workloads):
+            print(f"server log of {app}:\n{server.log}", file=sys.stderr)
+    return [
+        Result(app, workload, len(workloads[workload]), sum(t), np.array(lat), np.array(probes), sum(errs))
+        for (app, workload), (t, lat, probes, errs) in samples.items()
+    ]
 
 
 def markdown(results: list[Result], args: argparse.Namespace, command: str) -> str:
@@ -140,7 +177,8 @@ def markdown(results: list[Result], args: argparse.Namespace, command: str) -> s
         "",
         f"`{command}` on {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"`uvicorn --loop uvloop`, one worker, BLAS threads {args.blas_threads}, concurrency {args.concurrency}; "
-        f"`/health` probed every {HEALTH_EVERY * 1e3:.0f} ms during the load. One run: expect noise.",
+        f"`/health` probed every {HEALTH_EVERY * 1e3:.0f} ms during the load; {args.rounds} interleaved rounds."
+        " One run on a shared machine: expect noise.",
         "",
         "| workload | app | req/s | p50 ms | p99 ms | /health p50 ms | /health p99 ms | errors |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
@@ -161,20 +199,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heavy-requests", type=int, default=200, help="requests of the large-batch workload")
     parser.add_argument("--heavy-rows", type=int, default=512, help="rows per large batch")
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds each workload is split into")
     parser.add_argument("--blas-threads", type=int, default=1, help="BLAS threads per server (same for all apps)")
     parser.add_argument("--markdown", type=Path, default=ROOT / "benchmarks" / "results" / "bench_web.md")
     args = parser.parse_args(argv)
-    if min(args.requests, args.rows, args.heavy_requests, args.heavy_rows, args.concurrency, args.blas_threads) < 1:
+    counts = (args.requests, args.rows, args.heavy_requests, args.heavy_rows, args.concurrency, args.blas_threads)
+    if min(*counts, args.rounds) < 1:
         parser.error("every count must be at least 1")
     workloads = {
         f"{args.rows} rows/request": bodies_for(args.requests, args.rows, 0),
         f"{args.heavy_rows} rows/request": bodies_for(args.heavy_requests, args.heavy_rows, 1),
     }
     console = Console(width=120)
-    results: list[Result] = []
-    for app, target in APPS.items():
-        console.print(f"[bold]{app}[/bold] ({target})")
-        results.extend(measure(app, target, workloads, args))
+    console.print(f"serving {', '.join(APPS.values())}; {args.rounds} interleaved rounds")
+    results = measure(workloads, args)
     table = Table(title="Web service under load (ms; /health probed during the load)")
     for column in ("workload", "app", "req/s", "p50", "p99", "/health p50", "/health p99", "errors"):
         table.add_column(column, justify="left" if column in ("workload", "app") else "right")
