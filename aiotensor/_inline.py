@@ -123,6 +123,12 @@ _JOIN_OPS = frozenset({"concat", "stack", "split"})
 _SMALL_DATA = (int, float, bool, complex, list, tuple, np.generic)
 
 _ndarray = np.ndarray
+_SCALARS = frozenset({int, float, bool, complex})
+# ns per byte of the ops whose output has the (broadcast) shape of their inputs.
+_ELEMENTWISE: dict[str, float] = {
+    **dict.fromkeys(_MEMORY_OPS - _JOIN_OPS - {"constant", "zeros", "ones", "full"}, _MEMORY_NS_PER_BYTE),
+    **dict.fromkeys(_MATH_OPS - {"eye", "random_uniform", "random_normal", "linspace"}, _MATH_NS_PER_BYTE),
+}
 
 
 def _arrays(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
@@ -179,6 +185,27 @@ def _product_flops(op: str, arrays: list[Any]) -> float:
 
 def estimate_us(op: str, args: tuple[Any, ...], kwargs: dict[str, Any], nbytes: int | None) -> float:
     """The estimated kernel time of ``op`` in µs; ``inf`` when it cannot be bounded cheaply."""
+    per_byte = _ELEMENTWISE.get(op)
+    if per_byte is not None and nbytes is None and not kwargs:
+        # The hot case (an element-wise op on same-shaped arrays and scalars), in one
+        # pass; anything else takes the general path below, which gives the same value.
+        total = size = 0
+        itemsize = 1
+        shape = None
+        for a in args:
+            if type(a) is _ndarray:
+                if shape is None:
+                    shape, size = a.shape, a.size
+                elif a.shape != shape:
+                    break
+                total += a.nbytes
+                if a.itemsize > itemsize:
+                    itemsize = a.itemsize
+            elif type(a) not in _SCALARS:
+                break
+        else:
+            if shape is not None:
+                return (_OVERHEAD_NS + (total + size * itemsize) * per_byte) / 1000.0
     arrays = _arrays(args, kwargs)
     if arrays is None:
         return math.inf

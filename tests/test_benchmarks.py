@@ -1,0 +1,49 @@
+"""The benchmark harness keeps working: tiny configurations of a few scenarios, and the page it writes.
+
+Behaviour only (the numbers are not checked: timings have no place in tests).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import aiotensor as at
+from benchmarks import bench_dispatch, bench_memory, bench_overheads
+from benchmarks._harness import Report, Stat, run_on
+from benchmarks._report import markdown, plot
+
+pytestmark = pytest.mark.slow
+
+
+def test_dispatch_scenario_measures_every_variant() -> None:
+    results = run_on("asyncio", bench_dispatch._one_size(16, rounds=1, budget=0.0005))
+    for label in (bench_dispatch.NUMPY, bench_dispatch.AUTO, bench_dispatch.POOL, bench_dispatch.TO_THREAD):
+        assert results[label].median > 0
+
+
+def test_seeds_loop_and_drop_latency() -> None:
+    peak, live = run_on("asyncio", bench_memory.seeds_loop(at.ResourceCleanupStrategy.ON_SESSION_CLOSE, 2, 3, 16))
+    assert len(live) == 3
+    assert live == sorted(live)  # nothing is freed before close: live bytes only grow
+    assert peak == live[-1]
+    samples = run_on("asyncio", bench_memory.drop_to_free_us(3))
+    assert len(samples) == 3
+
+
+def test_fused_scenario_and_the_page(tmp_path: Path) -> None:
+    results = run_on("asyncio", bench_overheads._fused(rounds=1, budget=0.0005))
+    assert f"fused function of {bench_overheads.CHAIN} ops" in results
+    report = Report(quick=True, rounds=1)
+    t = report.table("a table", "µs", ratio_label="x base")
+    t.add("base", Stat((1.0, 2.0, 3.0)), 1.0)
+    report.target(1, "a target", "1.0x", True)
+    report.series["memory"] = {"IN_BACKGROUND": [(1.0, 10.0), (2.0, 12.0)]}
+    images = plot(report, tmp_path / "img")
+    assert images == ["perf_memory.png"]
+    assert (tmp_path / "img" / "perf_memory.png").stat().st_size > 0
+    page = markdown(report, "python -m benchmarks --quick", images, "Some commentary.")
+    assert "| base | 2.0 (1.0-3.0) | 1.00 |" in page
+    assert "| 1 | a target | 1.0x | met |" in page
+    assert "![perf_memory.png](img/perf_memory.png)" in page
