@@ -120,13 +120,25 @@ def test_demo_runs_on_uvloop(capsys: pytest.CaptureFixture[str]) -> None:
     ],
     ids=["zero-ops", "non-integer", "strategy", "plot-suffix", "plot-dir", "loop", "command", "nothing"],
 )
-def test_bad_arguments_exit_nonzero_without_a_traceback(args: list[str], message: str) -> None:
-    proc = aiotensor_cmd(*args)
-    assert proc.returncode == 2
-    assert message in proc.stderr
-    assert "usage: aiotensor" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert proc.stdout == ""
+def test_bad_arguments_exit_2_with_usage(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert message in captured.err
+    assert "usage: aiotensor" in captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.slow
+def test_bad_arguments_in_a_shell_give_no_traceback() -> None:
+    for args, message in [(["demo", "-m", "ten"], "got 'ten'"), (["frobnicate"], "invalid choice")]:
+        proc = aiotensor_cmd(*args)
+        assert proc.returncode == 2
+        assert message in proc.stderr
+        assert "usage: aiotensor" in proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert proc.stdout == ""
 
 
 def test_info_reports_versions_devices_pool_and_blas() -> None:
