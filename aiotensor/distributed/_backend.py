@@ -167,7 +167,8 @@ class DaskBackend(Backend):
         if task is not None:
             task.cancel()
         for waiter in self._waiters.values():
-            waiter.cancel()
+            if not waiter.done():
+                waiter.set_exception(BackendError("the DaskBackend was closed while the op ran"))
         self._waiters.clear()
         client = self._client
         if client is None:
@@ -282,7 +283,6 @@ class _DaskPending:
         self._done: asyncio.Future[None] = loop.create_future()
         self._owned: list[Any] = []  # futures to release if the caller goes away
         self._future: Any = None
-        backend._waiters[key] = self._waiter
         if not _has_large_array((args, tuple(kwargs.values()))):
             self._submit()  # start now; large inputs are scattered first, in __await__
 
@@ -301,6 +301,8 @@ class _DaskPending:
         )
         self._future = future
         self._owned.append(future)
+        # No event can arrive before this returns to the loop: registering now is in time.
+        self._backend._waiters[self._key] = self._waiter
         self._fn = self._args = self._kwargs = None  # type: ignore[assignment]
         loop, done = asyncio.get_running_loop(), self._done
 
@@ -368,8 +370,16 @@ class _DaskPending:
     async def _finished_without_event(self, future: Any) -> Meta:
         if future.status == "error":
             await future  # raises the remote exception, with the remote traceback
-        if future.status != "finished":  # cancelled by Dask (client lost, scheduler restarted)
-            raise BackendError(f"the Dask cluster dropped task {self._key!r} ({future.status})")
+        if future.status != "finished":
+            reason = future.status
+            try:
+                await future  # a cancelled future raises with Dask's reason
+            except Exception as exc:
+                reason = str(getattr(exc, "reason", None) or exc)
+            raise BackendError(
+                f"the Dask cluster cancelled task {self._key!r} ({reason}): an input was lost with its worker"
+                " (scattered data cannot be recomputed) or the client lost the scheduler"
+            )
         # The event can trail the completion (or a rerun may not send one): give it one
         # loop turn, then ask a tiny task on the same worker.
         await asyncio.sleep(0)
