@@ -25,7 +25,7 @@ asyncio backend).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -37,6 +37,8 @@ __all__ = ["eager_session", "eager_session_strategy"]
 _OPTION = "--aiotensor-strategy"
 _ASYNCIO_FIXTURE = "_aiotensor_session_asyncio"
 _ANYIO_FIXTURE = "_aiotensor_session_anyio"
+_LoopScope = Literal["function", "class", "module", "package", "session"]
+_LOOP_SCOPES: tuple[_LoopScope, ...] = ("function", "class", "module", "package", "session")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -112,12 +114,27 @@ except ImportError:  # pragma: no cover - pytest-asyncio is optional for users
 else:
     _HAVE_PYTEST_ASYNCIO = True
 
-    @pytest_asyncio.fixture
-    async def _aiotensor_session_asyncio(
-        eager_session_strategy: ResourceCleanupStrategy,
-    ) -> AsyncIterator[AsyncEagerSession]:
-        async for session in _open(eager_session_strategy):
-            yield session
+    def _asyncio_variant(loop_scope: _LoopScope) -> Any:
+        @pytest_asyncio.fixture(loop_scope=loop_scope, name=f"{_ASYNCIO_FIXTURE}_{loop_scope}")
+        async def fixture(eager_session_strategy: ResourceCleanupStrategy) -> AsyncIterator[AsyncEagerSession]:
+            async for session in _open(eager_session_strategy):
+                yield session
+
+        return fixture
+
+    # One per loop scope: the session must open on the loop the test runs on, and
+    # pytest-asyncio fixes a fixture's loop when it is declared.
+    for _scope in _LOOP_SCOPES:
+        globals()[f"{_ASYNCIO_FIXTURE}_{_scope}"] = _asyncio_variant(_scope)
+
+
+def _loop_scope(request: pytest.FixtureRequest) -> str:
+    # The closest asyncio marker that names a loop scope, else the configured default.
+    for marker in request.node.iter_markers("asyncio"):
+        scope = marker.kwargs.get("loop_scope") or marker.kwargs.get("scope")
+        if scope:
+            return str(scope)
+    return str(request.config.getini("asyncio_default_test_loop_scope") or "function")
 
 
 @pytest.fixture
@@ -128,7 +145,7 @@ def eager_session(request: pytest.FixtureRequest, eager_session_strategy: Resour
     pytest-asyncio or by anyio's plugin on the asyncio backend.
     """
     if _HAVE_PYTEST_ASYNCIO and request.node.get_closest_marker("asyncio") is not None:
-        return request.getfixturevalue(_ASYNCIO_FIXTURE)
+        return request.getfixturevalue(f"{_ASYNCIO_FIXTURE}_{_loop_scope(request)}")
     if "anyio_backend" in request.fixturenames:
         return request.getfixturevalue(_ANYIO_FIXTURE)
     pytest.fail(

@@ -83,6 +83,12 @@ def test_fixture_in_strict_mode(pytester: pytest.Pytester) -> None:
     run(pytester, "-W", "error").assert_outcomes(passed=1)
 
 
+def test_fixture_on_a_module_scoped_loop(pytester: pytest.Pytester) -> None:
+    # the session opens on the loop the test runs on, whatever its scope
+    user_project(pytester, mode="strict", marker='@pytest.mark.asyncio(loop_scope="module")')
+    run(pytester).assert_outcomes(passed=1)
+
+
 def test_fixture_under_anyio(pytester: pytest.Pytester) -> None:
     user_project(pytester, mode="strict", marker="@pytest.mark.anyio")
     # anyio runs tests on trio too when it is installed; sessions need asyncio (see test_anyio)
