@@ -418,6 +418,33 @@ async def test_closed_backend_refuses_kernels(client: Client) -> None:
             await s.ones((1,))
 
 
+async def test_memory_limit_applies_on_the_cluster(backend: DaskBackend) -> None:
+    config = at.SessionConfig(memory_limit=10_000)
+    async with at.AsyncEagerSession(backend=backend, config=config) as s:
+        keep = await s.zeros((1000,), dtype="float32")  # 4000 bytes
+        with pytest.raises(at.ResourceExhaustedError, match="memory_limit=10000"):
+            await s.zeros((2000,), dtype="float32")
+        assert s.stats().live_bytes == keep.nbytes
+
+
+async def test_client_on_another_loop_is_refused(backend: DaskBackend) -> None:
+    async def elsewhere() -> None:
+        async with at.AsyncEagerSession(backend=backend) as s:
+            await s.ones((1,))
+
+    with pytest.raises(at.WrongEventLoopError, match="another event loop"):
+        await asyncio.to_thread(asyncio.run, elsewhere())
+
+
+async def test_sync_client_is_rejected(cluster: LocalCluster) -> None:
+    sync_client = await asyncio.to_thread(Client, cluster.scheduler_address, set_as_default=False)
+    try:
+        with pytest.raises(at.InvalidArgumentError, match="asynchronous=True"):
+            DaskBackend(sync_client)
+    finally:
+        await asyncio.to_thread(sync_client.close)
+
+
 async def test_bad_clients_are_rejected() -> None:
     with pytest.raises(at.InvalidArgumentError, match="Client or a scheduler address"):
         DaskBackend(42)  # type: ignore[arg-type]

@@ -131,7 +131,8 @@ class DaskBackend(Backend):
     async def start(self) -> None:
         """Connect (for an address), subscribe to metadata events and read the workers.
 
-        Called by each session on its first use; later calls only check the loop.
+        Called by each session on its first use; later calls check the loop and refresh
+        the workers if the cached view is older than a second.
         """
         if self._closed:
             raise BackendError("DaskBackend is closed")
@@ -156,7 +157,8 @@ class DaskBackend(Backend):
             if not self._subscribed:
                 client.subscribe_topic(self._topic, self._on_event)
                 self._subscribed = True
-            await self.refresh()
+            if time.monotonic() - self._refreshed >= REFRESH_SECONDS:  # spare short sessions an RPC each
+                await self.refresh()
 
     async def aclose(self) -> None:
         """Stop listening for events and close the client if the backend created it."""
