@@ -170,12 +170,12 @@ def measure(workloads: dict[str, list[bytes]], args: argparse.Namespace) -> list
     ]
 
 
-def markdown(results: list[Result], args: argparse.Namespace, command: str) -> str:
+def markdown(results: list[Result], args: argparse.Namespace, command: str, load: str) -> str:
     """The snippet for docs/performance.md."""
     lines = [
         "### Web service: requests/s and latency",
         "",
-        f"`{command}` on {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"`{command}` on {os.cpu_count()} cores ({load}), Python {platform.python_version()}, "
         f"`uvicorn --loop uvloop`, one worker, BLAS threads {args.blas_threads}, concurrency {args.concurrency}; "
         f"`/health` probed every {HEALTH_EVERY * 1e3:.0f} ms during the load; {args.rounds} interleaved rounds."
         " One run on a shared machine: expect noise.",
@@ -212,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     console = Console(width=120)
     console.print(f"serving {', '.join(APPS.values())}; {args.rounds} interleaved rounds")
+    load_before = os.getloadavg()[0]
     results = measure(workloads, args)
+    load = f"1-minute load average {load_before:.1f} before the run, {os.getloadavg()[0]:.1f} after"
     table = Table(title="Web service under load (ms; /health probed during the load)")
     for column in ("workload", "app", "req/s", "p50", "p99", "/health p50", "/health p99", "errors"):
         table.add_column(column, justify="left" if column in ("workload", "app") else "right")
@@ -230,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table)
     command = " ".join(["python benchmarks/bench_web.py", *(sys.argv[1:] if argv is None else argv)])
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(markdown(results, args, command))
+    args.markdown.write_text(markdown(results, args, command, load))
     console.print(f"markdown snippet: {args.markdown}")
     return 1 if any(r.errors for r in results) else 0
 
