@@ -139,6 +139,21 @@ class FusedValue:
     def __pow__(self, other: Any) -> Any:
         return self._ops.pow(self, other)
 
+    def __rpow__(self, other: Any) -> Any:
+        return self._ops.pow(other, self)
+
+    def __floordiv__(self, other: Any) -> Any:
+        return self._ops.floor_divide(self, other)
+
+    def __rfloordiv__(self, other: Any) -> Any:
+        return self._ops.floor_divide(other, self)
+
+    def __mod__(self, other: Any) -> Any:
+        return self._ops.remainder(self, other)
+
+    def __rmod__(self, other: Any) -> Any:
+        return self._ops.remainder(other, self)
+
     def __matmul__(self, other: Any) -> Any:
         return self._ops.matmul(self, other)
 
@@ -147,6 +162,9 @@ class FusedValue:
 
     def __neg__(self) -> Any:
         return self._ops.negative(self)
+
+    def __abs__(self) -> Any:
+        return self._ops.abs(self)
 
     def __getitem__(self, key: Any) -> Any:
         return self._ops.getitem(self, key)
