@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._backend import LocalBackend
 from ._errors import AioTensorError, InvalidArgumentError, ResourceExhaustedError
 from ._kernels import run_kernel
 from ._ops import AllOps
@@ -312,6 +313,9 @@ class FusedFunction:
             from ._functional import _session_of  # the module-level ops' rule
 
             session = _session_of(args, kwargs)
+        if not isinstance(session.backend, LocalBackend):
+            # The run's bookkeeping (and captured tensors) live in this process.
+            raise InvalidArgumentError(f"{self._op}: fused functions run on local backends only")
         registry = session._registry
         limit = registry.memory_limit
         budget = None if limit is None else max(0, limit - registry.live_bytes - registry.reserved)

@@ -157,3 +157,34 @@ async def test_memory_limit_applies_to_intermediates() -> None:
         assert s.stats().live_bytes == 40_000
         y = await s.function(lambda ops, x: ops.add(x, 2.0))(x)
         np.testing.assert_array_equal(await y.numpy(), np.full(5000, 2.0))  # type: ignore[union-attr]
+
+
+class RemoteLike(at.Backend):
+    """A backend that is not local (as Dask's): fused functions refuse it."""
+
+    def __init__(self) -> None:
+        self.local = at.LocalBackend()
+
+    def devices(self) -> list[str]:
+        return self.local.devices()
+
+    def submit(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, device: str) -> at.PendingKernel:
+        return self.local.submit(fn, args, kwargs, device=device)
+
+    async def fetch(self, handles: Any) -> list[np.ndarray[Any, Any]]:
+        return await self.local.fetch(handles)
+
+    def peek(self, handle: Any) -> np.ndarray[Any, Any] | None:
+        return None
+
+    def release(self, handle: Any) -> None:
+        pass
+
+
+async def test_fused_functions_need_a_local_backend() -> None:
+    async with at.AsyncEagerSession(backend=RemoteLike()) as s:
+        x = await s.constant([1.0])
+        with pytest.raises(at.InvalidArgumentError, match="local backends only"):
+            await s.function(lambda ops, x: x)(x)
+        y = await s.add(x, 1.0)  # ordinary ops still work (on the pool: never inline there)
+        np.testing.assert_array_equal(await y.numpy(), [2.0])
