@@ -3,7 +3,8 @@
 Prints every table (median and min-max over rounds) and the issue's targets, and
 writes ``docs/performance.md`` with the plots under ``docs/img/``. The web and Dask
 benchmarks (``bench_web.py``, ``bench_distributed.py``, owned by their examples) run
-as subprocesses when present, and their markdown snippets become sections of the page.
+as subprocesses when present, writing ``benchmarks/results/bench_*.md``; those
+snippets (fresh, or from an earlier run) become sections of the page.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -22,6 +22,7 @@ from ._harness import Report
 from ._report import markdown, plot, print_console
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
 SCENARIOS: dict[str, Callable[[Report], None]] = {
     "dispatch": bench_dispatch.run,
     "overheads": bench_overheads.run,
@@ -34,22 +35,28 @@ EXTERNAL = {
 }
 
 
-def _external(report: Report, name: str, quick: bool, timeout: float) -> None:
+def _external(report: Report, name: str, quick: bool, run: bool, timeout: float) -> None:
+    """Run bench_<name>.py into benchmarks/results/bench_<name>.md (if asked) and include that snippet."""
     script, quick_args, full_args = EXTERNAL[name]
     path = ROOT / "benchmarks" / script
-    if not path.exists():
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        snippet = Path(tmp) / f"{name}.md"
-        cmd = [sys.executable, str(path), *(quick_args if quick else full_args), "--markdown", str(snippet)]
-        shown = f"python benchmarks/{script} {' '.join(quick_args if quick else full_args)}".strip()
+    snippet = RESULTS / f"{path.stem}.md"
+    extra = quick_args if quick else full_args
+    shown = " ".join(["python", f"benchmarks/{script}", *extra])
+    if run and path.exists():
+        RESULTS.mkdir(exist_ok=True)
+        cmd = [sys.executable, str(path), *extra, "--markdown", str(snippet)]
         try:
             subprocess.run(cmd, cwd=ROOT, check=True, timeout=timeout, capture_output=True, text=True)
-            body = snippet.read_text() if snippet.exists() else "(the script wrote no snippet)"
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            stderr = getattr(exc, "stderr", "") or ""
-            body = f"`{shown}` failed in this run:\n\n```\n{str(stderr)[-1500:]}\n```"
-        report.sections.append((f"{name} (`{shown}`)", body))
+            stderr = str(getattr(exc, "stderr", "") or "")
+            report.sections.append((f"{name}: `{shown}` failed", f"```\n{stderr[-1500:]}\n```"))
+            return
+        title = f"{name} (`{shown}`, run by this command)"
+    elif snippet.exists():
+        title = f"{name} (from `benchmarks/results/{snippet.name}`, written by an earlier `{shown}`)"
+    else:
+        return
+    report.sections.append((title, snippet.read_text()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=None, help="rounds per measurement (default 5, quick 2)")
     parser.add_argument("--only", nargs="*", choices=sorted(SCENARIOS), help="run only these scenarios")
     parser.add_argument("--external", choices=["auto", "yes", "no"], default="auto",
-                        help="run bench_web.py / bench_distributed.py too (auto: not with --quick)")  # fmt: skip
+                        help="run bench_web.py / bench_distributed.py too (auto: not with --quick or --only);"
+                             " when not run, their last snippets in benchmarks/results/ are included")  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "performance.md", help="the page to write")
     parser.add_argument("--no-write", action="store_true", help="print only; write neither the page nor the PNGs")
     args = parser.parse_args(argv)
@@ -74,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
             report.sections.append((f"scenario {name} failed", f"```\n{traceback.format_exc()}\n```"))
             traceback.print_exc()
         print(f"[{name}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr)
-    if args.external == "yes" or (args.external == "auto" and not args.quick and not args.only):
-        for name in EXTERNAL:
-            _external(report, name, args.quick, timeout=900)
+    run_external = args.external == "yes" or (args.external == "auto" and not args.quick and not args.only)
+    for name in EXTERNAL:
+        _external(report, name, args.quick, run_external, timeout=900)
     print_console(report)
     print(f"[total: {time.perf_counter() - start:.1f} s]", file=sys.stderr)
     if not args.no_write:
