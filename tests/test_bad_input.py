@@ -16,6 +16,8 @@ import pytest
 
 import aiotensor as at
 
+_BAD_OFFSETS = {"names": ["a"], "formats": ["i4"], "offsets": [-1]}
+
 Bad = Callable[[at.AsyncEagerSession, at.Tensor], Awaitable[Any]]
 
 # Each entry: (id, the bad call, the exact error class, a fragment the message must contain).
@@ -83,6 +85,10 @@ BAD_CALLS: list[tuple[str, Bad, type[at.AioTensorError], str]] = [
     ("dtype-object", lambda s, t: s.zeros(3, dtype=object), at.InvalidArgumentError, "not numeric"),
     ("dtype-str", lambda s, t: s.ones(3, dtype="U3"), at.InvalidArgumentError, "not numeric"),
     ("dtype-struct", lambda s, t: s.zeros(3, dtype=[("a", int)]), at.InvalidArgumentError, "not numeric"),
+    # regression: np.dtype("i4,,") raises SyntaxError, which escaped as a raw SyntaxError
+    ("dtype-syntax", lambda s, t: s.zeros(3, dtype="i4,,"), at.InvalidArgumentError, "not a dtype"),
+    ("dtype-syntax-astype", lambda s, t: s.astype(t, "f8,("), at.InvalidArgumentError, "not a dtype"),
+    ("dtype-bad-offsets", lambda s, t: s.zeros(3, dtype=_BAD_OFFSETS), at.InvalidArgumentError, "not a dtype"),
     ("dtype-datetime", lambda s, t: s.zeros(3, dtype="M8"), at.InvalidArgumentError, "not numeric"),
     ("astype-str", lambda s, t: s.astype(t, "U"), at.InvalidArgumentError, "not numeric"),
     ("astype-None", lambda s, t: s.astype(t, None), at.InvalidArgumentError, "astype"),

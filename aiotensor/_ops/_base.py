@@ -111,7 +111,7 @@ def check_dtype(dtype: DTypeLike | None, op: str) -> np.dtype[Any] | None:
         return None
     try:
         dt = np.dtype(dtype)
-    except TypeError as exc:
+    except (TypeError, ValueError, SyntaxError) as exc:  # a malformed string like "i4,," parses as code
         raise InvalidArgumentError(f"{op}: {dtype!r} is not a dtype ({exc})") from None
     if dt.kind not in NUMERIC_KINDS:
         raise InvalidArgumentError(
