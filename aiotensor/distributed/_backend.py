@@ -12,29 +12,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import operator
 import time
 import uuid
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Self
 
-import numpy as np
 from distributed import Client
 
 from .._backend import Backend, PendingKernel
 from .._devices import CPU0
 from .._errors import BackendError, InvalidArgumentError, WrongEventLoopError
-from .._kernels import BufferInfo, KernelResult
 from .._types import NDArray
-from ._remote import Meta, describe, run_remote
+from ._pending import DaskPending
+from ._remote import Meta
 
 __all__ = ["DaskBackend"]
 
 logger = logging.getLogger("aiotensor")
 
-#: ndarray arguments larger than this are scattered to a worker rather than embedded in
-#: the task (Dask warns about graphs over 10 MB and ships them through the scheduler).
-SCATTER_BYTES = 1 << 20
 #: The cached view of the workers is refreshed at most this often (seconds), by submits.
 REFRESH_SECONDS = 1.0
 #: Device names of workers: ``/worker:<index>``.
@@ -45,14 +40,6 @@ def _key_name(fn: Callable[..., Any]) -> str:
     # apply() wraps the user's function in an object that keeps it as ``fn``.
     name = getattr(fn, "__name__", None) or getattr(getattr(fn, "fn", None), "__name__", None) or type(fn).__name__
     return name.removeprefix("_k_").strip("_<>").replace("-", "_") or "kernel"
-
-
-def _has_large_array(value: Any) -> bool:
-    if isinstance(value, np.ndarray):
-        return value.nbytes > SCATTER_BYTES
-    if type(value) in (list, tuple):
-        return any(_has_large_array(v) for v in value)
-    return False
 
 
 class DaskBackend(Backend):
@@ -237,7 +224,7 @@ class DaskBackend(Backend):
             raise RuntimeError(f"the Dask client is {client.status}")
         self._maybe_refresh()
         workers = None if device == CPU0 else self._placement.get(device)
-        return _DaskPending(self, fn, args, kwargs, f"aiotensor-{_key_name(fn)}-{uuid.uuid4().hex}", workers)
+        return DaskPending(self, fn, args, kwargs, f"aiotensor-{_key_name(fn)}-{uuid.uuid4().hex}", workers)
 
     async def fetch(self, handles: Sequence[Any]) -> list[NDArray]:
         """Gather the buffers from the workers (copies owned by the caller)."""
@@ -255,150 +242,3 @@ class DaskBackend(Backend):
     def release(self, handle: Any) -> None:
         """Release the buffer's future: the scheduler forgets the key once nothing else needs it."""
         handle.release()
-
-
-def _set_done(done: asyncio.Future[None]) -> None:
-    if not done.done():
-        done.set_result(None)
-
-
-class _DaskPending:
-    """One submitted task: awaiting it waits for its metadata event, never for its data."""
-
-    __slots__ = ("_args", "_backend", "_done", "_fn", "_future", "_key", "_kwargs", "_owned", "_waiter", "_workers")
-
-    def __init__(
-        self,
-        backend: DaskBackend,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        key: str,
-        workers: str | None,
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        self._backend = backend
-        self._fn, self._args, self._kwargs = fn, args, kwargs
-        self._key = key
-        self._workers = workers
-        self._waiter: asyncio.Future[Meta] = loop.create_future()
-        self._done: asyncio.Future[None] = loop.create_future()
-        self._owned: list[Any] = []  # futures to release if the caller goes away
-        self._future: Any = None
-        if not _has_large_array((args, tuple(kwargs.values()))):
-            self._submit()  # start now; large inputs are scattered first, in __await__
-
-    def _submit(self) -> None:
-        client = self._backend._dask
-        future = client.submit(
-            run_remote,
-            self._fn,
-            self._args,
-            self._kwargs,
-            self._backend._topic,
-            self._key,
-            key=self._key,
-            workers=self._workers,
-            pure=False,
-        )
-        self._future = future
-        self._owned.append(future)
-        # No event can arrive before this returns to the loop: registering now is in time.
-        self._backend._waiters[self._key] = self._waiter
-        self._fn = self._args = self._kwargs = None  # type: ignore[assignment]
-        loop, done = asyncio.get_running_loop(), self._done
-
-        def finished(_: Any) -> None:  # on Dask's callback thread
-            with contextlib.suppress(RuntimeError):  # the loop closed
-                loop.call_soon_threadsafe(_set_done, done)
-
-        future.add_done_callback(finished)
-
-    async def _scatter_large(self) -> None:
-        client = self._backend._dask
-
-        async def put(value: Any) -> Any:
-            if isinstance(value, np.ndarray) and value.nbytes > SCATTER_BYTES:
-                future = await client.scatter(value, hash=False, workers=self._workers)
-                self._owned.append(future)
-                return future
-            if type(value) in (list, tuple):
-                return type(value)([await put(v) for v in value])
-            return value
-
-        self._args = await put(self._args)
-        self._kwargs = {k: await put(v) for k, v in self._kwargs.items()}
-
-    def __await__(self) -> Generator[Any, None, KernelResult]:
-        return self._result().__await__()
-
-    async def _result(self) -> KernelResult:
-        backend = self._backend
-        try:
-            if self._future is None:
-                await self._scatter_large()
-                self._submit()
-            future = self._future
-            assert future is not None
-            either: list[asyncio.Future[Any]] = [self._waiter, self._done]
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            if not self._waiter.done():
-                meta = await self._finished_without_event(future)
-            else:
-                meta = self._waiter.result()
-        except Exception:
-            self._release_owned()  # the erred key must not linger on the scheduler
-            raise
-        finally:
-            backend._waiters.pop(self._key, None)
-        multi, outputs = meta
-        handles: list[Any] = [future]
-        if multi:
-            # One future per output, computed where the tuple lives; the tuple's own key
-            # is released at once (the scheduler keeps it until the items exist).
-            client = backend._dask
-            handles = [
-                client.submit(operator.getitem, future, i, key=f"{self._key}-{i}", pure=False)
-                for i in range(len(outputs))
-            ]
-            future.release()
-        for f in self._owned:
-            if f is not future:
-                f.release()  # scattered inputs: the task holds them while it needs them
-        return KernelResult(
-            [BufferInfo(h, tuple(s), np.dtype(d), n) for h, (s, d, n) in zip(handles, outputs, strict=True)], multi
-        )
-
-    async def _finished_without_event(self, future: Any) -> Meta:
-        if future.status == "error":
-            await future  # raises the remote exception, with the remote traceback
-        if future.status != "finished":
-            reason = future.status
-            try:
-                await future  # a cancelled future raises with Dask's reason
-            except Exception as exc:
-                reason = str(getattr(exc, "reason", None) or exc)
-            raise BackendError(
-                f"the Dask cluster cancelled task {self._key!r} ({reason}): an input was lost with its worker"
-                " (scattered data cannot be recomputed) or the client lost the scheduler"
-            )
-        # The event can trail the completion (or a rerun may not send one): give it one
-        # loop turn, then ask a tiny task on the same worker.
-        await asyncio.sleep(0)
-        if self._waiter.done():
-            return self._waiter.result()
-        probe = self._backend._dask.submit(describe, future, pure=False)
-        try:
-            meta: Meta = await probe
-        finally:
-            probe.release()
-        return meta
-
-    def abandon(self, adopt: Callable[[KernelResult], object]) -> None:
-        """The caller was cancelled: release the task's future, so the task no longer holds a worker."""
-        self._backend._waiters.pop(self._key, None)
-        self._release_owned()
-
-    def _release_owned(self) -> None:
-        for f in self._owned:
-            f.release()
