@@ -158,3 +158,29 @@ def iterations_for(us_per_call: float, budget_s: float, lo: int = 5, hi: int = 5
 def ratio(a: Stat, b: Stat) -> float:
     """``median(a) / median(b)``."""
     return a.median / b.median if b.median else float("inf")
+
+
+async def calibrated(fn: Callable[[], Awaitable[object]], budget: float) -> Callable[[], Awaitable[float]]:
+    """One round of ``await fn()``, sized to ``budget`` seconds: a coroutine function giving µs/call."""
+    await fn()
+    n = iterations_for(await aper_call_us(fn, 3), budget)
+    return lambda: aper_call_us(fn, n)
+
+
+def calibrated_sync(fn: Callable[[], object], budget: float) -> Callable[[], Awaitable[float]]:
+    """The same for a synchronous ``fn`` (it still runs on the loop thread, between awaits)."""
+    n = iterations_for(per_call_us(fn, 3), budget)
+
+    async def one_round() -> float:
+        return per_call_us(fn, n)
+
+    return one_round
+
+
+async def interleaved(variants: dict[str, Callable[[], Awaitable[float]]], rounds: int) -> dict[str, Stat]:
+    """Round-robin over the variants, ``rounds`` times: noise on a shared machine hits them all alike."""
+    values: dict[str, list[float]] = {label: [] for label in variants}
+    for _ in range(rounds):
+        for label, one_round in variants.items():
+            values[label].append(await one_round())
+    return {label: Stat(tuple(v)) for label, v in values.items()}

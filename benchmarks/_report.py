@@ -17,10 +17,14 @@ VERDICT = {True: "met", False: "**not met**", None: "not measured"}
 
 
 def machine() -> str:
-    """One line on what the numbers were measured on."""
+    """One line on what the numbers were measured on, with the load while they were."""
+    load = ""
+    if hasattr(os, "getloadavg"):
+        one, five, fifteen = os.getloadavg()
+        load = f", load average {one:.1f} / {five:.1f} / {fifteen:.1f}"
     return (
         f"{os.cpu_count()} cores, {platform.machine()}, Python {sys.version.split()[0]}, numpy {np.__version__},"
-        f" aiotensor {at.__version__}, BLAS threads {at.blas_threads()}"
+        f" aiotensor {at.__version__}, BLAS threads {at.blas_threads()}{load} (1 / 5 / 15 min, at the end)"
     )
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 import aiotensor as at
 
-from ._harness import Report, Stat, aper_call_us, iterations_for, loop_factories, per_call_us, ratio, run_on
+from ._harness import Report, Stat, calibrated, calibrated_sync, interleaved, loop_factories, ratio, run_on
 
 FULL_SIZES = (16, 1024, 16_384, 65_536, 262_144, 1_048_576)
 QUICK_SIZES = (16, 65_536)
@@ -64,35 +64,27 @@ async def _one_size(size: int, rounds: int, budget: float) -> dict[str, Stat]:
     b = a + 1
     loop = asyncio.get_running_loop()
     pool = concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1)
-    out: dict[str, Stat] = {}
-
-    def sync_rounds(fn: Callable[[], object]) -> Stat:
-        n = iterations_for(per_call_us(fn, 3), budget)
-        return Stat(tuple(per_call_us(fn, n) for _ in range(rounds)))
-
-    async def async_rounds(fn: Callable[[], Awaitable[object]]) -> Stat:
-        await fn()
-        n = iterations_for(await aper_call_us(fn, 3), budget)
-        return Stat(tuple([await aper_call_us(fn, n) for _ in range(rounds)]))
-
+    variants: dict[str, Callable[[], Awaitable[float]]] = {}
     try:
-        out[NUMPY] = sync_rounds(lambda: np.add(a, b))
-        async with at.AsyncEagerSession() as s:
+        variants[NUMPY] = calibrated_sync(lambda: np.add(a, b), budget)
+        async with (
+            at.AsyncEagerSession() as s,
+            at.AsyncEagerSession(config=at.SessionConfig(inline_threshold_us=0)) as sp,
+        ):
             ta, tb = await s.constant(a), await s.constant(b)
-            out[AUTO] = await async_rounds(lambda: s.add(ta, tb))
-        async with at.AsyncEagerSession(config=at.SessionConfig(inline_threshold_us=0)) as s:
-            ta, tb = await s.constant(a), await s.constant(b)
-            out[POOL] = await async_rounds(lambda: s.add(ta, tb))
-        out[TO_THREAD] = await async_rounds(lambda: asyncio.to_thread(np.add, a, b))
-        out[EXECUTOR] = await async_rounds(lambda: loop.run_in_executor(pool, np.add, a, b))
-        out[ANYIO] = await async_rounds(lambda: anyio.to_thread.run_sync(np.add, a, b))
-        for label, fn in _frameworks(a).items():
-            out[label] = sync_rounds(fn)
-        if size == SMALL:
-            out["await asyncio.sleep(0) (one loop trip)"] = await async_rounds(lambda: asyncio.sleep(0))
+            pa, pb = await sp.constant(a), await sp.constant(b)
+            variants[AUTO] = await calibrated(lambda: s.add(ta, tb), budget)
+            variants[POOL] = await calibrated(lambda: sp.add(pa, pb), budget)
+            variants[TO_THREAD] = await calibrated(lambda: asyncio.to_thread(np.add, a, b), budget)
+            variants[EXECUTOR] = await calibrated(lambda: loop.run_in_executor(pool, np.add, a, b), budget)
+            variants[ANYIO] = await calibrated(lambda: anyio.to_thread.run_sync(np.add, a, b), budget)
+            for label, fn in _frameworks(a).items():
+                variants[label] = calibrated_sync(fn, budget)
+            if size == SMALL:
+                variants["await asyncio.sleep(0) (one loop trip)"] = await calibrated(lambda: asyncio.sleep(0), budget)
+            return await interleaved(variants, rounds)
     finally:
         pool.shutdown()
-    return out
 
 
 async def _all_sizes(sizes: tuple[int, ...], rounds: int, budget: float) -> dict[int, dict[str, Stat]]:

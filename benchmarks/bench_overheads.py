@@ -20,7 +20,19 @@ import numpy as np
 import aiotensor as at
 from aiotensor._inline import estimate_us
 
-from ._harness import Report, Stat, aper_call_us, iterations_for, loop_factories, per_call_us, ratio, run_on
+from ._harness import (
+    Report,
+    Stat,
+    aper_call_us,
+    calibrated,
+    calibrated_sync,
+    interleaved,
+    iterations_for,
+    loop_factories,
+    per_call_us,
+    ratio,
+    run_on,
+)
 
 CHAIN = 10
 POOL = at.SessionConfig(inline_threshold_us=0)
@@ -34,18 +46,18 @@ async def _stat(fn: Callable[[], Awaitable[object]], rounds: int, budget: float)
 
 
 async def _request(rounds: int, budget: float) -> dict[str, Stat]:
-    out: dict[str, Stat] = {}
+    variants: dict[str, Callable[[], Awaitable[float]]] = {}
     async with at.AsyncEagerSession() as app:
         w = await app.constant(np.ones(16, np.float32))
-        out["add in an open session"] = await _stat(lambda: app.add(w, 1.0), rounds, budget)
+        variants["add in an open session"] = await calibrated(lambda: app.add(w, 1.0), budget)
         for strategy in (at.ResourceCleanupStrategy.IN_BACKGROUND, at.ResourceCleanupStrategy.ON_SAFE_POINTS):
 
             async def request(strategy: at.ResourceCleanupStrategy = strategy) -> None:
                 async with at.AsyncEagerSession(parent=app, cleanup=strategy) as r:
                     await r.add(w, 1.0)
 
-            out[f"open child session + add + close ({strategy.name})"] = await _stat(request, rounds, budget)
-    return out
+            variants[f"open child session + add + close ({strategy.name})"] = await calibrated(request, budget)
+        return await interleaved(variants, rounds)
 
 
 def _chain_np(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -60,28 +72,26 @@ def _chain_fused(ops: at.FusedOps, x: Any) -> Any:
     return x
 
 
+async def _chain(s: at.AsyncEagerSession, x: at.Tensor) -> None:
+    y = x
+    for i in range(CHAIN):
+        y = await (s.add(y, 1.0) if i % 2 == 0 else s.multiply(y, 0.5))
+
+
 async def _fused(rounds: int, budget: float) -> dict[str, Stat]:
-    out: dict[str, Stat] = {}
     a = np.ones(16, np.float32)
-    out[f"numpy, {CHAIN} ops on the loop thread"] = Stat(
-        tuple(per_call_us(lambda: _chain_np(a), iterations_for(5, budget)) for _ in range(rounds))
-    )
-    for label, config in (("auto", None), ("always pool", POOL)):
-        async with at.AsyncEagerSession(config=config) as s:
-            x = await s.constant(a)
-
-            async def chain(s: at.AsyncEagerSession = s, x: at.Tensor = x) -> None:
-                y = x
-                for i in range(CHAIN):
-                    y = await (s.add(y, 1.0) if i % 2 == 0 else s.multiply(y, 0.5))
-
-            out[f"one add ({label})"] = await _stat(lambda s=s, x=x: s.add(x, 1.0), rounds, budget)
-            out[f"{CHAIN} awaited ops ({label})"] = await _stat(chain, rounds, budget)
-            if config is None:
-                fused = s.function(_chain_fused)
-                out[f"fused function of {CHAIN} ops"] = await _stat(lambda fused=fused, x=x: fused(x), rounds, budget)
-            del x
-    return out
+    variants: dict[str, Callable[[], Awaitable[float]]] = {
+        f"numpy, {CHAIN} ops on the loop thread": calibrated_sync(lambda: _chain_np(a), budget)
+    }
+    async with at.AsyncEagerSession() as s, at.AsyncEagerSession(config=POOL) as sp:
+        x, xp = await s.constant(a), await sp.constant(a)
+        fused = s.function(_chain_fused)
+        variants["one add (auto)"] = await calibrated(lambda: s.add(x, 1.0), budget)
+        variants["one add (always pool)"] = await calibrated(lambda: sp.add(xp, 1.0), budget)
+        variants[f"{CHAIN} awaited ops (auto)"] = await calibrated(lambda: _chain(s, x), budget)
+        variants[f"{CHAIN} awaited ops (always pool)"] = await calibrated(lambda: _chain(sp, xp), budget)
+        variants[f"fused function of {CHAIN} ops"] = await calibrated(lambda: fused(x), budget)
+        return await interleaved(variants, rounds)
 
 
 async def _break_even(sizes: tuple[int, ...], rounds: int, budget: float) -> list[dict[str, Any]]:
