@@ -167,9 +167,6 @@ def test_info_text_and_without_threadpoolctl(
 
 
 def test_importing_aiotensor_imports_neither_rich_nor_matplotlib() -> None:
-    code = (
-        "import sys, aiotensor, aiotensor._cli\n"
-        "print(sorted(m for m in ('rich', 'matplotlib') if m in sys.modules))"
-    )
+    code = "import sys, aiotensor, aiotensor._cli\nprint(sorted(m for m in ('rich', 'matplotlib') if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert proc.stdout.strip() == "[]"
