@@ -411,6 +411,20 @@ async def test_address_backend_owns_its_client(cluster: LocalCluster, client: Cl
         await s2.ones((1,))
 
 
+async def test_closing_the_backend_fails_ops_in_flight(client: Client) -> None:
+    b = DaskBackend(client)
+    async with at.AsyncEagerSession(backend=b) as s:
+        x = await s.ones((2,))
+        op = asyncio.create_task(s.apply(_slow_square, x, 0.3))
+        await asyncio.sleep(0.05)
+        await b.aclose()
+        with pytest.raises(at.BackendError, match="closed while the op ran"):
+            await op
+        with pytest.raises(at.BackendError, match="closed"):
+            await s.ones((2,))
+    await until(client, lambda keys: not keys)
+
+
 async def test_closed_backend_refuses_kernels(client: Client) -> None:
     b = DaskBackend(client)
     await b.aclose()
