@@ -31,8 +31,11 @@ T = TypeVar("T")
 LAYERS = make_weights()
 CONCURRENCY = 32
 REQUESTS = 512
-HEAVY_ROWS = 4096
-HEAVY_REQUESTS = 6
+# Heavy requests: large enough that their kernels are still running when the client
+# acts (/health, a disconnect), a few hundred ms of compute each.
+HEAVY_ROWS = 2048
+HEAVY_REQUESTS = 4
+DISCONNECT_ROWS = 4096
 # Tolerances for "equal to the NumPy reference": the server runs the same NumPy kernels
 # on the same float64 values (JSON round-trips floats exactly); BLAS may still block a
 # product differently for different batch sizes.
@@ -190,8 +193,8 @@ def assert_clean(before: dict[str, Any], after: dict[str, Any]) -> None:
     assert after["app"]["live_tensors"] == before["app"]["live_tensors"]
 
 
-def heavy_body() -> bytes:
-    rows = np.random.default_rng(7).standard_normal((HEAVY_ROWS, IN_FEATURES))
+def heavy_body(n: int = HEAVY_ROWS) -> bytes:
+    rows = np.random.default_rng(7).standard_normal((n, IN_FEATURES))
     return json.dumps({"inputs": rows.tolist()}).encode()
 
 
@@ -265,7 +268,7 @@ def test_health_answered_while_heavy_predictions_run(server: RunningServer) -> N
 
 @pytest.mark.slow
 def test_disconnects_and_errors_leak_nothing(server: RunningServer) -> None:
-    body = heavy_body()
+    body = heavy_body(DISCONNECT_ROWS)
 
     async def main() -> None:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    import aiotensor as at
+import aiotensor as at
 
 __all__ = ["CLASSES", "HIDDEN", "IN_FEATURES", "SEED", "Model", "make_weights", "numpy_forward"]
 
@@ -79,7 +78,7 @@ class Model:
         Each intermediate is a buffer of ``s``; rebinding ``h`` drops the previous one,
         which ``s``'s cleanup strategy frees, and closing ``s`` frees the rest.
         """
-        h = await s.constant(rows, dtype=np.float64, name="inputs")
+        h = await s.constant(_as_array(rows), name="inputs")
         for w, b in self.layers[:-1]:
             h = await s.relu(await s.add(await s.matmul(h, w), b))
         w, b = self.layers[-1]
@@ -91,10 +90,21 @@ class Model:
 
         The weights still reach the kernel as the app session's buffers, uncopied.
         """
-        x = await s.constant(rows, dtype=np.float64, name="inputs")
+        x = await s.constant(_as_array(rows), name="inputs")
         probs = await s.apply(_forward_kernel, x, *[t for layer in self.layers for t in layer])
         assert not isinstance(probs, tuple)
         return await probs.numpy()
+
+
+def _as_array(rows: list[list[float]]) -> Array:
+    # On the event loop, on purpose: building an array from Python floats holds the GIL
+    # wherever it runs, and handing the op an ndarray spares it scanning a nested list
+    # for tensors (the ops accept tensors inside lists), element by element, in Python.
+    # A ragged batch raises ValueError here, before any buffer exists.
+    try:
+        return np.asarray(rows, dtype=np.float64)
+    except ValueError as exc:
+        raise at.InvalidArgumentError(f"inputs: {exc}") from None
 
 
 def _forward_kernel(x: Array, *weights: Array) -> Array:
