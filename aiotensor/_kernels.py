@@ -46,8 +46,16 @@ def finalize(value: Any) -> NDArray:
     buffer alive behind the registry's back, and an input returned as-is would be
     owned twice) and is made read-only so no holder can change a tensor.
     """
-    if isinstance(value, np.ndarray):
+    if type(value) is np.ndarray:
         arr = value
+    elif isinstance(value, np.ma.MaskedArray):
+        # Its data under the mask is arbitrary: keeping it would show (or compute on)
+        # values the kernel meant to hide, and a MaskedArray buffer breaks later ops.
+        raise BadOutputError("kernel returned a MaskedArray; return a plain ndarray (e.g. .filled(value))")
+    elif isinstance(value, np.ndarray):
+        # A subclass (matrix, memmap, ...) would change how later kernels treat the
+        # buffer (np.matrix.sum has no keepdims), or keep a file mapped: a plain copy.
+        arr = value.view(np.ndarray).copy()
     elif isinstance(value, np.generic | int | float | complex | bool):
         arr = np.asarray(value)
     else:

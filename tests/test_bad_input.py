@@ -103,6 +103,13 @@ BAD_CALLS: list[tuple[str, Bad, type[at.AioTensorError], str]] = [
     ("apply-str-array", lambda s, t: s.apply(lambda: np.array(["a"])), at.InvalidArgumentError, "dtype <U1"),
     ("apply-object-array", lambda s, t: s.apply(lambda: np.array([None])), at.InvalidArgumentError, "dtype object"),
     ("apply-tuple-bad", lambda s, t: s.apply(lambda: (np.ones(2), "x")), at.InvalidArgumentError, "returned str"),
+    # regression: an ndarray subclass became the buffer (numpy() gave a MaskedArray hiding data)
+    (
+        "apply-masked",
+        lambda s, t: s.apply(lambda: np.ma.array([1.0, 2.0], mask=[0, 1])),
+        at.InvalidArgumentError,
+        "Mask",
+    ),
     ("apply-raises", lambda s, t: s.apply(lambda x: 1 / 0, t), at.KernelError, "ZeroDivisionError"),
     ("apply-raises-value", lambda s, t: s.apply(lambda x: int("x"), t), at.KernelError, "ValueError"),
     ("apply-memory", lambda s, t: s.apply(_raise_memory, t), at.ResourceExhaustedError, "out of memory"),
@@ -289,3 +296,23 @@ async def test_kernel_inputs_are_read_only(session: at.AsyncEagerSession) -> Non
     with pytest.raises(at.KernelError, match="WRITEABLE"):
         await session.apply(lambda k: sneaky(k), k=t)
     np.testing.assert_array_equal(await t.numpy(), [1.0, 2.0])
+
+
+async def test_apply_result_subclasses_become_plain_arrays(session: at.AsyncEagerSession, tmp_path: Any) -> None:
+    # Regression: an np.matrix result was kept as the buffer, so a later sum(axis=1)
+    # failed inside numpy ("matrix.sum() got an unexpected keyword argument 'keepdims'")
+    # and numpy() returned a matrix; a memmap result kept its file mapped.
+    with pytest.warns(PendingDeprecationWarning, match="matrix subclass"):
+        mat = np.matrix([[1.0, 2.0], [3.0, 4.0]])
+    m = await session.apply(lambda: mat)
+    assert isinstance(m, at.Tensor)
+    value = await m.numpy()
+    assert type(value) is np.ndarray
+    total = await session.sum(m, axis=1)
+    np.testing.assert_array_equal(await total.numpy(), [3.0, 7.0])
+    mapped = np.memmap(tmp_path / "a.bin", dtype=np.float64, mode="w+", shape=(3,))
+    mapped[:] = [1.0, 2.0, 3.0]
+    t = await session.apply(lambda: mapped)
+    assert type(np.asarray(t).base) is not np.memmap
+    mapped[0] = 9.0
+    np.testing.assert_array_equal(await t.numpy(), [1.0, 2.0, 3.0])
