@@ -125,6 +125,9 @@ class BackgroundCleanup(CleanupPolicy):
             pass
 
     def _wake(self) -> None:
+        if self._task is None and not self._stopping and self._loop is not None:
+            self._spawn()  # the task was cancelled from outside: back with this drop
+            return
         if self._event is not None:
             self._event.set()
 
@@ -139,7 +142,17 @@ class BackgroundCleanup(CleanupPolicy):
             registry.collect()
 
     def _supervise(self, task: asyncio.Task[None]) -> None:
-        if self._stopping or task.cancelled():
+        if self._stopping:
+            return
+        if task.cancelled():
+            # Cancelled by other code (e.g. a shutdown that cancels every task), not by
+            # stop(): without a task nothing would be freed before close. Come back with
+            # the next drop rather than now, so a loop that is shutting down is not
+            # handed a new task it would destroy pending.
+            self.failures += 1
+            logger.warning("aiotensor: background cleanup task was cancelled; restarting it on the next drop")
+            self._task = None
+            self._armed = False
             return
         exc = task.exception()
         self.failures += 1

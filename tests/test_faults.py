@@ -116,6 +116,29 @@ async def test_cleanup_task_failure_is_restarted_logged_counted(
     check_all_released(registry, backend)
 
 
+async def test_cleanup_task_cancelled_from_outside_comes_back(caplog: pytest.LogCaptureFixture) -> None:
+    # Regression: code that cancels every task (a shutdown helper, a test harness)
+    # cancelled the cleanup task for good: IN_BACKGROUND then freed nothing before close.
+    s, registry, backend = tracked_session(S.IN_BACKGROUND, at.SessionConfig(inline_threshold_us=0))
+    async with s:
+        cleanup = [t for t in asyncio.all_tasks() if t.get_name() == "aiotensor-cleanup"]
+        assert len(cleanup) == 1
+        with caplog.at_level(logging.WARNING, logger="aiotensor"):
+            cleanup[0].cancel()
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert cleanup[0].cancelled()
+            for round_ in range(3):
+                batch = [await s.full(3, float(round_)) for _ in range(4)]
+                del batch
+                await drain(registry)
+        assert s.stats().cleanup_failures == 1
+        assert s.stats().pending == 0
+        assert any("cleanup task was cancelled" in r.getMessage() for r in caplog.records)
+        check_accounting(registry, backend)
+    check_all_released(registry, backend)
+
+
 async def test_failing_backend_release_keeps_accounting(caplog: pytest.LogCaptureFixture) -> None:
     class FlakyRelease(TrackingBackend):
         def release(self, handle: Any) -> None:
