@@ -357,8 +357,10 @@ class AsyncEagerSession(AllOps):
     def _arg(self, x: Any, op: str) -> Any:
         if isinstance(x, Tensor):
             return self._buffer(x, op)
-        if type(x) in (list, tuple) and any(isinstance(e, Tensor | list | tuple) for e in x):
-            return type(x)(self._arg(e, op) for e in x)
+        # Tensors are looked for one level deep (concat's list, an index tuple), not in
+        # nested data: walking a 512 x 64 list of floats on the loop for nothing is slow.
+        if type(x) in (list, tuple) and any(isinstance(e, Tensor) for e in x):
+            return type(x)(self._buffer(e, op) if isinstance(e, Tensor) else e for e in x)
         return x
 
     async def _dispatch(
