@@ -42,17 +42,20 @@ def unflatten(fetches: Any, values: Iterator[Any]) -> Any:
     return {key: unflatten(item, values) for key, item in fetches.items()}
 
 
-def _describe_one(x: Any) -> str:
+def _describe_one(x: Any, depth: int = 0) -> str:
     if isinstance(x, Tensor | np.ndarray):
         return f"{x.dtype}{list(x.shape)}"
     if isinstance(x, list | tuple):
-        if len(x) <= 4:
-            inner = ", ".join(_describe_one(e) for e in x)
+        if len(x) <= 4 and depth < 4:  # bounded: a list nested 5,000 deep must not recurse 5,000 times
+            inner = ", ".join(_describe_one(e, depth + 1) for e in x)
             if isinstance(x, list):
                 return f"[{inner}]"
             return f"({inner},)" if len(x) == 1 else f"({inner})"
         return f"{type(x).__name__} of {len(x)}"
-    text = repr(x)
+    try:
+        text = repr(x)
+    except Exception:  # a user object whose __repr__ fails must not hide the op's own error
+        return type(x).__name__
     return text if len(text) <= 40 else f"{type(x).__name__}"
 
 

@@ -16,6 +16,19 @@ import pytest
 
 import aiotensor as at
 
+
+def _deep(n: int) -> list[Any]:
+    x: list[Any] = [1.0]
+    for _ in range(n):
+        x = [x]
+    return x
+
+
+class _BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("repr exploded")
+
+
 _BAD_OFFSETS = {"names": ["a"], "formats": ["i4"], "offsets": [-1]}
 
 Bad = Callable[[at.AsyncEagerSession, at.Tensor], Awaitable[Any]]
@@ -33,6 +46,13 @@ BAD_CALLS: list[tuple[str, Bad, type[at.AioTensorError], str]] = [
     ("constant-list-None", lambda s, t: s.constant([1.0, None]), at.InvalidArgumentError, "not numeric"),
     ("constant-ragged", lambda s, t: s.constant([[1, 2], [3]]), at.InvalidArgumentError, "constant"),
     ("constant-ragged-deep", lambda s, t: s.constant([[[1]], [2]]), at.InvalidArgumentError, "constant"),
+    # regression: a list nested 5,000 deep raised a raw RecursionError while the error
+    # message was built (and, in apply, while its arguments were prepared)
+    ("constant-deep", lambda s, t: s.constant(_deep(5000)), at.InvalidArgumentError, "list of 1"),
+    ("add-deep", lambda s, t: s.add(t, _deep(5000)), at.InvalidArgumentError, "add(float64[2], [[[["),
+    ("apply-deep", lambda s, t: s.apply(lambda x: x, _deep(5000)), at.InvalidArgumentError, "returned list"),
+    # regression: an argument whose __repr__ raises replaced the op's error with its own
+    ("add-bad-repr", lambda s, t: s.add(t, _BadRepr()), at.InvalidArgumentError, "add(float64[2], _BadRepr)"),
     ("constant-bigint", lambda s, t: s.constant(2**70), at.InvalidArgumentError, "not numeric"),
     ("constant-overflow", lambda s, t: s.constant([300], dtype=np.uint8), at.InvalidArgumentError, "uint8"),
     ("constant-object-array", lambda s, t: s.constant(np.array([1, None])), at.InvalidArgumentError, "not numeric"),

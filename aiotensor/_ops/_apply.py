@@ -30,10 +30,11 @@ def _unshared(value: Any, refs: int) -> Any:
 def _view(x: Any) -> Any:
     # Buffers own their memory, so numpy would let user code set WRITEABLE back on
     # them; a view of a read-only base refuses that, so no kernel can change a tensor.
+    # Buffers sit at most one level deep (the session's _arg looks no deeper).
     if isinstance(x, np.ndarray):
         return x.view()
-    if type(x) in (list, tuple):
-        return type(x)(_view(e) for e in x)
+    if type(x) in (list, tuple) and any(isinstance(e, np.ndarray) for e in x):
+        return type(x)(e.view() if isinstance(e, np.ndarray) else e for e in x)
     return x
 
 
