@@ -34,6 +34,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import aiotensor as at
 
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - a test extra
+    uvloop = None
+
 from ._tracking import check_accounting, check_all_released, tracked_session
 
 S = at.ResourceCleanupStrategy
@@ -59,19 +64,20 @@ class SessionMachine(RuleBasedStateMachine):
     """Random interleavings against one session; subclasses fix the strategy."""
 
     strategy: ClassVar[at.ResourceCleanupStrategy]
+    loop: ClassVar[str] = "asyncio"
 
     def __init__(self) -> None:
         super().__init__()
         # Everything older than this example stays out of the collector's way while it
         # runs (a full collection of pytest + numpy + hypothesis costs ~50 ms).
         gc.freeze()
-        self.runner = asyncio.Runner()
+        self.runner = asyncio.Runner(loop_factory=uvloop.new_event_loop if self.loop == "uvloop" else None)
         self.s, self.registry, self.backend = tracked_session(self.strategy)
         self.runner.run(self.s.__aenter__())
         self.live: list[tuple[at.Tensor, np.ndarray[Any, Any]]] = []
         self.drops_before = 0
         counters = ("examples", "states", "loop_runs", "cancelled", "thread_drops", "gc")
-        stats = STATS.setdefault(self.strategy.name, dict.fromkeys(counters, 0))
+        stats = STATS.setdefault(f"{self.strategy.name}/{self.loop}", dict.fromkeys(counters, 0))
         stats["examples"] += 1
         self.stats = stats
 
@@ -299,13 +305,30 @@ class OnSessionCloseMachine(SessionMachine):
     strategy = S.ON_SESSION_CLOSE
 
 
-TestInBackground = pytest.mark.slow(SETTINGS(InBackgroundMachine).TestCase)
-TestOnSafePoints = pytest.mark.slow(SETTINGS(OnSafePointsMachine).TestCase)
-TestOnSessionClose = pytest.mark.slow(SETTINGS(OnSessionCloseMachine).TestCase)
+# uvloop's callbacks from other threads and its task handling are separate code: fewer
+# examples there, the same rules.
+UVLOOP_SETTINGS = settings(SETTINGS, max_examples=20)
+_needs_uvloop = pytest.mark.skipif(uvloop is None, reason="uvloop is not installed")
+
+
+def _case(machine: type[SessionMachine], loop: str) -> Any:
+    # A leaf class per loop: hypothesis refuses settings applied to a class twice.
+    leaf = type(f"{machine.__name__}On{loop.capitalize()}", (machine,), {"loop": loop})
+    case = (SETTINGS if loop == "asyncio" else UVLOOP_SETTINGS)(leaf).TestCase
+    marked = pytest.mark.slow(case)
+    return _needs_uvloop(marked) if loop == "uvloop" else marked
+
+
+TestInBackground = _case(InBackgroundMachine, "asyncio")
+TestOnSafePoints = _case(OnSafePointsMachine, "asyncio")
+TestOnSessionClose = _case(OnSessionCloseMachine, "asyncio")
+TestInBackgroundUvloop = _case(InBackgroundMachine, "uvloop")
+TestOnSafePointsUvloop = _case(OnSafePointsMachine, "uvloop")
+TestOnSessionCloseUvloop = _case(OnSessionCloseMachine, "uvloop")
 
 
 def test_model_check_explored_states() -> None:
-    # Runs after the three machines in file order; records what they explored.
+    # Runs after the machines in file order; records what they explored.
     if not STATS:
         pytest.skip("the machines did not run in this process (e.g. -k selected this test only)")
     for name, numbers in STATS.items():
