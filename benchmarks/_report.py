@@ -99,9 +99,11 @@ def plot(report: Report, img_dir: Path) -> list[str]:
     memory = report.series.get("memory")
     if memory:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label, points in memory.items():
+        styles = ["-", "--", "-.", ":"]
+        for i, (label, points) in enumerate(memory.items()):
             xs, ys = zip(*points, strict=True)
-            ax.plot(xs, [y / 1e6 for y in ys], label=label)
+            # dashes keep the bounded strategies visible where their lines coincide
+            ax.plot(xs, [y / 1e6 for y in ys], styles[i % len(styles)], label=label, linewidth=2.5 - 0.4 * i)
         ax.set_yscale("log")
         ax.set_xlabel("iteration (m)")
         ax.set_ylabel("live MB after the iteration")
