@@ -11,7 +11,9 @@ The setting: :func:`set_blas_threads`. ``set_blas_threads(1)`` makes each produc
 single-threaded (through threadpoolctl) and opens the gate to one product per core:
 better throughput for many concurrent small products, worse latency for one big one.
 threadpoolctl is optional (the ``bench`` extra); without it the BLAS thread count is
-unknown, assumed to be every core, and ``set_blas_threads`` raises.
+unknown, assumed to be every core, and ``set_blas_threads`` raises. The gate is sized at
+first use and by ``set_blas_threads`` only (asking threadpoolctl per product would cost
+milliseconds): BLAS limits set around aiotensor leave it sized for the old count.
 """
 
 from __future__ import annotations
