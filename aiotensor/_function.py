@@ -299,6 +299,8 @@ class FusedFunction:
     returns a tensor, or a tuple of tensors if ``fn`` returned a tuple or list.
     """
 
+    __name__: str
+
     def __init__(self, fn: Callable[..., Any], session: AsyncEagerSession | None = None) -> None:
         if not callable(fn):
             raise InvalidArgumentError(f"function: fn must be callable, got {type(fn).__name__}")

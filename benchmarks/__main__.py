@@ -29,7 +29,7 @@ SCENARIOS: dict[str, Callable[[Report], None]] = {
     "memory": bench_memory.run,
     "kernels": bench_kernels.run,
 }
-EXTERNAL = {
+EXTERNAL: dict[str, tuple[str, list[str], list[str]]] = {
     "web": ("bench_web.py", ["--requests", "300", "--heavy-requests", "30"], []),
     "distributed": ("bench_distributed.py", ["--quick"], []),
 }

@@ -14,7 +14,7 @@ T = TypeVar("T")
 try:
     import uvloop
 except ImportError:  # uvloop is optional: its rows are skipped
-    uvloop = None
+    uvloop = None  # type: ignore[assignment]
 
 
 def loop_factories() -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib
 import importlib.util
 import os
 from collections.abc import Awaitable, Callable
@@ -42,17 +43,17 @@ def _frameworks(a: np.ndarray[Any, Any]) -> dict[str, Callable[[], object]]:
     """Synchronous adds in other eager frameworks, when they are installed."""
     found: dict[str, Callable[[], object]] = {}
     if importlib.util.find_spec("torch") is not None:
-        import torch
+        torch = importlib.import_module("torch")  # optional, untyped here
 
         ta = torch.from_numpy(a.copy())
         found["PyTorch torch.add (sync)"] = lambda: torch.add(ta, ta)
     if importlib.util.find_spec("jax") is not None:
-        import jax.numpy as jnp
+        jnp = importlib.import_module("jax.numpy")
 
         ja = jnp.asarray(a)
         found["JAX jnp.add().block_until_ready() (sync)"] = lambda: jnp.add(ja, ja).block_until_ready()
     if importlib.util.find_spec("tensorflow") is not None:
-        import tensorflow as tf
+        tf = importlib.import_module("tensorflow")
 
         fa = tf.constant(a)
         found["TensorFlow eager tf.add (sync)"] = lambda: tf.add(fa, fa)

@@ -77,7 +77,8 @@ def run(report: Report) -> None:
     limits = {S.ON_SAFE_POINTS: 1.5, S.IN_BACKGROUND: 2.0}
     for m in ms:
         for label, strategy, config in variants:
-            peaks, series = [], []
+            peaks: list[float] = []
+            series: list[int] = []
             for _ in range(2 if report.quick else 3):
                 peak, series = run_on("asyncio", seeds_loop(strategy, n, m, size, config))
                 peaks.append(peak / live_set)

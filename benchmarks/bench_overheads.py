@@ -107,7 +107,7 @@ async def _break_even(sizes: tuple[int, ...], rounds: int, budget: float) -> lis
                 async with at.AsyncEagerSession(config=config) as s:
                     ts = [await s.constant(x) for x in args]
                     method = getattr(s, op)
-                    row[label] = await _stat(lambda m=method, ts=ts: m(*ts), rounds, budget)
+                    row[label] = await _stat(functools.partial(method, *ts), rounds, budget)
                     if label == "pool":  # the loop thread's own CPU per dispatched op
                         n = iterations_for(row["pool"].median, budget)
                         cpu = time.thread_time()
