@@ -184,11 +184,6 @@ class Registry:
                 f"{what}: result of {nbytes} bytes with {self.live_bytes} bytes live would exceed memory_limit={limit}"
             )
 
-    def over_limit(self) -> bool:
-        """Whether live bytes exceed the memory limit (for results whose size was unknown)."""
-        limit = self.memory_limit
-        return limit is not None and self.live_bytes > limit
-
     def free(self, rid: int) -> bool:
         """Let go of one buffer now; ``False`` if it was already freed."""
         entry = self._buffers.pop(rid, None)
@@ -226,6 +221,9 @@ class Registry:
         for rid in list(self._buffers):
             if self.free(rid):
                 n += 1
+        # A finalizer on another thread may have read ``closed`` as False just before
+        # it was set and appended since: nothing is left to free, so drop such ids.
+        self._dropped.clear()
         return n
 
     def stats(self, in_flight: int = 0, cleanup_failures: int = 0) -> SessionStats:

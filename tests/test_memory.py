@@ -282,7 +282,10 @@ async def test_tasks_that_hold_memory_while_waiting_time_out_rather_than_hang() 
                 del held
 
         results = await asyncio.gather(greedy(), greedy(), return_exceptions=True)
-        assert [type(r) for r in results] == [at.ResourceExhaustedError] * 2
+        # Neither can proceed until one gives up: at least one times out. Once it frees
+        # what it held, the other's wait may end in success before its own deadline.
+        kinds = sorted(type(r).__name__ for r in results)
+        assert kinds in (["ResourceExhaustedError", "ResourceExhaustedError"], ["NoneType", "ResourceExhaustedError"])
         assert s.stats().live_bytes in (0, 50 * F8)  # the second task's wait may end after the first freed
         await settle_gate(s)
         t = await s.zeros(100)
