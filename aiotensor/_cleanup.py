@@ -98,7 +98,8 @@ class BackgroundCleanup(CleanupPolicy):
         self._loop_thread = threading.get_ident()
         self._event = asyncio.Event()
         registry.on_drop = self._on_drop
-        self._spawn()
+        # The task is spawned by the first drop, not here: a short request session that
+        # drops nothing before close never pays for a task.
 
     def _spawn(self) -> None:
         assert self._loop is not None
@@ -125,8 +126,14 @@ class BackgroundCleanup(CleanupPolicy):
             pass
 
     def _wake(self) -> None:
-        if self._task is None and not self._stopping and self._loop is not None:
-            self._spawn()  # the task was cancelled from outside: back with this drop
+        if self._stopping or self._loop is None:
+            return
+        if self._task is None:
+            # First drop, or the task was cancelled from outside. Disarm before looking
+            # at the queue so that a racing drop schedules another wake-up.
+            self._armed = False
+            if self._registry is not None and self._registry.pending:
+                self._spawn()  # (an inline op may already have freed what was dropped)
             return
         if self._event is not None:
             self._event.set()

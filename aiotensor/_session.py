@@ -181,6 +181,13 @@ class AsyncEagerSession(AllOps):
                     " anyio's asyncio backend); none runs in this thread. trio is not supported: kernel"
                     " results come back as asyncio futures and IN_BACKGROUND frees from an asyncio task."
                 ) from None
+            if type(self._backend).start is Backend.start:
+                # Nothing to await (the local backend): open now, without a task or a
+                # trip through the loop, which is most of a request session's cost.
+                self._bind(loop)
+                self._policy.start(self._registry, loop)
+                self._state = _OPEN
+                return
             self._state = _State.OPENING
             self._opening = loop.create_task(self._start())
         elif state is not _State.OPENING:
@@ -188,13 +195,17 @@ class AsyncEagerSession(AllOps):
         assert self._opening is not None
         await asyncio.shield(self._opening)
 
-    async def _start(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._loop_thread = threading.get_ident()
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed_event = asyncio.Event()
+
+    async def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._bind(loop)
+        assert self._closed_event is not None
         try:
             await self._backend.start()
         except BaseException:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 
@@ -176,8 +177,15 @@ async def test_closing_inside_a_cancelled_scope_frees_everything(strategy: at.Re
         backend.executor.submit(print)
 
 
-async def test_cancelled_before_the_session_opened(strategy: at.ResourceCleanupStrategy) -> None:
-    s = at.AsyncEagerSession(cleanup=strategy)
+class _SlowStartBackend(at.LocalBackend):
+    """A local backend whose start() suspends, as a remote backend's connect would."""
+
+    async def start(self) -> None:
+        await anyio.lowlevel.checkpoint()
+
+
+async def test_cancelled_while_the_session_opens(strategy: at.ResourceCleanupStrategy) -> None:
+    s = at.AsyncEagerSession(cleanup=strategy, backend=_SlowStartBackend())
     with anyio.CancelScope() as scope:
         scope.cancel()
         async with s:
@@ -210,3 +218,18 @@ def test_no_running_asyncio_loop_is_a_clear_error() -> None:
     with pytest.raises(at.WrongEventLoopError, match="needs a running asyncio event loop"):
         coro.send(None)
     assert not s.closed  # nothing was opened: the session can still be used on a loop
+
+
+async def test_cancelled_scope_around_a_local_session(strategy: at.ResourceCleanupStrategy) -> None:
+    # Opening a local session does not suspend, so the cancellation lands wherever the
+    # block first suspends (or nowhere): either way the session ends closed and empty.
+    s = at.AsyncEagerSession(cleanup=strategy)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        async with s:
+            t = await s.ones((3,))
+            await anyio.lowlevel.checkpoint()
+            del t
+    assert scope.cancelled_caught
+    assert s.closed
+    assert s.stats().live_tensors == 0

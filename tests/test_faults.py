@@ -121,6 +121,9 @@ async def test_cleanup_task_cancelled_from_outside_comes_back(caplog: pytest.Log
     # cancelled the cleanup task for good: IN_BACKGROUND then freed nothing before close.
     s, registry, backend = tracked_session(S.IN_BACKGROUND, at.SessionConfig(inline_threshold_us=0))
     async with s:
+        first = await s.zeros(1)
+        del first  # the first drop spawns the cleanup task
+        await drain(registry)
         cleanup = [t for t in asyncio.all_tasks() if t.get_name() == "aiotensor-cleanup"]
         assert len(cleanup) == 1
         with caplog.at_level(logging.WARNING, logger="aiotensor"):
