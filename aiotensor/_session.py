@@ -1,4 +1,4 @@
-"""AsyncEagerSession: lifecycle, op dispatch, fetches, the default session and devices."""
+"""AsyncEagerSession: lifecycle, the default session, devices and ``run`` (the op path is in ``_dispatch``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
-import enum
-import logging
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -15,53 +13,29 @@ from typing import Any, Self
 
 from . import _defaults
 from ._backend import Backend, LocalBackend
-from ._blas import BLAS_OPS, Gated
 from ._cleanup import make_policy
 from ._config import ResourceCleanupStrategy, SessionConfig
 from ._devices import canonical_device
+from ._dispatch import Dispatcher, State
 from ._errors import (
-    AioTensorError,
-    BackendError,
     InvalidArgumentError,
     InvalidDeviceError,
-    KernelError,
-    ResourceExhaustedError,
     SessionClosedError,
     WrongEventLoopError,
 )
 from ._function import FusedFunction
-from ._inline import INLINE_STREAK, estimate_us
-from ._kernels import BadOutputError, KernelResult, run_kernel
-from ._memory import MemoryGate
-from ._ops import AllOps
 from ._registry import Registry, SessionStats
-from ._structure import describe, flatten, unflatten
+from ._structure import flatten, unflatten
 from ._tensor import Tensor
-from ._types import Fetches, NDArray
+from ._types import Fetches
 
 __all__ = ["AsyncEagerSession"]
 
-logger = logging.getLogger("aiotensor")
-
-# Errors a kernel raises because of its arguments. ArithmeticError covers numpy's
-# FloatingPointError under np.errstate(all="raise"); RuntimeWarning is numpy's warning
-# turned into an error by the caller's warning filters.
-_ARG_ERRORS = (BadOutputError, ValueError, TypeError, IndexError, ArithmeticError, RuntimeWarning)
-
-
-class _State(enum.Enum):
-    UNOPENED = "unopened"
-    OPENING = "opening"
-    OPEN = "open"
-    CLOSING = "closing"
-    CLOSED = "closed"
-
-
-_OPEN = _State.OPEN
+_OPEN = State.OPEN
 _shared_local = LocalBackend()
 
 
-class AsyncEagerSession(AllOps):
+class AsyncEagerSession(Dispatcher):
     """A session that owns every tensor buffer it creates; every op is a coroutine.
 
     Use it as ``async with AsyncEagerSession() as s:``; leaving the block frees every
@@ -125,7 +99,7 @@ class AsyncEagerSession(AllOps):
         self._ancestors: tuple[AsyncEagerSession, ...] = () if parent is None else (parent, *parent._ancestors)
         self._policy = make_policy(cleanup)
         self._registry = Registry(backend.release, config.memory_limit, config.memory_wait)
-        self._state = _State.UNOPENED
+        self._state = State.UNOPENED
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._opening: asyncio.Task[None] | None = None
@@ -153,7 +127,7 @@ class AsyncEagerSession(AllOps):
     @property
     def closed(self) -> bool:
         """True once ``close()`` has begun: no new op is accepted."""
-        return self._state in (_State.CLOSING, _State.CLOSED)
+        return self._state in (State.CLOSING, State.CLOSED)
 
     async def __aenter__(self) -> Self:
         try:
@@ -172,7 +146,7 @@ class AsyncEagerSession(AllOps):
         state = self._state
         if state is _OPEN:
             return
-        if state is _State.UNOPENED:
+        if state is State.UNOPENED:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # e.g. trio, directly or through anyio
@@ -188,9 +162,9 @@ class AsyncEagerSession(AllOps):
                 self._policy.start(self._registry, loop)
                 self._state = _OPEN
                 return
-            self._state = _State.OPENING
+            self._state = State.OPENING
             self._opening = loop.create_task(self._start())
-        elif state is not _State.OPENING:
+        elif state is not State.OPENING:
             raise SessionClosedError(f"{self!r} is closed")
         assert self._opening is not None
         await asyncio.shield(self._opening)
@@ -209,11 +183,11 @@ class AsyncEagerSession(AllOps):
         try:
             await self._backend.start()
         except BaseException:
-            self._state = _State.CLOSED
+            self._state = State.CLOSED
             self._closed_event.set()
             raise
         self._policy.start(self._registry, loop)
-        if self._state is _State.OPENING:
+        if self._state is State.OPENING:
             self._state = _OPEN
 
     def _check_loop(self) -> None:
@@ -236,25 +210,25 @@ class AsyncEagerSession(AllOps):
         ``close`` itself is cancelled, everything is still freed before it re-raises.
         """
         state = self._state
-        if state is _State.CLOSED:
+        if state is State.CLOSED:
             return
-        if state is _State.CLOSING:
+        if state is State.CLOSING:
             assert self._closed_event is not None
             await self._closed_event.wait()
             return
-        if state is _State.UNOPENED:
-            self._state = _State.CLOSED
+        if state is State.UNOPENED:
+            self._state = State.CLOSED
             _defaults.replace_interactive(self, None)
             await self._close_backend()
             return
-        if state is _State.OPENING:
+        if state is State.OPENING:
             assert self._opening is not None
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._opening)
-            if self._state is _State.CLOSED:
+            if self._state is State.CLOSED:
                 return
         self._check_loop()
-        self._state = _State.CLOSING
+        self._state = State.CLOSING
         try:
             if self._inflight:
                 assert self._idle is not None
@@ -270,7 +244,7 @@ class AsyncEagerSession(AllOps):
     def _shutdown_now(self) -> asyncio.Task[None] | None:
         stopping = self._policy.stop()
         self._registry.close()
-        self._state = _State.CLOSED
+        self._state = State.CLOSED
         _defaults.replace_interactive(self, None)
         if self._closed_event is not None:
             self._closed_event.set()
@@ -281,7 +255,7 @@ class AsyncEagerSession(AllOps):
             await self._backend.aclose()
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
-        if getattr(self, "_state", None) not in (_OPEN, _State.CLOSING):
+        if getattr(self, "_state", None) not in (_OPEN, State.CLOSING):
             return
         _warn(f"unclosed {self!r}: its buffers are freed now", ResourceWarning, source=self, stacklevel=1)
         policy, registry, loop = self._policy, self._registry, self._loop
@@ -352,194 +326,7 @@ class AsyncEagerSession(AllOps):
             f" Set SessionConfig(allow_soft_placement=True) to fall back to {devices[0]!r}"
         )
 
-    # -- dispatch ---------------------------------------------------------------------
-    def _buffer(self, t: Tensor, op: str) -> Any:
-        owner = t._session
-        if owner is not self and owner not in self._ancestors:
-            raise InvalidArgumentError(
-                f"{op}: tensor {t.name!r} belongs to another session ({owner!r}); "
-                "use it in its own session, or read it from a child session (parent=)"
-            )
-        try:
-            return t._registry.get(t._rid)
-        except KeyError:
-            raise SessionClosedError(f"{op}: tensor {t.name!r} was freed because its session closed") from None
-
-    def _arg(self, x: Any, op: str) -> Any:
-        if isinstance(x, Tensor):
-            return self._buffer(x, op)
-        # Tensors are looked for one level deep (concat's list, an index tuple), not in
-        # nested data: walking a 512 x 64 list of floats on the loop for nothing is slow.
-        if type(x) in (list, tuple) and any(isinstance(e, Tensor) for e in x):
-            return type(x)(self._buffer(e, op) if isinstance(e, Tensor) else e for e in x)
-        return x
-
-    async def _dispatch(
-        self,
-        op: str,
-        kernel: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any] | None,
-        *,
-        name: str | None,
-        nbytes: int | None,
-        user_kernel: bool,
-    ) -> tuple[list[Tensor], bool]:
-        if self._inline_streak >= INLINE_STREAK:
-            # Inline ops never suspend: after a run of them, let other tasks (and the
-            # cleanup task) have the loop once. Before anything is reserved or run.
-            self._inline_streak = 0
-            await asyncio.sleep(0)
-        if self._state is not _OPEN:
-            await self._open()
-        self._check_loop()
-        device = self._place(op)
-        buffers = tuple([self._arg(a, op) for a in args])
-        kw = {k: self._arg(v, op) for k, v in kwargs.items()} if kwargs else {}
-        registry, policy = self._registry, self._policy
-        safe_point = policy.safe_point
-        if safe_point is not None:
-            safe_point()
-        limit = self._inline_us
-        inline = limit > 0 and not user_kernel and estimate_us(op, buffers, kw, nbytes) <= limit
-        if inline and safe_point is None and policy.reclaims and registry.pending:
-            # IN_BACKGROUND: a run of inline ops gives the cleanup task no turn, so the
-            # op frees what was dropped itself (earlier than the task would, never later).
-            registry.collect()
-        if registry.gate is not None:
-            await self._wait_for_memory(registry.gate, op, nbytes)
-        elif nbytes is not None:
-            registry.reserve(nbytes, op, reclaim=policy.reclaims)
-        try:
-            if inline:
-                self._inline_streak += 1
-                result = run_kernel(kernel, buffers, kw)
-            else:
-                self._inline_streak = 0
-                if op in BLAS_OPS and isinstance(self._backend, LocalBackend):
-                    kernel = Gated(kernel)  # BLAS threads x pool workers <= cores (see _blas)
-                try:
-                    pending = self._backend.submit(kernel, buffers, kw, device=device)
-                except RuntimeError as exc:
-                    raise BackendError(f"{op}: the backend cannot run kernels: {exc}") from exc
-                result = await self._await_kernel(pending)
-        except (asyncio.CancelledError, AioTensorError):
-            raise
-        except Exception as exc:
-            raise self._kernel_error(op, args, exc, user_kernel) from exc
-        finally:
-            if nbytes is not None:
-                registry.unreserve(nbytes)
-        if self._state is not _OPEN:
-            for buf in result.buffers:
-                self._backend.release(buf.handle)
-            raise SessionClosedError(f"{op}: the session was closed while the op ran")
-        if registry.memory_limit is not None:
-            await self._fit_result(op, result, nbytes)
-        tensors = [self._wrap(buf, op, name, i, device, result.multi) for i, buf in enumerate(result.buffers)]
-        if safe_point is not None:
-            safe_point()
-        if self._config.log_device_placement:
-            logger.info("%s: %s on %s", op, tensors[0].name, device)
-        return tensors, result.multi
-
-    async def _await_kernel(self, pending: Any) -> KernelResult:
-        if not self._inflight:
-            assert self._idle is not None
-            self._idle.clear()
-        self._inflight += 1
-        try:
-            result: KernelResult = await pending
-            return result
-        except asyncio.CancelledError:
-            pending.abandon(self._adopt)
-            task = asyncio.current_task()
-            if task is not None and not task.cancelling():
-                # Nobody cancelled the caller: the backend cancelled the kernel (e.g. its
-                # executor was shut down with cancel_futures). A bare CancelledError would
-                # look like a cancellation of the caller's task and end it silently.
-                raise BackendError("the backend cancelled the kernel (was its executor shut down?)") from None
-            raise
-        finally:
-            self._inflight -= 1
-            if not self._inflight:
-                assert self._idle is not None
-                self._idle.set()
-
-    def _wrap(self, buf: Any, op: str, name: str | None, i: int, device: str, multi: bool) -> Tensor:
-        registry = self._registry
-        rid = registry.add(buf.handle, buf.nbytes)
-        label = f"{op}:{rid}" if name is None else (f"{name}:{i}" if multi else name)
-        return Tensor._make(self, registry, rid, buf.shape, buf.dtype, buf.nbytes, label, device)
-
-    def _adopt(self, result: KernelResult) -> None:
-        # A kernel finished after its caller was cancelled: own the result as if its
-        # handle had been dropped at once, so the strategy frees it (or close does).
-        registry = self._registry
-        for buf in result.buffers:
-            if registry.closed:
-                self._backend.release(buf.handle)
-            else:
-                registry.notify_dropped(registry.add(buf.handle, buf.nbytes))
-
-    async def _wait_for_memory(self, gate: MemoryGate, op: str, nbytes: int | None) -> None:
-        # memory_wait: queue for room under memory_limit (see _memory.py).
-        await gate.acquire(nbytes, op, reclaim=self._policy.reclaims)
-        if self._state is not _OPEN:
-            if nbytes is not None:
-                self._registry.unreserve(nbytes)
-            raise SessionClosedError(f"{op}: the session was closed while the op waited for memory")
-
-    async def _fit_result(self, op: str, result: KernelResult, reserved: int | None) -> None:
-        # Checked before the buffers get handles: a result rejected after wrapping left
-        # a handle whose later drop queued an already-freed id (stats().pending was off).
-        registry = self._registry
-        nbytes = sum(buf.nbytes for buf in result.buffers)
-        gate = registry.gate
-        if gate is not None and reserved is not None and nbytes <= reserved:
-            return  # its room was reserved before the kernel ran
-        try:
-            if gate is None:
-                registry.check_result(nbytes, op, reclaim=self._policy.reclaims)
-            else:
-                await gate.fit_result(nbytes, op, reclaim=self._policy.reclaims)
-                if self._state is not _OPEN:
-                    raise SessionClosedError(f"{op}: the session was closed while the op waited for memory")
-        except BaseException:
-            for buf in result.buffers:
-                self._backend.release(buf.handle)
-            raise
-
-    def _kernel_error(self, op: str, args: tuple[Any, ...], exc: Exception, user_kernel: bool) -> AioTensorError:
-        where = f"{op}({describe(args)})"
-        if isinstance(exc, MemoryError):
-            return ResourceExhaustedError(f"{where}: out of memory ({exc}); {self._registry.live_bytes} bytes live")
-        if isinstance(exc, BadOutputError) or (not user_kernel and isinstance(exc, _ARG_ERRORS)):
-            return InvalidArgumentError(f"{where}: {exc}")
-        return KernelError(f"{where} failed: {type(exc).__name__}: {exc}")
-
     # -- fetches ----------------------------------------------------------------------
-    async def _fetch(self, tensors: list[Tensor], api: str) -> list[NDArray]:
-        if self._state is not _OPEN:
-            await self._open()
-        self._check_loop()
-        handles = [self._buffer(t, api) for t in tensors]
-        safe_point = self._policy.safe_point
-        if safe_point is not None:
-            safe_point()
-        values = await self._backend.fetch(handles)
-        if safe_point is not None:
-            safe_point()
-        return values
-
-    def _peek(self, t: Tensor) -> NDArray:
-        if t._registry.closed:
-            raise SessionClosedError(f"tensor {t.name!r} was freed because its session closed")
-        arr = self._backend.peek(self._buffer(t, "__array__"))
-        if arr is None:
-            raise AioTensorError(f"tensor {t.name!r} lives on a remote backend; use `await t.numpy()` to fetch it")
-        return arr
-
     async def run(self, fetches: Fetches) -> Any:
         """TF1's ``sess.run``: the numpy value of a tensor, or of a nested list/tuple/dict of tensors.
 
