@@ -129,6 +129,8 @@ class Dispatcher(AllOps):
         if self._state is not _OPEN:
             await self._open()
         self._check_loop()
+        if name is not None and not isinstance(name, str):
+            raise InvalidArgumentError(f"{op}: name must be a str, got {type(name).__name__}")
         device = self._place(op)
         buffers = tuple([self._arg(a, op) for a in args])
         kw = {k: self._arg(v, op) for k, v in kwargs.items()} if kwargs else {}

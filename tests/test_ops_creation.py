@@ -204,3 +204,20 @@ async def test_module_creation_needs_a_session() -> None:
         await at.zeros(3)
     with pytest.raises(at.NoSessionError):
         await at.constant([1, 2])
+
+
+async def test_arange_size_is_checked_before_allocating(s: at.AsyncEagerSession) -> None:
+    with pytest.raises(at.ResourceExhaustedError, match="arange: requested"):
+        await s.arange(0, 1e15, 0.5)
+    assert s.stats().allocated == 0
+    limited = at.AsyncEagerSession(config=at.SessionConfig(memory_limit=800))
+    async with limited:
+        await limited.arange(100)  # exactly 800 bytes of int64
+        with pytest.raises(at.ResourceExhaustedError, match="memory_limit=800"):
+            await limited.arange(101)
+
+
+async def test_names_must_be_strings(s: at.AsyncEagerSession) -> None:
+    with pytest.raises(at.InvalidArgumentError, match="name must be a str"):
+        await s.zeros(2, name=5)  # type: ignore[arg-type]
+    assert (await s.zeros(2, name="z")).name == "z"

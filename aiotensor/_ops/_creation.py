@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,21 @@ def _float_dtype(dtype: DTypeLike | None, op: str) -> np.dtype[Any]:
     if dt.kind != "f":
         raise InvalidArgumentError(f"{op}: dtype must be a float dtype, got {dt}")
     return dt
+
+
+def _arange_bytes(start: Any, stop: Any, step: Any, dtype: np.dtype[Any] | None) -> int | None:
+    # The size before allocating, so that an absurd range fails as ResourceExhaustedError
+    # up front (and counts against memory_limit) instead of trying to allocate.
+    if not all(isinstance(v, int | float | np.integer | np.floating) for v in (start, stop, step)):
+        return None  # complex, tensors, ...: numpy decides, after the kernel
+    try:
+        span = (float(stop) - float(start)) / float(step)
+    except ZeroDivisionError:
+        return None  # numpy raises its own error for step 0
+    if not math.isfinite(span):
+        return None
+    itemsize = (dtype or np.result_type(start, stop, step)).itemsize
+    return max(0, math.ceil(span)) * itemsize
 
 
 def _count(value: int, what: str, op: str) -> int:
@@ -117,8 +133,10 @@ class CreationOps(OpsBase):
         name: str | None = None,
     ) -> Tensor:
         """Evenly spaced values in ``[start, stop)`` (``arange(n)`` counts from 0), as numpy's ``arange``."""
-        bounds = (0, start) if stop is None else (start, stop)  # arange(n) counts 0..n-1
-        return await self._op("arange", np.arange, (*bounds, step), {"dtype": check_dtype(dtype, "arange")}, name=name)
+        lo, hi = (0, start) if stop is None else (start, stop)  # arange(n) counts 0..n-1
+        dt = check_dtype(dtype, "arange")
+        nbytes = _arange_bytes(lo, hi, step, dt)
+        return await self._op("arange", np.arange, (lo, hi, step), {"dtype": dt}, name=name, nbytes=nbytes)
 
     async def linspace(
         self,
