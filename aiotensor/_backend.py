@@ -50,6 +50,11 @@ class Backend(ABC):
     def devices(self) -> list[str]:
         """Device names ops may be placed on; the first is the default."""
 
+    @property
+    def default_device(self) -> str:
+        """Where ops go without a ``with s.device(...)`` block: the first of :meth:`devices`."""
+        return self.devices()[0]
+
     async def start(self) -> None:  # noqa: B027 -- a hook, empty by default
         """Called once on the session's event loop before its first op."""
 
@@ -177,6 +182,10 @@ class LocalBackend(Backend):
 
     def devices(self) -> list[str]:
         return [CPU0]
+
+    @property
+    def default_device(self) -> str:
+        return CPU0
 
     def submit(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, device: str

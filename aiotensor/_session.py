@@ -314,9 +314,9 @@ class AsyncEagerSession(Dispatcher):
 
     def _place(self, op: str) -> str:
         requested = self._device_var.get()
+        if requested is None:  # the common case: no list of devices needed
+            return self._backend.default_device
         devices = self._backend.devices()
-        if requested is None:
-            return devices[0]
         if requested in devices:
             return requested
         if self._config.allow_soft_placement:

@@ -11,9 +11,9 @@ import numpy as np
 
 from .._errors import InvalidArgumentError
 from .._kernels import NUMERIC_KINDS
+from .._tensor import Tensor
 
 if TYPE_CHECKING:
-    from .._tensor import Tensor
     from .._types import DTypeLike
 
 __all__ = ["CheckedKernel", "OpsBase", "as_numeric", "check_dtype", "check_shape", "count_bytes"]
@@ -51,7 +51,8 @@ class OpsBase(ABC):
     ) -> Tensor:
         # ``data``: how many leading positional args are tensor values (checked numeric
         # in the kernel); the rest are parameters such as shapes, axes or keys.
-        if data:
+        if data and not all(type(a) is Tensor for a in args[:data]):
+            # Only non-tensor data needs the check: a tensor's buffer is numeric already.
             kernel = CheckedKernel(kernel, data)
         tensors, _ = await self._dispatch(op, kernel, args, kwargs, name=name, nbytes=nbytes, user_kernel=False)
         return tensors[0]
