@@ -38,6 +38,9 @@ class CleanupPolicy(ABC):
     reclaims: bool
     #: Called by the session before and after each op; ``None`` if there is nothing to do.
     safe_point: Callable[[], object] | None = None
+    #: Called before an op that runs inline on the loop (and so gives no task a turn);
+    #: ``None`` if the strategy has nothing to do there.
+    inline_point: Callable[[], object] | None = None
     #: Times the machinery failed and was restarted.
     failures: int = 0
 
@@ -98,6 +101,9 @@ class BackgroundCleanup(CleanupPolicy):
         self._loop_thread = threading.get_ident()
         self._event = asyncio.Event()
         registry.on_drop = self._on_drop
+        # A run of inline ops gives the task no turn: such an op frees what was already
+        # dropped itself (earlier than the task would, never later).
+        self.inline_point = self._collect_pending
         # The task is spawned by the first drop, not here: a short request session that
         # drops nothing before close never pays for a task.
 
@@ -108,6 +114,11 @@ class BackgroundCleanup(CleanupPolicy):
         self._task = task
         if self._registry is not None and self._registry.pending:
             self._wake()  # drops queued while no task was running
+
+    def _collect_pending(self) -> None:
+        registry = self._registry
+        if registry is not None and registry.pending:
+            registry.collect()
 
     def _on_drop(self) -> None:
         # Runs inside finalizers, on any thread: no locks, no allocation beyond a handle.

@@ -140,10 +140,8 @@ class Dispatcher(AllOps):
             safe_point()
         limit = self._inline_us
         inline = limit > 0 and not user_kernel and estimate_us(op, buffers, kw, nbytes) <= limit
-        if inline and safe_point is None and policy.reclaims and registry.pending:
-            # IN_BACKGROUND: a run of inline ops gives the cleanup task no turn, so the
-            # op frees what was dropped itself (earlier than the task would, never later).
-            registry.collect()
+        if inline and policy.inline_point is not None:
+            policy.inline_point()
         if registry.gate is not None:
             await self._wait_for_memory(registry.gate, op, nbytes)
         elif nbytes is not None:
