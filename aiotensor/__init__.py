@@ -16,7 +16,6 @@ from ._blas import blas_threads as blas_threads
 from ._blas import set_blas_threads as set_blas_threads
 from ._config import ResourceCleanupStrategy as ResourceCleanupStrategy
 from ._config import SessionConfig as SessionConfig
-from ._defaults import get_default_session as get_default_session
 from ._errors import AioTensorError as AioTensorError
 from ._errors import BackendError as BackendError
 from ._errors import InvalidArgumentError as InvalidArgumentError
@@ -26,6 +25,7 @@ from ._errors import NoSessionError as NoSessionError
 from ._errors import ResourceExhaustedError as ResourceExhaustedError
 from ._errors import SessionClosedError as SessionClosedError
 from ._errors import WrongEventLoopError as WrongEventLoopError
+from ._expr import Expr as Expr
 from ._function import FusedFunction as FusedFunction
 from ._function import FusedOps as FusedOps
 from ._function import FusedValue as FusedValue
@@ -37,6 +37,7 @@ from ._kernels import BufferInfo as BufferInfo
 from ._kernels import KernelResult as KernelResult
 from ._registry import SessionStats as SessionStats
 from ._session import AsyncEagerSession as AsyncEagerSession
+from ._session import get_default_session as get_default_session
 from ._tensor import Tensor as Tensor
 
 try:
@@ -50,6 +51,7 @@ __all__ = [
     "Backend",
     "BackendError",
     "BufferInfo",
+    "Expr",
     "FusedFunction",
     "FusedOps",
     "FusedValue",

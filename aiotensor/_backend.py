@@ -18,6 +18,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol
 
 from ._devices import CPU0
+from ._blas import Gated
 from ._kernels import KernelResult, run_kernel
 from ._types import NDArray
 
@@ -44,7 +45,36 @@ class PendingKernel(Protocol):
 
 
 class Backend(ABC):
-    """Where kernels run and buffers live (one small interface; see the module docstring)."""
+    """Where kernels run and buffers live (one small interface; see the module docstring).
+
+    The backend owns how kernels run: which array namespace they compute with
+    (:attr:`namespace`), whether a cheap kernel may run inline on the event loop
+    (:meth:`inline_limit_us`), and how BLAS kernels share the cores (``blas=`` of
+    :meth:`submit`). The engine never asks which backend it has.
+    """
+
+    #: Whether buffers live in this process as arrays (fused functions need that).
+    in_process: bool = False
+    #: The array namespace kernels compute with (a module name: ``"numpy"``; a GPU
+    #: backend would say ``"cupy"``).
+    namespace: str = "numpy"
+
+    @property
+    def needs_start(self) -> bool:
+        """Whether :meth:`start` does anything (a session opens without a task when it does not)."""
+        return type(self).start is not Backend.start
+
+    def inline_limit_us(self, requested: float) -> float:
+        """How long (µs, estimated) a kernel may run inline on the loop; 0 sends every kernel to :meth:`submit`.
+
+        ``requested`` is the session's ``inline_threshold_us``. Only a backend whose
+        buffers live in this process can run kernels inline.
+        """
+        return 0.0
+
+    def run_inline(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> KernelResult:
+        """Run a kernel now on the calling (loop) thread; only called when :meth:`inline_limit_us` allows it."""
+        return run_kernel(fn, args, kwargs)
 
     @abstractmethod
     def devices(self) -> list[str]:
@@ -60,9 +90,14 @@ class Backend(ABC):
 
     @abstractmethod
     def submit(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, device: str
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, device: str, blas: bool = False
     ) -> PendingKernel:
-        """Run ``fn(*args, **kwargs)`` (backend buffers among ``args``) on ``device``."""
+        """Run ``fn(*args, **kwargs)`` (backend buffers among ``args``) on ``device``.
+
+        ``blas``: the kernel calls BLAS (a backend may gate such kernels so that BLAS
+        threads and workers do not oversubscribe the cores). Every exception the
+        kernel raises reaches the awaiter unchanged (``StopIteration`` included).
+        """
 
     @abstractmethod
     async def fetch(self, handles: Sequence[Any]) -> list[NDArray]:
@@ -129,23 +164,47 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
+class _Failed:
+    """A kernel's exception, carried as a result: asyncio futures refuse ``StopIteration``
+    (the awaiter hangs) and turn ``concurrent.futures.CancelledError`` into a cancellation
+    of the awaiter, so no kernel exception is ever put into a future as such."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def _guarded(
+    ctx: contextvars.Context, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> KernelResult | _Failed:
+    try:
+        return ctx.run(run_kernel, fn, args, kwargs)
+    except BaseException as exc:  # delivered to the awaiter, which re-raises it
+        return _Failed(exc)
+
+
 class _LocalPending:
     __slots__ = ("_future", "_loop")
 
-    def __init__(self, future: concurrent.futures.Future[KernelResult], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, future: concurrent.futures.Future[Any], loop: asyncio.AbstractEventLoop) -> None:
         self._future = future
         self._loop = loop
 
     def __await__(self) -> Generator[Any, None, KernelResult]:
-        return asyncio.wrap_future(self._future, loop=self._loop).__await__()
+        outcome = yield from asyncio.wrap_future(self._future, loop=self._loop).__await__()
+        if type(outcome) is _Failed:
+            raise outcome.exc
+        result: KernelResult = outcome
+        return result
 
     def abandon(self, adopt: Callable[[KernelResult], object]) -> None:
         if self._future.cancel():  # never started: nothing was allocated
             return
         loop = self._loop
 
-        def hand_over(future: concurrent.futures.Future[KernelResult]) -> None:
-            if future.cancelled() or future.exception() is not None:
+        def hand_over(future: concurrent.futures.Future[Any]) -> None:
+            if future.cancelled() or future.exception() is not None or type(future.result()) is _Failed:
                 return
             try:
                 loop.call_soon_threadsafe(adopt, future.result())
@@ -187,12 +246,19 @@ class LocalBackend(Backend):
     def default_device(self) -> str:
         return CPU0
 
+    in_process = True
+
+    def inline_limit_us(self, requested: float) -> float:
+        return requested if self.inline_small_ops else 0.0
+
     def submit(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, device: str
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, device: str, blas: bool = False
     ) -> PendingKernel:
+        if blas:
+            fn = Gated(fn)  # BLAS threads x pool workers <= cores (see _blas)
         # copy_context: kernels see the caller's context variables (numpy's errstate too).
         ctx = contextvars.copy_context()
-        future = self.executor.submit(ctx.run, run_kernel, fn, args, kwargs)
+        future = self.executor.submit(_guarded, ctx, fn, args, kwargs)
         return _LocalPending(future, asyncio.get_running_loop())
 
     async def fetch(self, handles: Sequence[Any]) -> list[NDArray]:
@@ -202,7 +268,16 @@ class LocalBackend(Backend):
         if sum(h.nbytes for h in handles) <= _COPY_ON_POOL_BYTES:
             return copy_all()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, copy_all)
+        try:
+            return await loop.run_in_executor(self.executor, copy_all)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            # Nobody cancelled the caller: the executor was shut down (a session that
+            # owns its pool closed) before the copy started. The handles are still
+            # referenced here, so the copy can be made on this thread instead.
+            return copy_all()
 
     def peek(self, handle: Any) -> NDArray | None:
         return handle  # type: ignore[no-any-return]

@@ -1,34 +1,41 @@
-"""Fused functions: a whole function of ops run as one dispatch, on one pool worker.
+"""Fused functions: a whole function of ops run as one kernel.
 
 ``@at.function`` (or ``s.function(fn)``) turns ``fn(ops, *args)`` into a coroutine
-function. Awaiting it submits one kernel; inside, ``ops`` is the session's op library
-made synchronous (``ops.add(x, y)`` returns at once) and tensor arguments arrive as
-:class:`FusedValue` objects with the usual operators. So ten small ops cost one
-thread hop instead of ten, and the loop stays free while they run.
+function. Awaiting it runs one kernel; inside, ``ops`` is the op table made synchronous
+(``ops.add(x, y)`` returns at once, running the op's own spec and kernel, as a node of
+an expression program does) and tensor arguments arrive as :class:`FusedValue` objects
+with the usual operators. So ten small ops cost one dispatch instead of ten.
 
-Ownership of intermediates, and why it is done this way: the registry belongs to the
-loop thread, so values made inside the function are *not* registered one by one (that
-would need a hop back to the loop per op, the cost fusion removes). Instead each run
-counts them: their bytes are checked against the session's ``memory_limit`` as they
-are made (the budget is what was free when the call was submitted), and when the run
-ends, on the loop thread, the session's statistics record them as allocated and
-freed, and ``peak_bytes`` includes their peak. They are freed by reference counting
-as soon as the function drops them, before the call returns. Only the values the
-function returns escape: they become tensors owned by the session, like any op's.
+Where it runs: a fused function's cost is unknown until it has run, so its first call
+for given argument shapes goes to the pool and is timed; later calls with those shapes
+run inline on the loop when they took less than the session's ``inline_threshold_us``
+(as cheap single ops do), else on the pool again. JAX keys its compilation cache on
+shapes the same way.
+
+Ownership of intermediates: the registry belongs to the loop thread, so values made
+inside the function are not registered one by one (that would need a hop back to the
+loop per op). Each run counts them in a :class:`~aiotensor._program.Budget`: their
+bytes are checked against what ``memory_limit`` leaves free when the kernel starts,
+and the session's statistics record them as allocated and freed, with their peak in
+``peak_bytes``. They are freed by reference counting as soon as the function drops
+them. Only the values the function returns escape, as tensors owned by the session.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Coroutine
+import math
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._backend import LocalBackend
-from ._errors import AioTensorError, InvalidArgumentError, ResourceExhaustedError
-from ._kernels import run_kernel
-from ._ops import AllOps
+from ._engine import Engine, engine_of
+from ._errors import InvalidArgumentError
+from ._kernels import as_numeric, kernel_error
+from ._opdef import OPS, OpDef
+from ._program import Budget
 from ._tensor import Tensor
 
 if TYPE_CHECKING:
@@ -36,32 +43,6 @@ if TYPE_CHECKING:
     from ._types import NDArray
 
 __all__ = ["FusedFunction", "FusedOps", "FusedValue", "function"]
-
-
-class _Run:
-    """The bookkeeping of one call: bytes made inside, and the budget they must fit."""
-
-    __slots__ = ("budget", "count", "escaped", "live", "peak", "session")
-
-    def __init__(self, session: AsyncEagerSession, budget: int | None) -> None:
-        self.session = session
-        self.budget = budget
-        self.count = 0
-        self.escaped = 0
-        self.live = 0
-        self.peak = 0
-
-    def made(self, nbytes: int, op: str) -> None:
-        live = self.live + nbytes
-        if self.budget is not None and live > self.budget:
-            raise ResourceExhaustedError(
-                f"{op} inside a fused function: {live} bytes of intermediates would exceed"
-                f" the {self.budget} bytes the session's memory_limit left free"
-            )
-        self.count += 1
-        self.live = live
-        if live > self.peak:
-            self.peak = live
 
 
 class FusedValue:
@@ -80,7 +61,7 @@ class FusedValue:
 
     def __del__(self) -> None:
         if self._made:
-            self._ops._run.live -= self._arr.nbytes
+            self._ops._budget.live -= self._arr.nbytes
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -103,6 +84,12 @@ class FusedValue:
         """The size in bytes."""
         return self._arr.nbytes
 
+    @property
+    def T(self) -> FusedValue:  # noqa: N802 -- numpy's name
+        """The transpose (dimensions reversed)."""
+        out: FusedValue = self._ops._run(OPS["permute_dims"], self, None)
+        return out
+
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> NDArray:
         arr = self._arr.view()
         arr.flags.writeable = False
@@ -113,146 +100,133 @@ class FusedValue:
     def __repr__(self) -> str:
         return f"FusedValue(shape={self.shape}, dtype={self.dtype})"
 
-    def __add__(self, other: Any) -> Any:
-        return self._ops.add(self, other)
-
-    def __radd__(self, other: Any) -> Any:
-        return self._ops.add(other, self)
-
-    def __sub__(self, other: Any) -> Any:
-        return self._ops.subtract(self, other)
-
-    def __rsub__(self, other: Any) -> Any:
-        return self._ops.subtract(other, self)
-
-    def __mul__(self, other: Any) -> Any:
-        return self._ops.multiply(self, other)
-
-    def __rmul__(self, other: Any) -> Any:
-        return self._ops.multiply(other, self)
-
-    def __truediv__(self, other: Any) -> Any:
-        return self._ops.divide(self, other)
-
-    def __rtruediv__(self, other: Any) -> Any:
-        return self._ops.divide(other, self)
-
-    def __pow__(self, other: Any) -> Any:
-        return self._ops.pow(self, other)
-
-    def __rpow__(self, other: Any) -> Any:
-        return self._ops.pow(other, self)
-
-    def __floordiv__(self, other: Any) -> Any:
-        return self._ops.floor_divide(self, other)
-
-    def __rfloordiv__(self, other: Any) -> Any:
-        return self._ops.floor_divide(other, self)
-
-    def __mod__(self, other: Any) -> Any:
-        return self._ops.remainder(self, other)
-
-    def __rmod__(self, other: Any) -> Any:
-        return self._ops.remainder(other, self)
-
-    def __matmul__(self, other: Any) -> Any:
-        return self._ops.matmul(self, other)
-
-    def __rmatmul__(self, other: Any) -> Any:
-        return self._ops.matmul(other, self)
-
-    def __neg__(self) -> Any:
-        return self._ops.negative(self)
-
-    def __abs__(self) -> Any:
-        return self._ops.abs(self)
-
-    def __getitem__(self, key: Any) -> Any:
-        return self._ops.getitem(self, key)
-
-
-class _SyncImpl(AllOps):
-    """The op library with a ``_dispatch`` that runs kernels at once on the calling thread."""
-
-    def __init__(self, ops: FusedOps) -> None:
-        self._fused = ops
-
-    def _unwrap(self, x: Any, op: str) -> Any:
-        if isinstance(x, FusedValue):
-            return x._arr
-        if isinstance(x, Tensor):  # e.g. weights captured by the function: read in place
-            return self._fused._run.session._buffer(x, op)
-        if type(x) in (list, tuple):
-            return type(x)(self._unwrap(e, op) for e in x)
-        return x
-
-    async def _dispatch(
-        self,
-        op: str,
-        kernel: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any] | None,
-        *,
-        name: str | None,
-        nbytes: int | None,
-        user_kernel: bool,
-    ) -> tuple[list[Any], bool]:
-        run = self._fused._run
-        buffers = tuple([self._unwrap(a, op) for a in args])
-        kw = {k: self._unwrap(v, op) for k, v in kwargs.items()} if kwargs else {}
-        try:
-            result = run_kernel(kernel, buffers, kw)
-        except AioTensorError:
-            raise
-        except Exception as exc:  # the same errors as the op would raise outside
-            raise run.session._kernel_error(op, args, exc, user_kernel) from exc
-        values = []
-        for buf in result.buffers:
-            run.made(buf.nbytes, op)
-            values.append(FusedValue(buf.handle, self._fused, True))
-        return values, result.multi
-
-
-def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
-    # The ops' coroutines never suspend here (_SyncImpl._dispatch awaits nothing).
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        return stop.value
-    coro.close()
-    raise RuntimeError("an op suspended inside a fused function")  # pragma: no cover
-
 
 class FusedOps:
-    """The ``ops`` argument of a fused function: every op of the session, synchronous.
+    """The ``ops`` argument of a fused function: every op of the library, synchronous.
 
     ``ops.add(x, 1)``, ``ops.matmul(x, w)``, ``ops.split(x, 2)`` ... take and return
     :class:`FusedValue` objects (and numbers, arrays, and tensors of the session).
     """
 
-    __slots__ = ("_impl", "_run")
+    __slots__ = ("_budget", "_engine")
 
-    def __init__(self, run: _Run) -> None:
-        self._run = run
-        self._impl = _SyncImpl(self)
+    def __init__(self, engine: Engine, budget: Budget) -> None:
+        self._engine = engine
+        self._budget = budget
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         raise AttributeError(f"fused functions have no op {name!r}")
 
+    def _arg(self, x: Any, op: str) -> Any:
+        tx = type(x)
+        if tx is FusedValue:
+            return x._arr
+        if tx is Tensor:  # e.g. weights captured by the function: read in place
+            return self._engine.buffer(x, op)
+        if tx is list or tx is tuple:
+            return tx(self._arg(e, op) for e in x)
+        return x
 
-def _sync_op(name: str) -> Callable[..., Any]:
-    method = getattr(AllOps, name)
+    def _run(self, d: OpDef, *args: Any, **kwargs: Any) -> Any:
+        # The same spec and kernel as the op outside, on this thread, at once.
+        if not d.plain and "name" not in d.spec.__code__.co_varnames:
+            kwargs.pop("name", None)
+        elif d.plain:
+            kwargs.pop("name", None)
+        args, kw, _ = d.prepare(*args, **kwargs)
+        label = d.name
+        vals = tuple(self._arg(a, label) for a in args)
+        kw = {k: self._arg(v, label) for k, v in kw.items()} if kw else {}
+        try:
+            n = d.data
+            call = (*[as_numeric(v) for v in vals[:n]], *vals[n:]) if n else vals
+            out = d.kernel_for(self._engine._xp)(*call, **kw)
+        except Exception as exc:  # the same errors as the op would raise outside
+            raise kernel_error(label, args, exc, d.user) from exc
+        if isinstance(out, tuple | list):
+            return [self._made(np.asarray(o), label) for o in out]
+        return self._made(np.asarray(out), label)
 
-    @functools.wraps(method)
-    def call(self: FusedOps, *args: Any, **kwargs: Any) -> Any:
-        return _drive(method(self._impl, *args, **kwargs))
+    def _made(self, arr: NDArray, op: str) -> FusedValue:
+        if arr.base is None and arr.flags.writeable:
+            arr.flags.writeable = False
+            self._budget.made(arr.nbytes, op)
+            return FusedValue(arr, self, True)
+        # A view (or an input returned as is): no new memory to account for.
+        return FusedValue(arr, self, False)
 
-    return call
+
+def _fused_op(d: OpDef) -> Callable[..., Any]:
+    def run(self: FusedOps, *args: Any, **kwargs: Any) -> Any:
+        return self._run(d, *args, **kwargs)
+
+    run.__name__ = run.__qualname__ = d.name
+    run.__doc__ = d.doc
+    return run
 
 
-for _name in dir(AllOps):
-    if not _name.startswith("_") and callable(getattr(AllOps, _name)):
-        setattr(FusedOps, _name, _sync_op(_name))
+for _d in OPS.values():
+    setattr(FusedOps, _d.name, _fused_op(_d))
+
+
+def _operator(name: str, reflected: bool = False) -> Callable[..., Any]:
+    d = OPS[name]
+
+    def method(self: FusedValue, *other: Any) -> Any:
+        args = (other[0], self) if reflected else (self, *other)
+        return self._ops._run(d, *args)
+
+    return method
+
+
+for _stem, _name in (
+    ("add", "add"),
+    ("sub", "subtract"),
+    ("mul", "multiply"),
+    ("truediv", "divide"),
+    ("floordiv", "floor_divide"),
+    ("mod", "remainder"),
+    ("pow", "pow"),
+    ("matmul", "matmul"),
+):
+    setattr(FusedValue, f"__{_stem}__", _operator(_name))
+    setattr(FusedValue, f"__r{_stem}__", _operator(_name, reflected=True))
+FusedValue.__neg__ = _operator("negative")  # type: ignore[attr-defined]
+FusedValue.__abs__ = _operator("abs")  # type: ignore[attr-defined]
+FusedValue.__getitem__ = _operator("getitem")  # type: ignore[attr-defined]
+
+
+def _result(x: Any, budget: Budget) -> Any:
+    if type(x) is FusedValue:
+        arr = x._arr
+        if x._made and not arr.flags.writeable:
+            # Made in this run and about to be dropped: hand it over without a copy
+            # (finalize makes it read-only again, so one returned twice is copied).
+            arr.flags.writeable = True
+            budget.escaped += 1
+        return arr
+    return x
+
+
+class _Kernel:
+    """The kernel of one call: wraps the arguments, calls ``fn``, unwraps its results, times itself."""
+
+    __slots__ = ("budget", "elapsed", "engine", "fn")
+
+    def __init__(self, fn: Callable[..., Any], engine: Engine, budget: Budget) -> None:
+        self.fn = fn
+        self.engine = engine
+        self.budget = budget
+        self.elapsed = math.inf
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        ops = FusedOps(self.engine, self.budget)
+        wrap = functools.partial(_wrap_arg, ops=ops)
+        out = self.fn(ops, *[wrap(a) for a in args], **{k: wrap(v) for k, v in kwargs.items()})
+        out = [_result(o, self.budget) for o in out] if isinstance(out, tuple | list) else _result(out, self.budget)
+        self.elapsed = (time.perf_counter() - start) * 1e6
+        return out
 
 
 def _wrap_arg(x: Any, ops: FusedOps) -> Any:
@@ -263,33 +237,11 @@ def _wrap_arg(x: Any, ops: FusedOps) -> Any:
     return x
 
 
-def _result(x: Any, run: _Run) -> Any:
-    if isinstance(x, FusedValue):
-        arr = x._arr
-        if x._made and not arr.flags.writeable:
-            # Made in this run and about to be dropped: hand it over without a copy
-            # (finalize makes it read-only again, so one returned twice is copied).
-            arr.flags.writeable = True
-            run.escaped += 1
-        return arr
-    return x
-
-
-class _Kernel:
-    """The kernel of one call: wraps the arguments, calls ``fn``, unwraps its results."""
-
-    __slots__ = ("fn", "run")
-
-    def __init__(self, fn: Callable[..., Any], run: _Run) -> None:
-        self.fn = fn
-        self.run = run
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        ops = FusedOps(self.run)
-        out = self.fn(ops, *[_wrap_arg(a, ops) for a in args], **{k: _wrap_arg(v, ops) for k, v in kwargs.items()})
-        if isinstance(out, tuple | list):
-            return [_result(o, self.run) for o in out]
-        return _result(out, self.run)
+def _shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(
+        (a._shape, a._dtype.str) if type(a) is Tensor else (type(a), getattr(a, "shape", None))
+        for a in (*args, *kwargs.values())
+    )
 
 
 class FusedFunction:
@@ -307,39 +259,37 @@ class FusedFunction:
         self._fn = fn
         self._session = session
         self._op = f"function({getattr(fn, '__name__', type(fn).__name__)})"
+        self._timings: dict[tuple[Any, ...], float] = {}
         functools.update_wrapper(self, fn)
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Tensor | tuple[Tensor, ...]:
-        session = self._session
-        if session is None:
-            from ._functional import _session_of  # the module-level ops' rule
-
-            session = _session_of(args, kwargs)
-        if not isinstance(session.backend, LocalBackend):
+        engine = engine_of(args, kwargs) if self._session is None else self._session._engine
+        if not engine.backend.in_process:
             # The run's bookkeeping (and captured tensors) live in this process.
             raise InvalidArgumentError(f"{self._op}: fused functions run on local backends only")
-        registry = session._registry
-        limit = registry.memory_limit
-        budget = None if limit is None else max(0, limit - registry.live_bytes - registry.reserved)
-        run = _Run(session, budget)
-        live_before = registry.live_bytes
-        try:
-            tensors, multi = await session._dispatch(
-                self._op, _Kernel(self._fn, run), args, kwargs, name=None, nbytes=None, user_kernel=True
-            )
-        finally:
-            # Values made and dropped inside the run never reached the registry:
-            # record them as allocated and freed (the escaped ones were registered).
-            transient = run.count - run.escaped
-            if transient and not registry.closed:
-                registry.allocated += transient
-                registry.freed += transient
-                registry.peak_bytes = max(registry.peak_bytes, live_before + run.peak)
+        bufs = tuple(_buffers(engine, a, self._op) for a in args)
+        kw = {k: _buffers(engine, v, self._op) for k, v in kwargs.items()}
+        key = _shape_key(args, kwargs)
+        budget = Budget("a fused function")
+        kernel = _Kernel(self._fn, engine, budget)
+        tensors, multi = await engine.call(
+            self._op, kernel, bufs, kw, args, user=True, est_us=self._timings.get(key, math.inf), budget=budget
+        )
+        if kernel.elapsed < math.inf:
+            self._timings[key] = kernel.elapsed
         return tuple(tensors) if multi else tensors[0]
 
 
+def _buffers(engine: Engine, x: Any, op: str) -> Any:
+    if type(x) is Tensor:
+        return engine.buffer(x, op)
+    if type(x) in (list, tuple):
+        return type(x)(engine.buffer(e, op) if type(e) is Tensor else e for e in x)
+    return x
+
+
 def function(fn: Callable[..., Any], /) -> FusedFunction:
-    """Make ``fn(ops, *args)`` one op: all its ops run synchronously on one pool worker.
+    """Make ``fn(ops, *args)`` one op: all its ops run synchronously in one kernel.
 
     The session is found as for module-level ops (from the tensor arguments, else
     the default session). Use :meth:`AsyncEagerSession.function` to bind one.
@@ -350,7 +300,7 @@ def function(fn: Callable[..., Any], /) -> FusedFunction:
         def layer(ops, x, w, b):
             return ops.relu(x @ w + b)
 
-        y = await layer(x, w, b)  # one dispatch, one thread hop
+        y = await layer(x, w, b)  # one dispatch
 
     Raises:
         InvalidArgumentError: ``fn`` is not callable (here), or an op inside got

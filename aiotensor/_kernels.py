@@ -1,7 +1,7 @@
-"""What every backend does around a kernel: normalize its outputs into owned, read-only buffers.
+"""What runs where a kernel runs: input checks, output normalization and error mapping.
 
-This runs where the kernel runs (a pool thread locally, a worker process on Dask), so
-that shape, dtype and size are known without moving data back to the caller.
+This runs on a pool thread locally, or on a worker process on Dask, so that shape,
+dtype and size are known without moving data back to the caller.
 """
 
 from __future__ import annotations
@@ -11,12 +11,32 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._errors import AioTensorError, InvalidArgumentError, KernelError, ResourceExhaustedError
+from ._structure import describe
 from ._types import NDArray
 
-__all__ = ["BadOutputError", "BufferInfo", "KernelResult", "finalize", "run_kernel"]
+__all__ = [
+    "NUMERIC_KINDS",
+    "BadOutputError",
+    "BufferInfo",
+    "KernelResult",
+    "as_numeric",
+    "finalize",
+    "info",
+    "kernel_error",
+    "normalize",
+    "numeric_array",
+    "run_kernel",
+]
 
 #: dtype kinds a tensor may hold: bool, signed and unsigned ints, floats, complex.
 NUMERIC_KINDS = frozenset("biufc")
+_PY_NUMBERS = (bool, int, float, complex)
+
+# Errors a kernel raises because of its arguments. ArithmeticError covers numpy's
+# FloatingPointError under np.errstate(all="raise"); RuntimeWarning is numpy's warning
+# turned into an error by the caller's warning filters.
+_ARG_ERRORS = (ValueError, TypeError, IndexError, ArithmeticError, RuntimeWarning)
 
 
 class BadOutputError(TypeError):
@@ -37,6 +57,47 @@ class KernelResult(NamedTuple):
 
     buffers: list[BufferInfo]
     multi: bool
+
+
+def _not_numeric(what: str, dtype: Any) -> TypeError:
+    return TypeError(f"{what} gives dtype {dtype}, not numeric; tensors hold bool, integer, float or complex data")
+
+
+def as_numeric(x: Any) -> Any:
+    """``x`` as a kernel input: numbers and numeric arrays as they are, array-likes as arrays.
+
+    Python and numpy scalars pass unchanged so that numpy's promotion rules (NEP 50:
+    python scalars are "weak") still apply. ``None``, strings, objects and ragged lists
+    raise, so that no op turns them into a result silently.
+    """
+    if isinstance(x, np.ndarray | np.generic):
+        if x.dtype.kind not in NUMERIC_KINDS:
+            raise _not_numeric("input", x.dtype)
+        return x
+    if isinstance(x, _PY_NUMBERS):
+        return x
+    if x is None or isinstance(x, str | bytes):
+        raise TypeError(f"{x!r:.40} is not a tensor value; expected a Tensor, a number or a numeric array")
+    arr = np.asarray(x)  # a nested list; raises ValueError when ragged
+    if arr.dtype.kind not in NUMERIC_KINDS:
+        raise _not_numeric(f"input of type {type(x).__name__}", arr.dtype)
+    return arr
+
+
+def numeric_array(value: Any, dtype: np.dtype[Any] | None) -> NDArray:
+    """A new array holding ``value``, refusing data that is not numbers.
+
+    ``np.array(["1"], dtype="float32")`` parses strings and ``np.array(None, dtype=float)``
+    gives NaN: the data is checked for its own dtype first, and only numeric data is
+    then converted to ``dtype`` (numpy's casting rules, as ``np.array(value, dtype)``).
+    """
+    own = value if isinstance(value, np.ndarray | np.generic) else np.asarray(value)  # ragged: ValueError
+    if own.dtype.kind not in NUMERIC_KINDS:
+        raise TypeError(
+            f"could not convert {type(value).__name__} {value!r:.40} to a tensor: it gives dtype {own.dtype},"
+            " not numeric; tensors hold bool, integer, float or complex data"
+        )
+    return np.array(value, dtype=dtype)  # a copy: later changes to the caller's array don't leak in
 
 
 def finalize(value: Any) -> NDArray:
@@ -62,7 +123,7 @@ def finalize(value: Any) -> NDArray:
         raise BadOutputError(f"kernel returned {type(value).__name__}; expected an ndarray or a tuple of ndarrays")
     if arr.dtype.kind not in NUMERIC_KINDS:
         raise BadOutputError(f"kernel returned dtype {arr.dtype}; tensors hold bool, integer, float or complex data")
-    if not (arr.flags.owndata and arr.flags.writeable):
+    if arr.base is not None or not arr.flags.writeable:
         arr = arr.copy()
     arr.flags.writeable = False
     return arr
@@ -75,9 +136,25 @@ def info(arr: NDArray) -> BufferInfo:
 
 def run_kernel(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> KernelResult:
     """Call ``fn`` and normalize what it returns (on the thread or worker that runs it)."""
-    out = fn(*args, **kwargs)
+    return normalize(fn(*args, **kwargs))
+
+
+def normalize(out: Any) -> KernelResult:
+    """A kernel's return value as owned, read-only buffers."""
     if isinstance(out, tuple | list):
         if not out:
             raise BadOutputError("kernel returned an empty sequence; expected at least one ndarray")
         return KernelResult([info(finalize(o)) for o in out], True)
     return KernelResult([info(finalize(out))], False)
+
+
+def kernel_error(op: str, args: tuple[Any, ...], exc: BaseException, user: bool) -> AioTensorError:
+    """The error an op raises for an exception of its kernel, naming the op and its inputs."""
+    if isinstance(exc, AioTensorError):
+        return exc
+    where = f"{op}({describe(args)})"
+    if isinstance(exc, MemoryError):
+        return ResourceExhaustedError(f"{where}: out of memory ({exc})")
+    if isinstance(exc, BadOutputError) or (not user and isinstance(exc, _ARG_ERRORS)):
+        return InvalidArgumentError(f"{where}: {exc}")
+    return KernelError(f"{where} failed: {type(exc).__name__}: {exc}")

@@ -1,41 +1,47 @@
-"""AsyncEagerSession: lifecycle, the default session, devices and ``run`` (the op path is in ``_dispatch``)."""
+"""AsyncEagerSession: a facade holding its engine, registry, cleanup policy and backend.
+
+The op path, lifecycle state and fetches live in :class:`~aiotensor._engine.Engine`;
+the op methods are generated from the op table (``_session_ops.py``). This module keeps
+the public surface: construction, ``async with``, ``close``, ``run``, devices,
+defaults and ``stats``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import contextlib
-import contextvars
-import threading
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self, cast
 
 from . import _defaults
 from ._backend import Backend, LocalBackend
 from ._cleanup import make_policy
 from ._config import ResourceCleanupStrategy, SessionConfig
 from ._devices import canonical_device
-from ._dispatch import Dispatcher, State
-from ._errors import (
-    InvalidArgumentError,
-    InvalidDeviceError,
-    SessionClosedError,
-    WrongEventLoopError,
-)
+from ._engine import Engine, State
+from ._errors import InvalidArgumentError
+from ._expr import Expr
 from ._function import FusedFunction
 from ._registry import Registry, SessionStats
+from ._session_ops import SessionOps
 from ._structure import flatten, unflatten
 from ._tensor import Tensor
-from ._types import Fetches
 
-__all__ = ["AsyncEagerSession"]
+if TYPE_CHECKING:
+    from ._types import Fetches
 
-_OPEN = State.OPEN
+__all__ = ["AsyncEagerSession", "get_default_session"]
+
 _shared_local = LocalBackend()
 
 
-class AsyncEagerSession(Dispatcher):
+def _is_fetch(x: Any) -> bool:
+    return type(x) is Tensor or type(x) is Expr
+
+
+class AsyncEagerSession(SessionOps):
     """A session that owns every tensor buffer it creates; every op is a coroutine.
 
     Use it as ``async with AsyncEagerSession() as s:``; leaving the block frees every
@@ -75,6 +81,7 @@ class AsyncEagerSession(Dispatcher):
         if executor is not None and backend is not None:
             raise InvalidArgumentError("pass executor= or backend=, not both")
         self._owns_backend = False
+        self._entered = False
         if parent is not None:
             if not isinstance(parent, AsyncEagerSession):
                 raise InvalidArgumentError(f"parent must be an AsyncEagerSession, got {type(parent).__name__}")
@@ -92,21 +99,16 @@ class AsyncEagerSession(Dispatcher):
                 backend = _shared_local
         self._cleanup = cleanup
         self._config = config
-        self._backend: Backend = backend
-        local = isinstance(backend, LocalBackend) and backend.inline_small_ops
-        self._inline_us = config.inline_threshold_us if local else 0.0
-        self._inline_streak = 0
-        self._ancestors: tuple[AsyncEagerSession, ...] = () if parent is None else (parent, *parent._ancestors)
-        self._policy = make_policy(cleanup)
-        self._registry = Registry(backend.release, config.memory_limit, config.memory_wait)
-        self._state = State.UNOPENED
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
-        self._opening: asyncio.Task[None] | None = None
-        self._inflight = 0
-        self._idle: asyncio.Event | None = None
-        self._closed_event: asyncio.Event | None = None
-        self._device_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("aiotensor_device", default=None)
+        self._engine = Engine(
+            self,
+            backend,
+            make_policy(cleanup),
+            Registry(backend.release, config.memory_limit, config.memory_wait),
+            inline_us=config.inline_threshold_us,
+            log_placement=config.log_device_placement,
+            soft_placement=config.allow_soft_placement,
+            parent=None if parent is None else parent._engine,
+        )
 
     # -- lifecycle ------------------------------------------------------------------
     @property
@@ -122,169 +124,72 @@ class AsyncEagerSession(Dispatcher):
     @property
     def backend(self) -> Backend:
         """Where this session's kernels run and buffers live."""
-        return self._backend
+        return self._engine.backend
 
     @property
     def closed(self) -> bool:
         """True once ``close()`` has begun: no new op is accepted."""
-        return self._state in (State.CLOSING, State.CLOSED)
+        return self._engine.state in (State.CLOSING, State.CLOSED)
 
     async def __aenter__(self) -> Self:
+        if self._entered and not self.closed:
+            # A second ``async with`` on an open session would close it when its inner
+            # block exits, under the outer block's feet.
+            raise RuntimeError(f"{self!r} is already open in an `async with` block; nest a child session instead")
         try:
-            await self._open()
+            await self._engine.open()
         except asyncio.CancelledError:
             # __aexit__ will not run, yet the shielded start goes on: close in a task of its
             # own, outside the caller's (possibly level-triggered, as in anyio) cancellation.
             self._abort_close = asyncio.get_running_loop().create_task(self.close())
             raise
+        self._entered = True
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _open(self) -> None:
-        state = self._state
-        if state is _OPEN:
-            return
-        if state is State.UNOPENED:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # e.g. trio, directly or through anyio
-                raise WrongEventLoopError(
-                    f"{self!r} needs a running asyncio event loop (asyncio or uvloop, also through"
-                    " anyio's asyncio backend); none runs in this thread. trio is not supported: kernel"
-                    " results come back as asyncio futures and IN_BACKGROUND frees from an asyncio task."
-                ) from None
-            if type(self._backend).start is Backend.start:
-                # Nothing to await (the local backend): open now, without a task or a
-                # trip through the loop, which is most of a request session's cost.
-                self._bind(loop)
-                self._policy.start(self._registry, loop)
-                self._state = _OPEN
-                return
-            self._state = State.OPENING
-            self._opening = loop.create_task(self._start())
-        elif state is not State.OPENING:
-            raise SessionClosedError(f"{self!r} is closed")
-        assert self._opening is not None
-        await asyncio.shield(self._opening)
-
-    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._loop_thread = threading.get_ident()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._closed_event = asyncio.Event()
-
-    async def _start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._bind(loop)
-        assert self._closed_event is not None
-        try:
-            await self._backend.start()
-        except BaseException:
-            self._state = State.CLOSED
-            self._closed_event.set()
-            raise
-        self._policy.start(self._registry, loop)
-        if self._state is State.OPENING:
-            self._state = _OPEN
-
-    def _check_loop(self) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is not self._loop:
-            raise WrongEventLoopError(
-                f"{self!r} is bound to the event loop it first ran on (thread {self._loop_thread});"
-                " it was used from another loop or thread. Create one session per event loop."
-            )
-
     async def close(self) -> None:
         """Refuse new ops, let in-flight ops settle, stop cleanup and free every buffer.
 
         Idempotent. Ops still waiting for their kernel when close begins get
-        :class:`SessionClosedError` once the kernel finishes (a running kernel cannot
+        ``SessionClosedError`` once the kernel finishes (a running kernel cannot
         be interrupted; close waits for those with a caller still awaiting them). If
         ``close`` itself is cancelled, everything is still freed before it re-raises.
         """
-        state = self._state
-        if state is State.CLOSED:
-            return
-        if state is State.CLOSING:
-            assert self._closed_event is not None
-            await self._closed_event.wait()
-            return
-        if state is State.UNOPENED:
-            self._state = State.CLOSED
-            _defaults.replace_interactive(self, None)
-            await self._close_backend()
-            return
-        if state is State.OPENING:
-            assert self._opening is not None
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._opening)
-            if self._state is State.CLOSED:
-                return
-        self._check_loop()
-        self._state = State.CLOSING
-        try:
-            if self._inflight:
-                assert self._idle is not None
-                await self._idle.wait()
-        finally:
-            stopping = self._shutdown_now()
-            try:
-                if stopping is not None:
-                    await asyncio.wait([stopping])
-            finally:  # also when that wait is cancelled (anyio cancels every await in a scope)
-                await self._close_backend()
+        await self._engine.close(self._close_backend)
 
-    def _shutdown_now(self) -> asyncio.Task[None] | None:
-        stopping = self._policy.stop()
-        self._registry.close()
-        self._state = State.CLOSED
-        _defaults.replace_interactive(self, None)
-        if self._closed_event is not None:
-            self._closed_event.set()
-        return stopping
+    async def aclose(self) -> None:
+        """The same as :meth:`close` (for ``contextlib.aclosing`` and anyio's resources)."""
+        await self.close()
 
     async def _close_backend(self) -> None:
         if self._owns_backend:
-            await self._backend.aclose()
+            await self._engine.backend.aclose()
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
-        if getattr(self, "_state", None) not in (_OPEN, State.CLOSING):
+        engine = getattr(self, "_engine", None)
+        if engine is None or engine.state not in (State.OPEN, State.CLOSING):
             return
         _warn(f"unclosed {self!r}: its buffers are freed now", ResourceWarning, source=self, stacklevel=1)
-        policy, registry, loop = self._policy, self._registry, self._loop
-
-        def finalize() -> None:
-            with contextlib.suppress(RuntimeError):  # loop already closed
-                policy.stop()
-            registry.close()
-
-        if loop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(finalize)
-                return
-        finalize()
+        engine.finalize_unclosed()
 
     def __repr__(self) -> str:
+        engine = self._engine
         return (
-            f"<{type(self).__name__} cleanup={self._cleanup.name} state={self._state.value}"
-            f" live={self._registry.live_tensors}>"
+            f"<{type(self).__name__} cleanup={self._cleanup.name} state={engine.state.value}"
+            f" live={engine.registry.live_tensors}>"
         )
 
     # -- introspection ----------------------------------------------------------------
     def stats(self) -> SessionStats:
         """An immutable snapshot of the buffers this session holds (see :class:`SessionStats`)."""
-        return self._registry.stats(self._inflight, self._policy.failures)
+        engine = self._engine
+        return engine.registry.stats(engine.inflight, engine.policy.failures)
 
     def list_devices(self) -> list[str]:
         """The devices ops may be placed on, e.g. ``["/cpu:0"]``; the first is the default."""
-        return list(self._backend.devices())
+        return list(self._engine.backend.devices())
 
     def device(self, name: str) -> contextlib.AbstractContextManager[str]:
         """Place the ops of this session run inside ``with s.device(name):`` on device ``name``.
@@ -297,11 +202,11 @@ class AsyncEagerSession(Dispatcher):
 
     @contextlib.contextmanager
     def _device_scope(self, name: str) -> Iterator[str]:
-        token = self._device_var.set(name)
+        token = self._engine.device_var.set(name)
         try:
             yield name
         finally:
-            self._device_var.reset(token)
+            self._engine.device_var.reset(token)
 
     @contextlib.contextmanager
     def as_default(self) -> Iterator[Self]:
@@ -312,30 +217,17 @@ class AsyncEagerSession(Dispatcher):
         finally:
             _defaults.current.reset(token)
 
-    def _place(self, op: str) -> str:
-        requested = self._device_var.get()
-        if requested is None:  # the common case: no list of devices needed
-            return self._backend.default_device
-        devices = self._backend.devices()
-        if requested in devices:
-            return requested
-        if self._config.allow_soft_placement:
-            return devices[0]
-        raise InvalidDeviceError(
-            f"{op}: no device {requested!r}; this session has {devices}."
-            f" Set SessionConfig(allow_soft_placement=True) to fall back to {devices[0]!r}"
-        )
-
     # -- fetches ----------------------------------------------------------------------
     async def run(self, fetches: Fetches) -> Any:
-        """TF1's ``sess.run``: the numpy value of a tensor, or of a nested list/tuple/dict of tensors.
+        """TF1's ``sess.run``: the numpy value of a tensor or expression, or of a nested list/tuple/dict of them.
 
-        The structure is kept; each value is a copy owned by the caller.
+        The structure is kept; each value is a copy owned by the caller. The
+        expressions in it are evaluated together, in one program: a subexpression
+        they share is computed once.
         """
-        leaves: list[Tensor] = []
-        flatten(fetches, leaves)
-        values = await self._fetch(leaves, "run")
-        return unflatten(fetches, iter(values))
+        leaves = flatten(fetches, _is_fetch)
+        values = await self._engine.run_values(leaves, "run")
+        return unflatten(fetches, _is_fetch, iter(values))
 
     def function(self, fn: Callable[..., Any], /) -> FusedFunction:
         """``fn(ops, *args)`` as one op of this session: its ops run synchronously on one worker.
@@ -343,3 +235,12 @@ class AsyncEagerSession(Dispatcher):
         See :func:`aiotensor.function` (the same, with the session found from the arguments).
         """
         return FusedFunction(fn, self)
+
+
+def get_default_session() -> AsyncEagerSession | None:
+    """The session module-level ops use when no tensor argument names one.
+
+    The context's default (``with s.as_default():``) if set, else the open
+    ``InteractiveSession``, else ``None``.
+    """
+    return cast("AsyncEagerSession | None", _defaults.get_default_session())

@@ -1,50 +1,77 @@
-"""Nested fetch structures for ``run`` and short descriptions of op inputs for error messages."""
+"""Nested fetch structures for ``run``, and short descriptions of op inputs for error messages.
+
+Both walk user data, so both are bounded: a structure deeper than :data:`MAX_DEPTH`,
+or one that contains itself, is refused with :class:`InvalidArgumentError` instead of
+ending in a ``RecursionError``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
 from ._errors import InvalidArgumentError
-from ._tensor import Tensor
 
-__all__ = ["describe", "flatten", "unflatten"]
+__all__ = ["MAX_DEPTH", "describe", "flatten", "unflatten"]
+
+#: How deeply ``run`` structures may nest (lists / tuples / dicts inside each other).
+MAX_DEPTH = 64
 
 
-def flatten(fetches: Any, out: list[Tensor]) -> None:
-    """Append the tensors of a tensor / list / tuple / dict structure to ``out``, depth first."""
-    if isinstance(fetches, Tensor):
-        out.append(fetches)
-    elif isinstance(fetches, list | tuple):
-        for item in fetches:
-            flatten(item, out)
-    elif isinstance(fetches, dict):
-        for item in fetches.values():
-            flatten(item, out)
+def flatten(fetches: Any, is_leaf: Callable[[Any], bool], api: str = "run") -> list[Any]:
+    """The leaves of a leaf / list / tuple / dict structure, depth first."""
+    out: list[Any] = []
+    _flatten(fetches, is_leaf, out, [], api)
+    return out
+
+
+def _flatten(node: Any, is_leaf: Callable[[Any], bool], out: list[Any], path: list[int], api: str) -> None:
+    if is_leaf(node):
+        out.append(node)
+        return
+    if isinstance(node, dict):
+        items: Any = node.values()
+    elif isinstance(node, list | tuple):
+        items = node
     else:
         raise InvalidArgumentError(
-            "run: fetches must be Tensors or lists/tuples/dicts of them;"
-            f" found {type(fetches).__name__} {fetches!r:.60}"
+            f"{api}: fetches must be Tensors, expressions, or lists/tuples/dicts of them;"
+            f" found {type(node).__name__} {_short(node)}"
         )
+    if id(node) in path:
+        raise InvalidArgumentError(f"{api}: the fetch structure contains itself (a cycle)")
+    if len(path) >= MAX_DEPTH:
+        raise InvalidArgumentError(f"{api}: fetch structures may nest at most {MAX_DEPTH} levels deep")
+    path.append(id(node))
+    for item in items:
+        _flatten(item, is_leaf, out, path, api)
+    path.pop()
 
 
-def unflatten(fetches: Any, values: Iterator[Any]) -> Any:
-    """Rebuild the structure of ``fetches`` with each tensor replaced by the next value."""
-    if isinstance(fetches, Tensor):
+def unflatten(fetches: Any, is_leaf: Callable[[Any], bool], values: Iterator[Any]) -> Any:
+    """Rebuild the structure of ``fetches`` (already checked by :func:`flatten`) with each leaf replaced."""
+    if is_leaf(fetches):
         return next(values)
     if isinstance(fetches, list):
-        return [unflatten(item, values) for item in fetches]
+        return [unflatten(item, is_leaf, values) for item in fetches]
     if isinstance(fetches, tuple):
-        items = [unflatten(item, values) for item in fetches]
+        items = [unflatten(item, is_leaf, values) for item in fetches]
         return type(fetches)(*items) if hasattr(fetches, "_fields") else tuple(items)
-    return {key: unflatten(item, values) for key, item in fetches.items()}
+    return {key: unflatten(item, is_leaf, values) for key, item in fetches.items()}
+
+
+def _short(x: Any) -> str:
+    try:
+        text = repr(x)
+    except Exception:  # a user object whose __repr__ fails must not hide the op's own error
+        return type(x).__name__
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _describe_one(x: Any, depth: int = 0) -> str:
-    if isinstance(x, Tensor | np.ndarray):
-        return f"{x.dtype}{list(x.shape)}"
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if isinstance(shape, tuple) and dtype is not None and not isinstance(x, type):
+        return f"{dtype}{list(shape)}"  # tensors, arrays, expressions with a known shape
     if isinstance(x, list | tuple):
         if len(x) <= 4 and depth < 4:  # bounded: a list nested 5,000 deep must not recurse 5,000 times
             inner = ", ".join(_describe_one(e, depth + 1) for e in x)
@@ -52,11 +79,8 @@ def _describe_one(x: Any, depth: int = 0) -> str:
                 return f"[{inner}]"
             return f"({inner},)" if len(x) == 1 else f"({inner})"
         return f"{type(x).__name__} of {len(x)}"
-    try:
-        text = repr(x)
-    except Exception:  # a user object whose __repr__ fails must not hide the op's own error
-        return type(x).__name__
-    return text if len(text) <= 40 else f"{type(x).__name__}"
+    text = _short(x)
+    return text if not text.endswith("...") else type(x).__name__
 
 
 def describe(args: tuple[Any, ...]) -> str:

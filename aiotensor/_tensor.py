@@ -1,4 +1,4 @@
-"""The :class:`Tensor` handle: metadata, data access and operators.
+"""The :class:`Tensor` handle: metadata, data access, and the operators of :class:`Operand`.
 
 A handle holds only what lets its session find the buffer (the registry and a resource
 id) plus metadata. When the last reference to it goes, ``__del__`` tells the registry,
@@ -7,77 +7,70 @@ from whatever thread that happens on; the cleanup strategy decides when the buff
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
 from ._errors import SessionClosedError
+from ._expr import Operand
 
 if TYPE_CHECKING:
+    from ._engine import Engine
     from ._registry import Registry
     from ._session import AsyncEagerSession
     from ._types import NDArray
 
 __all__ = ["Tensor"]
 
-_Op = Coroutine[Any, Any, "Tensor"]
 _REPR_VALUES = 6
 
 
-class Tensor:
+class Tensor(Operand):
     """A handle on a buffer owned by a session. Made by ops, never by users.
 
     Metadata (``shape``, ``dtype``, ``name``, ``device``, ``nbytes``) are plain
-    properties; reading data suspends: ``await t.numpy()``. Operators return
-    awaitables: ``await (a + b)``, ``await t[1:3]``.
+    properties; reading data suspends: ``await t.numpy()``. Operators and the
+    ndarray-named methods (``t.sum(axis=0)``, ``t.T``) return awaitable expressions:
+    ``await (a * 2.0 + 1.0)`` runs in one dispatch. ``==`` is identity (tensors are
+    hashable); element-wise comparison is ``at.equal``.
     """
 
-    __slots__ = ("__weakref__", "_device", "_dtype", "_name", "_nbytes", "_registry", "_rid", "_session", "_shape")
+    __slots__ = ("__weakref__", "_device", "_dtype", "_engine", "_label", "_nbytes", "_registry", "_rid", "_shape")
 
-    # numpy defers to our reflected operators instead of calling __array__.
-    __array_ufunc__ = None
-
-    _session: AsyncEagerSession
+    _engine: Engine
     _registry: Registry
     _rid: int
     _shape: tuple[int, ...]
     _dtype: np.dtype[Any]
     _nbytes: int
-    _name: str
+    _label: str | tuple[str, int]
     _device: str
 
     def __init__(self) -> None:
         raise TypeError("Tensor handles are made by session ops, e.g. await session.constant(...)")
-
-    @classmethod
-    def _make(
-        cls,
-        session: AsyncEagerSession,
-        registry: Registry,
-        rid: int,
-        shape: tuple[int, ...],
-        dtype: np.dtype[Any],
-        nbytes: int,
-        name: str,
-        device: str,
-    ) -> Tensor:
-        self = object.__new__(cls)
-        self._session = session
-        self._registry = registry
-        self._rid = rid
-        self._shape = shape
-        self._dtype = dtype
-        self._nbytes = nbytes
-        self._name = name
-        self._device = device
-        return self
 
     def __del__(self) -> None:
         try:
             self._registry.notify_dropped(self._rid)
         except Exception:
             pass
+
+    # -- copying and pickling: a handle is one owner of one buffer ------------------
+    def __copy__(self) -> NoReturn:
+        raise TypeError(
+            "a Tensor cannot be copied: a copy would be a second owner of one buffer. Share the handle"
+            " itself, or make a new tensor: await session.constant(await t.numpy())"
+        )
+
+    def __deepcopy__(self, memo: Any) -> NoReturn:
+        self.__copy__()
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            f"tensor {self.name!r} cannot be pickled: its buffer belongs to a session of this process."
+            " Pickle its value instead: await t.numpy()"
+        )
 
     # -- metadata -------------------------------------------------------------
     @property
@@ -108,7 +101,11 @@ class Tensor:
     @property
     def name(self) -> str:
         """The name given at creation, or the op's name with a per-session counter."""
-        return self._name
+        label = self._label
+        if type(label) is str:
+            return label
+        op, i = label
+        return f"{op}:{self._rid}" if i < 0 else f"{op}:{i}"
 
     @property
     def device(self) -> str:
@@ -118,26 +115,25 @@ class Tensor:
     @property
     def session(self) -> AsyncEagerSession:
         """The session that owns the buffer."""
-        return self._session
+        return self._engine.session
 
     # -- data -----------------------------------------------------------------
     async def numpy(self) -> NDArray:
         """A copy of the value, owned by the caller: it stays valid after the session closes."""
-        (value,) = await self._session._fetch([self], "numpy")
+        (value,) = await self._engine.fetch([self], "numpy")
         return value
 
     async def eval(self, session: AsyncEagerSession | None = None) -> NDArray:
         """TF1's ``t.eval()``: the value, computed in ``session`` (default: the tensor's own)."""
-        if session is None:
-            session = self._session
-        (value,) = await session._fetch([self], "eval")
+        engine = self._engine if session is None else session._engine
+        (value,) = await engine.fetch([self], "eval")
         return value
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> NDArray:
         # A read-only view (no copy) unless asked: nobody can change a tensor through it.
         # A view, not the buffer itself: the buffer owns its memory, so numpy would let
         # anyone set its WRITEABLE flag back; a view of a read-only base refuses that.
-        arr = self._session._peek(self)
+        arr = self._engine.peek(self)
         if dtype is not None and np.dtype(dtype) != arr.dtype:
             if copy is False:
                 raise ValueError(f"converting {arr.dtype} to {np.dtype(dtype)} needs a copy")
@@ -146,9 +142,9 @@ class Tensor:
 
     def __repr__(self) -> str:
         shape = "(" + ", ".join(map(str, self._shape)) + ("," if len(self._shape) == 1 else "") + ")"
-        head = f"Tensor(name={self._name!r}, shape={shape}, dtype={self._dtype}, device={self._device!r}"
+        head = f"Tensor(name={self.name!r}, shape={shape}, dtype={self._dtype}, device={self._device!r}"
         try:
-            arr = self._session._peek(self)
+            arr = self._engine.peek(self)
         except SessionClosedError:
             return head + ", freed)"
         except Exception:  # a remote buffer: values are not shown without a fetch
@@ -171,60 +167,28 @@ class Tensor:
             raise TypeError("len() of a 0-d Tensor")
         return self._shape[0]
 
-    # -- operators: each returns an awaitable -------------------------------------
-    def __add__(self, other: Any) -> _Op:
-        return self._session.add(self, other)
 
-    def __radd__(self, other: Any) -> _Op:
-        return self._session.add(other, self)
+def make_tensor(
+    engine: Engine,
+    registry: Registry,
+    rid: int,
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    nbytes: int,
+    label: str | tuple[str, int],
+    device: str,
+) -> Tensor:
+    """A new handle (only the engine makes them)."""
+    t = _new(Tensor)
+    t._engine = engine
+    t._registry = registry
+    t._rid = rid
+    t._shape = shape
+    t._dtype = dtype
+    t._nbytes = nbytes
+    t._label = label
+    t._device = device
+    return t
 
-    def __sub__(self, other: Any) -> _Op:
-        return self._session.subtract(self, other)
 
-    def __rsub__(self, other: Any) -> _Op:
-        return self._session.subtract(other, self)
-
-    def __mul__(self, other: Any) -> _Op:
-        return self._session.multiply(self, other)
-
-    def __rmul__(self, other: Any) -> _Op:
-        return self._session.multiply(other, self)
-
-    def __truediv__(self, other: Any) -> _Op:
-        return self._session.divide(self, other)
-
-    def __rtruediv__(self, other: Any) -> _Op:
-        return self._session.divide(other, self)
-
-    def __floordiv__(self, other: Any) -> _Op:
-        return self._session.floor_divide(self, other)
-
-    def __rfloordiv__(self, other: Any) -> _Op:
-        return self._session.floor_divide(other, self)
-
-    def __mod__(self, other: Any) -> _Op:
-        return self._session.remainder(self, other)
-
-    def __rmod__(self, other: Any) -> _Op:
-        return self._session.remainder(other, self)
-
-    def __pow__(self, other: Any) -> _Op:
-        return self._session.pow(self, other)
-
-    def __rpow__(self, other: Any) -> _Op:
-        return self._session.pow(other, self)
-
-    def __matmul__(self, other: Any) -> _Op:
-        return self._session.matmul(self, other)
-
-    def __rmatmul__(self, other: Any) -> _Op:
-        return self._session.matmul(other, self)
-
-    def __neg__(self) -> _Op:
-        return self._session.negative(self)
-
-    def __abs__(self) -> _Op:
-        return self._session.abs(self)
-
-    def __getitem__(self, key: Any) -> _Op:
-        return self._session.getitem(self, key)
+_new = object.__new__

@@ -25,10 +25,10 @@ _LISTED = 10
 def live_handles(session: AsyncEagerSession) -> list[Tensor]:
     """The tensor handles of ``session`` that are still referenced somewhere, oldest first.
 
-    Found through the garbage collector (every handle refers to its session), which
+    Found through the garbage collector (every handle refers to its session's engine), which
     walks the whole heap: meant for test failures, not for production code.
     """
-    found = [o for o in gc.get_referrers(session) if isinstance(o, Tensor) and o.session is session]
+    found = [o for o in gc.get_referrers(session._engine) if isinstance(o, Tensor) and o.session is session]
     found.sort(key=lambda t: t._rid)
     return found
 

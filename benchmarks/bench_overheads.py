@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 import aiotensor as at
-from aiotensor._inline import estimate_us
+from aiotensor._cost import estimate_us
+from aiotensor._opdef import OPS
 
 from ._harness import (
     Report,
@@ -100,7 +101,7 @@ async def _break_even(sizes: tuple[int, ...], rounds: int, budget: float) -> lis
         for size in sizes:
             a = np.random.default_rng(0).random(size, dtype=np.float32)
             args = (a, a) if op == "add" else (a,)
-            row: dict[str, Any] = {"op": op, "size": size, "estimate": estimate_us(op, args, {}, None)}
+            row: dict[str, Any] = {"op": op, "size": size, "estimate": estimate_us(OPS[op], args, {}, None)}
             n = iterations_for(size / 500, budget)
             row["numpy"] = Stat(tuple(per_call_us(functools.partial(kernel, *args), n) for _ in range(rounds)))
             for label, config in (("inline", ALWAYS_INLINE), ("pool", POOL)):

@@ -73,7 +73,7 @@ def tracked_session(
     backend = TrackingBackend() if backend is None else backend
     s = at.AsyncEagerSession(cleanup=cleanup, config=config, backend=backend)
     registry = TrackingRegistry(backend.release, s.config.memory_limit, s.config.memory_wait)
-    s._registry = registry  # before the session opens: its policy binds to it at start
+    s._engine.registry = registry  # before the session opens: its policy binds to it at start
     return s, registry, backend
 
 

@@ -12,7 +12,7 @@ import pytest
 import aiotensor as at
 from aiotensor import _blas
 
-from .test_inline_dispatch import CountingBackend
+from .test_cost import CountingBackend
 
 CORES = os.cpu_count() or 1
 
@@ -33,7 +33,23 @@ async def test_products_on_the_pool_pass_the_gate_and_small_ones_run_inline() ->
         b = await s.constant(big)
         y = await s.matmul(b, b)
         np.testing.assert_array_equal(await y.numpy(), big @ big)
-    assert isinstance(backend.kernels[-1], _blas.Gated)
+    assert backend.blas[-1] is True  # the engine tells the backend; the local backend gates it
+
+
+async def test_local_backend_runs_blas_kernels_inside_the_gate() -> None:
+    seen: list[int] = []
+
+    def kernel() -> Any:
+        gate = _blas._gate
+        assert gate is not None
+        seen.append(gate._value)  # free slots while this kernel runs
+        return np.zeros(1)
+
+    _blas.gate_slots()
+    slots = _blas.gate_slots()
+    await at.LocalBackend().submit(kernel, (), {}, device="/cpu:0", blas=True)
+    await at.LocalBackend().submit(kernel, (), {}, device="/cpu:0", blas=False)
+    assert seen == [slots - 1, slots]
 
 
 @pytest.mark.usefixtures("restore_blas")

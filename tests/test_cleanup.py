@@ -168,7 +168,7 @@ async def test_background_task_failure_is_logged_counted_and_restarted(
 async def test_background_task_holds_no_reference_to_the_session() -> None:
     s = at.AsyncEagerSession(cleanup=IB)
     await s.zeros(4)
-    registry = s._registry
+    registry = s._engine.registry
     with pytest.warns(ResourceWarning, match="unclosed"):
         del s
         gc.collect()

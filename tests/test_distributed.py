@@ -266,7 +266,7 @@ async def test_dropped_handle_releases_its_key(backend: DaskBackend, client: Cli
 
 def backend_key_of(t: at.Tensor, s: at.AsyncEagerSession) -> str:
     """The Dask key behind a tensor (test-only peek into the registry)."""
-    return str(s._buffer(t, "test").key)
+    return str(s._engine.buffer(t, "test").key)
 
 
 async def test_child_session_reads_parent_buffers(backend: DaskBackend) -> None:
@@ -325,7 +325,7 @@ async def test_remote_error_types_map_like_local_ones(backend: DaskBackend) -> N
         # a built-in kernel's ValueError is about its arguments (no built-in op fails
         # remotely on valid input, so dispatch a kernel the way the ops do)
         with pytest.raises(at.InvalidArgumentError, match=r"bad_op\(.*\): boom on shape \(2,\)"):
-            await s._dispatch("bad_op", _boom, (x,), None, name=None, nbytes=None, user_kernel=False)
+            await s._engine.call("bad_op", _boom, (s._engine.buffer(x, "bad_op"),), {}, (x,), user=False)
         with pytest.raises(at.ResourceExhaustedError, match=r"apply\(_out_of_memory\).*out of memory \(remote\)"):
             await s.apply(_out_of_memory, x)
         assert s.stats().live_tensors == 1

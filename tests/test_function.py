@@ -90,7 +90,7 @@ async def test_returning_an_argument_gives_a_copy(s: at.AsyncEagerSession) -> No
     x = await s.constant([1.0, 2.0])
     y = await s.function(lambda ops, x: x)(x)
     assert isinstance(y, at.Tensor)
-    assert s._buffer(y, "t") is not s._buffer(x, "t")
+    assert s._engine.buffer(y, "t") is not s._engine.buffer(x, "t")
     np.testing.assert_array_equal(await y.numpy(), [1.0, 2.0])
 
 

@@ -17,7 +17,7 @@ F8 = 8  # bytes per float64
 
 
 def gate_of(s: at.AsyncEagerSession) -> MemoryGate:
-    gate = s._registry.gate
+    gate = s._engine.registry.gate
     assert gate is not None
     return gate
 
@@ -61,7 +61,7 @@ def test_config_memory_wait_needs_a_limit() -> None:
 # -- fail at once (memory_wait=None) ---------------------------------------------------------
 async def test_without_wait_an_allocation_over_the_limit_fails_at_once(strategy: at.ResourceCleanupStrategy) -> None:
     async with at.AsyncEagerSession(cleanup=strategy, config=at.SessionConfig(memory_limit=100 * F8)) as s:
-        assert s._registry.gate is None
+        assert s._engine.registry.gate is None
         a = await s.zeros(80)
         with pytest.raises(at.ResourceExhaustedError, match="memory_limit=800"):
             await s.zeros(30)
@@ -69,7 +69,7 @@ async def test_without_wait_an_allocation_over_the_limit_fails_at_once(strategy:
             await s.add(a, 1.0)  # size unknown before the kernel: checked after it
         st = s.stats()
         assert (st.live_tensors, st.live_bytes, st.pending) == (1, 640, 0)
-        assert s._registry.reserved == 0
+        assert s._engine.registry.reserved == 0
 
 
 async def test_rejected_result_leaves_no_stale_drop(strategy: at.ResourceCleanupStrategy) -> None:
@@ -101,7 +101,7 @@ async def test_known_size_waits_for_a_free_by_another_task(strategy: at.Resource
         t = await waiter
         np.testing.assert_array_equal(await t.numpy(), np.full(50, 2.0))
         assert s.stats().peak_bytes <= 100 * F8
-        assert s._registry.reserved == 0
+        assert s._engine.registry.reserved == 0
 
 
 async def test_on_safe_points_a_drop_on_another_thread_reaches_the_waiter() -> None:
@@ -110,13 +110,13 @@ async def test_on_safe_points_a_drop_on_another_thread_reaches_the_waiter() -> N
         box = [await s.ones(100)]
         waiter = asyncio.create_task(s.zeros(100))
         await until(lambda: gate_of(s).queued == 1)
-        assert s._registry.on_drop is not None  # the waiter's reclaimer, only while queued
+        assert s._engine.registry.on_drop is not None  # the waiter's reclaimer, only while queued
         dropper = threading.Thread(target=box.clear)
         dropper.start()
         dropper.join()
         t = await waiter
         assert t.shape == (100,)
-        assert s._registry.on_drop is None
+        assert s._engine.registry.on_drop is None
 
 
 async def test_on_session_close_fails_at_once_when_nothing_can_be_freed() -> None:
@@ -151,7 +151,7 @@ async def test_timeout_raises_and_leaves_nothing_behind(strategy: at.ResourceCle
             await s.add(held, 1.0)  # unknown size: admitted, then waits with its result
         st = s.stats()
         assert (st.live_tensors, st.live_bytes) == (1, 100 * F8)
-        assert s._registry.reserved == 0
+        assert s._engine.registry.reserved == 0
         assert gate_of(s).queued == 0
         np.testing.assert_array_equal(await held.numpy(), np.ones(100))
 
@@ -216,7 +216,7 @@ async def test_cancelled_waiter_leaves_the_queue_and_unblocks_the_next() -> None
         t = await small
         assert t.shape == (50,)
         assert gate_of(s).queued == 0
-        assert s._registry.reserved == 0
+        assert s._engine.registry.reserved == 0
 
 
 async def test_close_fails_every_waiter(strategy: at.ResourceCleanupStrategy) -> None:
@@ -230,7 +230,7 @@ async def test_close_fails_every_waiter(strategy: at.ResourceCleanupStrategy) ->
     assert "waited for memory" in str(results[0])
     st = s.stats()
     assert (st.live_tensors, st.live_bytes) == (0, 0)
-    assert s._registry.reserved == 0
+    assert s._engine.registry.reserved == 0
     del held
 
 
@@ -260,7 +260,7 @@ async def test_many_tasks_under_a_tight_limit_all_finish_and_never_exceed_it(
         await asyncio.gather(*(worker(i) for i in range(300)))
         gate = gate_of(s)
         assert s.stats().peak_bytes <= limit
-        assert s._registry.reserved == 0
+        assert s._engine.registry.reserved == 0
         assert (gate.queued, gate.timed_out) == (0, 0)
         assert gate.waited > 0  # the limit was tight enough to make tasks queue
         assert gate.granted == gate.waited

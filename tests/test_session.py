@@ -291,7 +291,7 @@ async def test_child_session_reads_parent_tensors_without_copying() -> None:
         async with at.AsyncEagerSession(parent=app) as request:
             y = await request.matmul(weights, weights)
             assert y.session is request
-            assert request._buffer(weights, "read") is app._buffer(weights, "read")  # the same buffer
+            assert request._engine.buffer(weights, "read") is app._engine.buffer(weights, "read")  # the same buffer
             expected = await weights.numpy() @ await weights.numpy()
             np.testing.assert_allclose(await y.numpy(), expected)
         assert app.stats().allocated == allocated  # nothing was copied into the parent

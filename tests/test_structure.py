@@ -12,6 +12,11 @@ import aiotensor as at
 from aiotensor._structure import describe, flatten, unflatten
 
 
+def is_tensor(x: Any) -> bool:
+    """The leaves of a fetch structure here."""
+    return isinstance(x, at.Tensor)
+
+
 class Pair(NamedTuple):
     """A namedtuple fetch."""
 
@@ -83,14 +88,13 @@ async def test_run_rejects_tensors_of_another_session(s: at.AsyncEagerSession) -
 async def test_flatten_and_unflatten(s: at.AsyncEagerSession) -> None:
     a, b, c = [await s.constant(i) for i in range(3)]
     fetches = OrderedDict(x=[a, (b,)], y=Pair(c, {"z": a}))
-    leaves: list[at.Tensor] = []
-    flatten(fetches, leaves)
+    leaves = flatten(fetches, is_tensor)
     assert leaves == [a, b, c, a]  # depth first, dict order
-    rebuilt = unflatten(fetches, iter(["A", "B", "C", "A2"]))
+    rebuilt = unflatten(fetches, is_tensor, iter(["A", "B", "C", "A2"]))
     assert rebuilt == {"x": ["A", ("B",)], "y": Pair("C", {"z": "A2"})}
     assert type(rebuilt["y"]) is Pair
     with pytest.raises(at.InvalidArgumentError, match="str"):
-        flatten([a, "oops"], [])
+        flatten([a, "oops"], is_tensor)
 
 
 async def test_describe_inputs(s: at.AsyncEagerSession) -> None:

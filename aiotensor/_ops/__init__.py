@@ -1,13 +1,8 @@
-"""The op library, one mixin per family; the session inherits them all."""
+"""The op library, one module per family, each op one ``@op`` entry (see ``_opdef``).
 
-from ._apply import ApplyOps
-from ._creation import CreationOps
-from ._elementwise import ElementwiseOps
-from ._reduction import ReductionOps
-from ._shape import ShapeOps
+Importing this package fills :data:`aiotensor._opdef.OPS`.
+"""
 
-__all__ = ["AllOps"]
+from . import _apply, _creation, _elementwise, _reduction, _shape
 
-
-class AllOps(CreationOps, ElementwiseOps, ShapeOps, ReductionOps, ApplyOps):
-    """Every op of the library, as coroutine methods."""
+__all__ = ["_apply", "_creation", "_elementwise", "_reduction", "_shape"]

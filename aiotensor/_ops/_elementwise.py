@@ -1,205 +1,199 @@
 """Element-wise ops, with numpy broadcasting, type promotion and results.
 
-Each op is one numpy ufunc (or a two-line kernel) run on the session's backend.
-numpy's floating-point warnings follow the caller's ``np.errstate``: kernels run in a
-copy of the caller's context.
+Each op is one ufunc of the array namespace (or a two-line kernel). numpy's
+floating-point warnings follow the caller's ``np.errstate``: kernels run in a copy of
+the caller's context.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from ._base import OpsBase, as_numeric
+from .._kernels import as_numeric
+from .._opdef import Cost, Prepared, op
 
 if TYPE_CHECKING:
-    from .._tensor import Tensor
     from .._types import TensorLike
 
-__all__ = ["ElementwiseOps"]
+M, F = Cost.MEMORY, Cost.MATH
 
 
-def _k_sigmoid(x: Any) -> Any:
+def _k_sigmoid(xp: Any, x: Any) -> Any:
     # tanh form: no overflow for large |x|, and float32 stays float32.
-    x = np.asarray(x)
+    x = xp.asarray(x)
     if x.dtype.kind not in "fc":
-        x = x.astype(np.float64)
-    return 0.5 * (1.0 + np.tanh(0.5 * x))
+        x = x.astype(xp.float64)
+    return 0.5 * (1.0 + xp.tanh(0.5 * x))
 
 
-def _k_relu(x: Any) -> Any:
+def _k_relu(xp: Any, x: Any) -> Any:
     # A zero of x's own dtype: a python 0 would turn bool input into int64.
-    x = np.asarray(x)
-    return np.maximum(x, np.zeros((), x.dtype))
+    x = xp.asarray(x)
+    return xp.maximum(x, xp.zeros((), x.dtype))
 
 
-def _k_round(x: Any, decimals: int) -> Any:
-    return np.round(x, decimals)
-
-
-def _k_clip(x: Any, lo: Any, hi: Any) -> Any:
+def _k_clip(xp: Any, x: Any, lo: Any, hi: Any) -> Any:
     # ``None`` is a valid bound here (no limit on that side), so only real bounds are checked.
     lo = None if lo is None else as_numeric(lo)
     hi = None if hi is None else as_numeric(hi)
-    return np.clip(x, lo, hi)
+    return xp.clip(x, lo, hi)
 
 
-class ElementwiseOps(OpsBase):
-    """Element-wise arithmetic, comparisons, logic and math functions."""
+# fmt: off
+@op("add", data=2, cost=M, plain=True)
+def add(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise ``x1 + x2``."""
 
-    async def add(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``x1 + x2``."""
-        return await self._op("add", np.add, (x1, x2), name=name, data=2)
+@op("subtract", data=2, cost=M, plain=True)
+def subtract(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise ``x1 - x2``."""
 
-    async def subtract(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``x1 - x2``."""
-        return await self._op("subtract", np.subtract, (x1, x2), name=name, data=2)
+@op("multiply", data=2, cost=M, plain=True)
+def multiply(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise ``x1 * x2``."""
 
-    async def multiply(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``x1 * x2``."""
-        return await self._op("multiply", np.multiply, (x1, x2), name=name, data=2)
+@op("true_divide", data=2, cost=F, plain=True)
+def divide(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise ``x1 / x2`` (true division)."""
 
-    async def divide(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``x1 / x2`` (true division)."""
-        return await self._op("divide", np.true_divide, (x1, x2), name=name, data=2)
+@op("floor_divide", data=2, cost=F, plain=True)
+def floor_divide(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise ``x1 // x2``."""
 
-    async def floor_divide(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``x1 // x2``."""
-        return await self._op("floor_divide", np.floor_divide, (x1, x2), name=name, data=2)
+@op("remainder", data=2, cost=F, plain=True)
+def remainder(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise ``x1 % x2`` (sign of the divisor, as python)."""
 
-    async def remainder(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``x1 % x2`` (sign of the divisor, as python)."""
-        return await self._op("remainder", np.remainder, (x1, x2), name=name, data=2)
+@op("power", data=2, cost=F, plain=True)
+def pow(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise ``x1 ** x2``."""
 
-    async def pow(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``x1 ** x2``."""
-        return await self._op("pow", np.power, (x1, x2), name=name, data=2)
+@op("maximum", data=2, cost=M, plain=True)
+def maximum(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise maximum (NaN propagates)."""
 
-    async def maximum(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise maximum (NaN propagates)."""
-        return await self._op("maximum", np.maximum, (x1, x2), name=name, data=2)
+@op("minimum", data=2, cost=M, plain=True)
+def minimum(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise minimum (NaN propagates)."""
 
-    async def minimum(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise minimum (NaN propagates)."""
-        return await self._op("minimum", np.minimum, (x1, x2), name=name, data=2)
+@op("equal", data=2, cost=M, plain=True)
+def equal(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise ``x1 == x2`` (bool)."""
 
-    async def equal(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``x1 == x2`` (bool)."""
-        return await self._op("equal", np.equal, (x1, x2), name=name, data=2)
+@op("not_equal", data=2, cost=M, plain=True)
+def not_equal(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise ``x1 != x2`` (bool)."""
 
-    async def not_equal(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``x1 != x2`` (bool)."""
-        return await self._op("not_equal", np.not_equal, (x1, x2), name=name, data=2)
+@op("less", data=2, cost=M, plain=True)
+def less(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise ``x1 < x2`` (bool)."""
 
-    async def less(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``x1 < x2`` (bool)."""
-        return await self._op("less", np.less, (x1, x2), name=name, data=2)
+@op("less_equal", data=2, cost=M, plain=True)
+def less_equal(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise ``x1 <= x2`` (bool)."""
 
-    async def less_equal(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``x1 <= x2`` (bool)."""
-        return await self._op("less_equal", np.less_equal, (x1, x2), name=name, data=2)
+@op("greater", data=2, cost=M, plain=True)
+def greater(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise ``x1 > x2`` (bool)."""
 
-    async def greater(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``x1 > x2`` (bool)."""
-        return await self._op("greater", np.greater, (x1, x2), name=name, data=2)
+@op("greater_equal", data=2, cost=M, plain=True)
+def greater_equal(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise ``x1 >= x2`` (bool)."""
 
-    async def greater_equal(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``x1 >= x2`` (bool)."""
-        return await self._op("greater_equal", np.greater_equal, (x1, x2), name=name, data=2)
+@op("logical_and", data=2, cost=M, plain=True)
+def logical_and(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise logical and (bool)."""
 
-    async def logical_and(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise logical and (bool)."""
-        return await self._op("logical_and", np.logical_and, (x1, x2), name=name, data=2)
+@op("logical_or", data=2, cost=M, plain=True)
+def logical_or(x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise logical or (bool)."""
 
-    async def logical_or(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise logical or (bool)."""
-        return await self._op("logical_or", np.logical_or, (x1, x2), name=name, data=2)
+@op("negative", data=1, cost=M, plain=True)
+def negative(x: TensorLike, /) -> None:
+    """Element-wise ``-x``."""
 
-    async def negative(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``-x``."""
-        return await self._op("negative", np.negative, (x,), name=name, data=1)
+@op("absolute", data=1, cost=M, plain=True)
+def abs(x: TensorLike, /) -> None:
+    """Element-wise absolute value."""
 
-    async def abs(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise absolute value."""
-        return await self._op("abs", np.absolute, (x,), name=name, data=1)
+@op("sign", data=1, cost=M, plain=True)
+def sign(x: TensorLike, /) -> None:
+    """Element-wise sign (-1, 0 or 1)."""
 
-    async def sign(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise sign (-1, 0 or 1)."""
-        return await self._op("sign", np.sign, (x,), name=name, data=1)
+@op("exp", data=1, cost=F, plain=True)
+def exp(x: TensorLike, /) -> None:
+    """Element-wise ``e ** x``."""
 
-    async def exp(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``e ** x``."""
-        return await self._op("exp", np.exp, (x,), name=name, data=1)
+@op("log", data=1, cost=F, plain=True)
+def log(x: TensorLike, /) -> None:
+    """Element-wise natural logarithm."""
 
-    async def log(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise natural logarithm."""
-        return await self._op("log", np.log, (x,), name=name, data=1)
+@op("log1p", data=1, cost=F, plain=True)
+def log1p(x: TensorLike, /) -> None:
+    """Element-wise ``log(1 + x)``, exact for small x."""
 
-    async def log1p(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``log(1 + x)``, exact for small x."""
-        return await self._op("log1p", np.log1p, (x,), name=name, data=1)
+@op("sqrt", data=1, cost=F, plain=True)
+def sqrt(x: TensorLike, /) -> None:
+    """Element-wise square root."""
 
-    async def sqrt(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise square root."""
-        return await self._op("sqrt", np.sqrt, (x,), name=name, data=1)
+@op("square", data=1, cost=M, plain=True)
+def square(x: TensorLike, /) -> None:
+    """Element-wise ``x * x``."""
 
-    async def square(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``x * x``."""
-        return await self._op("square", np.square, (x,), name=name, data=1)
+@op("sin", data=1, cost=F, plain=True)
+def sin(x: TensorLike, /) -> None:
+    """Element-wise sine."""
 
-    async def sin(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise sine."""
-        return await self._op("sin", np.sin, (x,), name=name, data=1)
+@op("cos", data=1, cost=F, plain=True)
+def cos(x: TensorLike, /) -> None:
+    """Element-wise cosine."""
 
-    async def cos(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise cosine."""
-        return await self._op("cos", np.cos, (x,), name=name, data=1)
+@op("tanh", data=1, cost=F, plain=True)
+def tanh(x: TensorLike, /) -> None:
+    """Element-wise hyperbolic tangent."""
 
-    async def tanh(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise hyperbolic tangent."""
-        return await self._op("tanh", np.tanh, (x,), name=name, data=1)
+@op(_k_sigmoid, data=1, cost=F, plain=True)
+def sigmoid(x: TensorLike, /) -> None:
+    """Element-wise logistic sigmoid ``1 / (1 + e ** -x)``, without overflow."""
 
-    async def sigmoid(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise logistic sigmoid ``1 / (1 + e ** -x)``, without overflow."""
-        return await self._op("sigmoid", _k_sigmoid, (x,), name=name, data=1)
+@op(_k_relu, data=1, cost=M, plain=True)
+def relu(x: TensorLike, /) -> None:
+    """Element-wise ``max(x, 0)``."""
 
-    async def relu(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ``max(x, 0)``."""
-        return await self._op("relu", _k_relu, (x,), name=name, data=1)
+@op("floor", data=1, cost=M, plain=True)
+def floor(x: TensorLike, /) -> None:
+    """Element-wise floor."""
 
-    async def floor(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise floor."""
-        return await self._op("floor", np.floor, (x,), name=name, data=1)
+@op("ceil", data=1, cost=M, plain=True)
+def ceil(x: TensorLike, /) -> None:
+    """Element-wise ceiling."""
 
-    async def ceil(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise ceiling."""
-        return await self._op("ceil", np.ceil, (x,), name=name, data=1)
+@op("logical_not", data=1, cost=M, plain=True)
+def logical_not(x: TensorLike, /) -> None:
+    """Element-wise logical not (bool)."""
 
-    async def logical_not(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise logical not (bool)."""
-        return await self._op("logical_not", np.logical_not, (x,), name=name, data=1)
+@op("isnan", data=1, cost=M, plain=True)
+def isnan(x: TensorLike, /) -> None:
+    """Element-wise whether NaN (bool)."""
 
-    async def isnan(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise whether NaN (bool)."""
-        return await self._op("isnan", np.isnan, (x,), name=name, data=1)
+@op("isfinite", data=1, cost=M, plain=True)
+def isfinite(x: TensorLike, /) -> None:
+    """Element-wise whether finite (bool)."""
+# fmt: on
 
-    async def isfinite(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
-        """Element-wise whether finite (bool)."""
-        return await self._op("isfinite", np.isfinite, (x,), name=name, data=1)
 
-    async def round(self, x: TensorLike, /, decimals: int = 0, *, name: str | None = None) -> Tensor:
-        """Element-wise rounding to ``decimals`` places (halves to even, as numpy)."""
-        return await self._op("round", _k_round, (x, decimals), name=name, data=1)
+@op("round", data=1, cost=F)
+def round(x: TensorLike, /, decimals: int = 0) -> Prepared:
+    """Element-wise rounding to ``decimals`` places (halves to even, as numpy)."""
+    return (x, decimals), None, None
 
-    async def clip(
-        self, x: TensorLike, /, min: TensorLike | None = None, max: TensorLike | None = None, *, name: str | None = None
-    ) -> Tensor:
-        """Element-wise ``x`` limited to ``[min, max]`` (either bound may be ``None``)."""
-        return await self._op("clip", _k_clip, (x, min, max), name=name, data=1)
 
-    async def where(
-        self, condition: TensorLike, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None
-    ) -> Tensor:
-        """Element-wise ``x1`` where ``condition`` is true, else ``x2``."""
-        return await self._op("where", np.where, (condition, x1, x2), name=name, data=3)
+@op(_k_clip, data=1, cost=M)
+def clip(x: TensorLike, /, min: TensorLike | None = None, max: TensorLike | None = None) -> Prepared:
+    """Element-wise ``x`` limited to ``[min, max]`` (either bound may be ``None``)."""
+    return (x, min, max), None, None
+
+
+@op("where", data=3, cost=M, plain=True)
+def where(condition: TensorLike, x1: TensorLike, x2: TensorLike, /) -> None:
+    """Element-wise ``x1`` where ``condition`` is true, else ``x2``."""

@@ -4,132 +4,94 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from ._base import OpsBase, check_dtype
+from .._opdef import Cost, Prepared, op
+from ._checks import check_dtype
 
 if TYPE_CHECKING:
-    from .._tensor import Tensor
     from .._types import AxisLike, DTypeLike, TensorLike
 
-__all__ = ["ReductionOps"]
+M, F = Cost.MEMORY, Cost.MATH
 
 
 def _axes(axis: AxisLike) -> Any:
+    # numpy checks the value itself (its error then names the op and the input's shape).
     return tuple(axis) if isinstance(axis, list) else axis
 
 
-def _k_softmax(x: Any, axis: int) -> Any:
-    shifted = np.asarray(x) - np.max(x, axis=axis, keepdims=True)  # no overflow in exp
-    e = np.exp(shifted)
-    return e / np.sum(e, axis=axis, keepdims=True)
+def _k_softmax(xp: Any, x: Any, axis: int) -> Any:
+    shifted = xp.asarray(x) - xp.max(x, axis=axis, keepdims=True)  # no overflow in exp
+    e = xp.exp(shifted)
+    return e / xp.sum(e, axis=axis, keepdims=True)
 
 
-def _k_log_softmax(x: Any, axis: int) -> Any:
-    shifted = np.asarray(x) - np.max(x, axis=axis, keepdims=True)
-    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+def _k_log_softmax(xp: Any, x: Any, axis: int) -> Any:
+    shifted = xp.asarray(x) - xp.max(x, axis=axis, keepdims=True)
+    return shifted - xp.log(xp.sum(xp.exp(shifted), axis=axis, keepdims=True))
 
 
-class ReductionOps(OpsBase):
-    """Sums, means, extrema, spreads, arg-extrema and softmax."""
+@op("sum", data=1, cost=M)
+def sum(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, dtype: DTypeLike | None = None) -> Prepared:
+    """Sum over ``axis``."""
+    return (x,), {"axis": _axes(axis), "keepdims": keepdims, "dtype": check_dtype(dtype, "sum")}, None
 
-    async def _reduce(self, op: str, kernel: Any, x: TensorLike, kwargs: dict[str, Any], name: str | None) -> Tensor:
-        return await self._op(op, kernel, (x,), kwargs, name=name, data=1)
 
-    async def sum(
-        self,
-        x: TensorLike,
-        /,
-        *,
-        axis: AxisLike = None,
-        keepdims: bool = False,
-        dtype: DTypeLike | None = None,
-        name: str | None = None,
-    ) -> Tensor:
-        """Sum over ``axis``."""
-        return await self._reduce(
-            "sum", np.sum, x, {"axis": _axes(axis), "keepdims": keepdims, "dtype": check_dtype(dtype, "sum")}, name
-        )
+@op("prod", data=1, cost=M)
+def prod(
+    x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, dtype: DTypeLike | None = None
+) -> Prepared:
+    """Product over ``axis``."""
+    return (x,), {"axis": _axes(axis), "keepdims": keepdims, "dtype": check_dtype(dtype, "prod")}, None
 
-    async def prod(
-        self,
-        x: TensorLike,
-        /,
-        *,
-        axis: AxisLike = None,
-        keepdims: bool = False,
-        dtype: DTypeLike | None = None,
-        name: str | None = None,
-    ) -> Tensor:
-        """Product over ``axis``."""
-        return await self._reduce(
-            "prod", np.prod, x, {"axis": _axes(axis), "keepdims": keepdims, "dtype": check_dtype(dtype, "prod")}, name
-        )
 
-    async def mean(
-        self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None
-    ) -> Tensor:
-        """Arithmetic mean over ``axis``."""
-        return await self._reduce("mean", np.mean, x, {"axis": _axes(axis), "keepdims": keepdims}, name)
+@op("mean", data=1, cost=M)
+def mean(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False) -> Prepared:
+    """Arithmetic mean over ``axis``."""
+    return (x,), {"axis": _axes(axis), "keepdims": keepdims}, None
 
-    async def max(
-        self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None
-    ) -> Tensor:
-        """Maximum over ``axis`` (an empty reduction raises InvalidArgumentError)."""
-        return await self._reduce("max", np.max, x, {"axis": _axes(axis), "keepdims": keepdims}, name)
 
-    async def min(
-        self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None
-    ) -> Tensor:
-        """Minimum over ``axis`` (an empty reduction raises InvalidArgumentError)."""
-        return await self._reduce("min", np.min, x, {"axis": _axes(axis), "keepdims": keepdims}, name)
+@op("max", data=1, cost=M)
+def max(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False) -> Prepared:
+    """Maximum over ``axis`` (an empty reduction raises InvalidArgumentError)."""
+    return (x,), {"axis": _axes(axis), "keepdims": keepdims}, None
 
-    async def std(
-        self,
-        x: TensorLike,
-        /,
-        *,
-        axis: AxisLike = None,
-        correction: float = 0.0,
-        keepdims: bool = False,
-        name: str | None = None,
-    ) -> Tensor:
-        """Standard deviation over ``axis`` (``correction=1`` for the sample estimate)."""
-        return await self._reduce(
-            "std", np.std, x, {"axis": _axes(axis), "correction": correction, "keepdims": keepdims}, name
-        )
 
-    async def var(
-        self,
-        x: TensorLike,
-        /,
-        *,
-        axis: AxisLike = None,
-        correction: float = 0.0,
-        keepdims: bool = False,
-        name: str | None = None,
-    ) -> Tensor:
-        """Variance over ``axis`` (``correction=1`` for the sample estimate)."""
-        return await self._reduce(
-            "var", np.var, x, {"axis": _axes(axis), "correction": correction, "keepdims": keepdims}, name
-        )
+@op("min", data=1, cost=M)
+def min(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False) -> Prepared:
+    """Minimum over ``axis`` (an empty reduction raises InvalidArgumentError)."""
+    return (x,), {"axis": _axes(axis), "keepdims": keepdims}, None
 
-    async def argmax(
-        self, x: TensorLike, /, *, axis: int | None = None, keepdims: bool = False, name: str | None = None
-    ) -> Tensor:
-        """Index of the maximum along ``axis`` (of the flattened tensor if ``None``)."""
-        return await self._reduce("argmax", np.argmax, x, {"axis": axis, "keepdims": keepdims}, name)
 
-    async def argmin(
-        self, x: TensorLike, /, *, axis: int | None = None, keepdims: bool = False, name: str | None = None
-    ) -> Tensor:
-        """Index of the minimum along ``axis`` (of the flattened tensor if ``None``)."""
-        return await self._reduce("argmin", np.argmin, x, {"axis": axis, "keepdims": keepdims}, name)
+@op("std", data=1, cost=F)
+def std(x: TensorLike, /, *, axis: AxisLike = None, correction: float = 0.0, keepdims: bool = False) -> Prepared:
+    """Standard deviation over ``axis`` (``correction=1`` for the sample estimate)."""
+    return (x,), {"axis": _axes(axis), "correction": correction, "keepdims": keepdims}, None
 
-    async def softmax(self, x: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
-        """``exp(x) / sum(exp(x))`` along ``axis``, computed without overflow."""
-        return await self._reduce("softmax", _k_softmax, x, {"axis": axis}, name)
 
-    async def log_softmax(self, x: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
-        """``log(softmax(x))`` along ``axis``, computed stably."""
-        return await self._reduce("log_softmax", _k_log_softmax, x, {"axis": axis}, name)
+@op("var", data=1, cost=F)
+def var(x: TensorLike, /, *, axis: AxisLike = None, correction: float = 0.0, keepdims: bool = False) -> Prepared:
+    """Variance over ``axis`` (``correction=1`` for the sample estimate)."""
+    return (x,), {"axis": _axes(axis), "correction": correction, "keepdims": keepdims}, None
+
+
+@op("argmax", data=1, cost=M)
+def argmax(x: TensorLike, /, *, axis: int | None = None, keepdims: bool = False) -> Prepared:
+    """Index of the maximum along ``axis`` (of the flattened tensor if ``None``)."""
+    return (x,), {"axis": axis, "keepdims": keepdims}, None
+
+
+@op("argmin", data=1, cost=M)
+def argmin(x: TensorLike, /, *, axis: int | None = None, keepdims: bool = False) -> Prepared:
+    """Index of the minimum along ``axis`` (of the flattened tensor if ``None``)."""
+    return (x,), {"axis": axis, "keepdims": keepdims}, None
+
+
+@op(_k_softmax, data=1, cost=F)
+def softmax(x: TensorLike, /, *, axis: int = -1) -> Prepared:
+    """``exp(x) / sum(exp(x))`` along ``axis``, computed without overflow."""
+    return (x,), {"axis": axis}, None
+
+
+@op(_k_log_softmax, data=1, cost=F)
+def log_softmax(x: TensorLike, /, *, axis: int = -1) -> Prepared:
+    """``log(softmax(x))`` along ``axis``, computed stably."""
+    return (x,), {"axis": axis}, None

@@ -214,7 +214,7 @@ class DaskBackend(Backend):
             waiter.set_result((bool(multi), [(list(s), str(d), int(n)) for s, d, n in outputs]))
 
     def submit(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, device: str
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, device: str, blas: bool = False
     ) -> PendingKernel:
         """Submit ``fn`` as one task on its inputs' futures; ``device`` maps to ``workers=``."""
         if self._closed:

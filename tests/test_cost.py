@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor._inline import INLINE_STREAK, estimate_us
+from aiotensor._cost import INLINE_STREAK, estimate_us
+from aiotensor._opdef import OPS
 
 
 class CountingBackend(at.LocalBackend):
@@ -23,17 +24,25 @@ class CountingBackend(at.LocalBackend):
         super().__init__()
         self.threads: list[str] = []
         self.kernels: list[Any] = []
+        self.blas: list[bool] = []  # what each submit said about BLAS
 
     def submit(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, device: str
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        device: str,
+        blas: bool = False,
     ) -> at.PendingKernel:
         self.kernels.append(fn)
+        self.blas.append(blas)
 
         def recorded(*a: Any, **k: Any) -> Any:
             self.threads.append(threading.current_thread().name)
             return fn(*a, **k)
 
-        return super().submit(recorded, args, kwargs, device=device)
+        return super().submit(recorded, args, kwargs, device=device, blas=blas)
 
 
 async def test_small_op_runs_inline_and_big_op_on_the_pool() -> None:
@@ -127,17 +136,18 @@ async def test_inline_ops_keep_each_strategy_contract(strategy: at.ResourceClean
 def test_cost_estimates() -> None:
     small = np.ones(16, np.float32)
     big = np.ones(1 << 20, np.float32)
-    assert estimate_us("add", (small, small), {}, None) < 5
-    assert estimate_us("add", (big, big), {}, None) > 50
-    assert estimate_us("exp", (small,), {}, None) < estimate_us("exp", (np.ones(4096, np.float32),), {}, None)
+    assert estimate_us(OPS["add"], (small, small), {}, None) < 5
+    assert estimate_us(OPS["add"], (big, big), {}, None) > 50
+    assert estimate_us(OPS["exp"], (small,), {}, None) < estimate_us(OPS["exp"], (np.ones(4096, np.float32),), {}, None)
     # an outer sum: the output (1M elements) is what costs, not the inputs
     col, row = np.ones((1024, 1)), np.ones((1, 1024))
-    assert estimate_us("add", (col, row), {}, None) > 50
+    assert estimate_us(OPS["add"], (col, row), {}, None) > 50
     m64, m512 = np.ones((64, 64), np.float32), np.ones((512, 512), np.float32)
-    assert estimate_us("matmul", (m64, m64), {}, None) < 50 < estimate_us("matmul", (m512, m512), {}, None)
-    assert estimate_us("zeros", ((4,), 0, np.dtype("f8")), {}, 32) < 5
-    assert math.isinf(estimate_us("not_an_op", (small,), {}, None))
-    assert math.isinf(estimate_us("constant", ([[1.0] * 4] * 4, None), {}, None))  # nested python data
+    assert estimate_us(OPS["matmul"], (m64, m64), {}, None) < 50 < estimate_us(OPS["matmul"], (m512, m512), {}, None)
+    assert estimate_us(OPS["zeros"], ((4,), 0, np.dtype("f8")), {}, 32) < 5
+    # an op of unknown cost (a user kernel) is never inlined
+    assert math.isinf(estimate_us(OPS["apply"], (np.add, small), {}, None))
+    assert math.isinf(estimate_us(OPS["constant"], ([[1.0] * 4] * 4, None), {}, None))  # nested python data
 
 
 @pytest.mark.parametrize("bad", [-1, float("inf"), float("nan"), True, "5"])

@@ -1,4 +1,4 @@
-"""The op path: argument resolution, error mapping, and results that arrive after close."""
+"""The engine (the op path): argument resolution, error mapping, and results that arrive after close."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor._kernels import BadOutputError, KernelResult, info
+from aiotensor._kernels import BadOutputError, KernelResult, info, kernel_error
 
 
 async def test_tensors_are_resolved_one_level_deep_and_data_is_left_alone(s: at.AsyncEagerSession) -> None:
     t = await s.constant([1.0, 2.0])
     nested = [[1.0, 2.0], [3.0, 4.0]]
-    assert s._arg(nested, "op") is nested  # plain data: not walked, not rebuilt
-    resolved = s._arg([t, 3.0], "op")
-    assert resolved[0] is s._buffer(t, "op")
+    assert s._engine._seq(nested, "op") is nested  # plain data: not walked, not rebuilt
+    resolved = s._engine._seq([t, 3.0], "op")
+    assert resolved[0] is s._engine.buffer(t, "op")
     assert resolved[1] == 3.0
     both = await s.concat([t, np.array([5.0])])
     np.testing.assert_array_equal(await both.numpy(), [1.0, 2.0, 5.0])
@@ -36,8 +36,7 @@ async def test_tensors_are_resolved_one_level_deep_and_data_is_left_alone(s: at.
     ],
 )
 def test_kernel_errors_are_mapped(raised: Exception, user_kernel: bool, expected: type[Exception]) -> None:
-    s = at.AsyncEagerSession()
-    error = s._kernel_error("matmul", (np.ones((2, 3)), 4), raised, user_kernel)
+    error = kernel_error("matmul", (np.ones((2, 3)), 4), raised, user_kernel)
     assert type(error) is expected
     assert str(error).startswith("matmul(float64[2, 3], 4)")
 
@@ -47,8 +46,8 @@ async def test_a_result_adopted_after_close_is_released_not_registered() -> None
     await s.zeros(1)
     await s.close()
     released: list[Any] = []
-    s._backend = _Recording(released)
-    s._adopt(KernelResult([info(np.ones(2))], False))
+    s._engine.backend = _Recording(released)
+    s._engine._adopt(KernelResult([info(np.ones(2))], False))
     assert len(released) == 1
     assert s.stats().live_tensors == 0
 

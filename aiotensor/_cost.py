@@ -1,0 +1,184 @@
+"""Whether a kernel runs inline on the event loop thread or on the pool: a cheap cost estimate.
+
+A thread hop costs tens of microseconds of latency (and ~10-30 µs of the loop thread's
+own time for the submit, the wake-up and the future callbacks), while numpy adds two
+16-element arrays in half a microsecond. So a kernel cheaper than the hop runs inline:
+it holds the loop for less time than dispatching it to the pool would.
+
+The estimate is ``overhead + bytes touched x ns per byte`` for memory-bound and
+transcendental ops (:class:`~aiotensor._opdef.Cost` ``MEMORY`` and ``MATH``), and
+``flops x ns per flop`` for matrix products. The constants were measured on a 2-core
+x86-64 machine (``docs/performance.md``, "break-even") and are deliberately on the slow
+side, so that a mis-estimate sends a kernel to the pool rather than stalling the loop.
+``Cost.UNKNOWN`` (``apply``, fused functions on first sight) is never inlined.
+
+The estimate reads only shapes and byte counts (no numpy call on the common path, where
+every array argument has the same shape). It works on arrays and on :class:`Spec`
+objects, the shapes an expression's intermediates will have (see ``_program``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ._opdef import Cost, OpDef
+
+__all__ = ["DEFAULT_INLINE_US", "INLINE_STREAK", "Spec", "estimate_us", "out_spec"]
+
+#: Default bound on the estimated time one inline op may hold the event loop (µs).
+DEFAULT_INLINE_US = 50.0
+#: After this many consecutive inline ops, the next op first yields to the loop once,
+#: so a tight loop of inline ops holds the loop at most ``INLINE_STREAK x threshold``.
+INLINE_STREAK = 16
+
+# Fixed cost of one numpy call on small arrays (ns), measured ~0.5-3 µs.
+OVERHEAD_NS = 1500.0
+# ns per byte touched (inputs + output): add/copy ~0.018 measured, exp ~0.2.
+_PER_BYTE = {Cost.MEMORY: 0.03, Cost.MATH: 0.3, Cost.INDEX: 0.03, Cost.CREATE: 0.03}
+# ns per multiply-add pair for BLAS products on small matrices (measured ~0.015).
+_NS_PER_FLOP = 0.025
+# Python data a constant may hold that is bounded below (flat, <= 64 items).
+_SMALL_DATA = (int, float, bool, complex, list, tuple, np.generic)
+_SCALARS = frozenset({int, float, bool, complex})
+_ndarray = np.ndarray
+
+
+class Spec:
+    """The shape and item size an array will have: what the estimate reads of an array."""
+
+    __slots__ = ("itemsize", "nbytes", "ndim", "shape", "size")
+
+    def __init__(self, shape: tuple[int, ...], itemsize: int) -> None:
+        self.shape = shape
+        self.ndim = len(shape)
+        self.size = math.prod(shape)
+        self.itemsize = itemsize
+        self.nbytes = self.size * itemsize
+
+
+def _arrays(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[Any] | None:
+    """The array arguments (one level into lists and tuples), or None if a size is unknown."""
+    found: list[Any] = []
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if type(a) is _ndarray or type(a) is Spec:
+            found.append(a)
+        elif type(a) in (list, tuple):
+            if len(a) > 64:  # a python list of data: converting it costs per element
+                return None
+            for e in a:
+                if type(e) is _ndarray or type(e) is Spec:
+                    found.append(e)
+                elif type(e) in (list, tuple):
+                    return None  # nested python data: size unknown without walking it
+    return found
+
+
+def _broadcast(arrays: list[Any]) -> tuple[int, ...] | None:
+    shape = arrays[0].shape
+    for a in arrays:
+        if a.shape != shape:
+            try:
+                return tuple(np.broadcast_shapes(*(a.shape for a in arrays)))
+            except ValueError:  # the kernel will reject these shapes
+                return None
+    return tuple(shape)
+
+
+def out_spec(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Spec | None:
+    """An upper bound on the size of ``d``'s output (for the estimate of what follows it)."""
+    cost = d.cost
+    arrays = _arrays(args, kwargs)
+    if not arrays or cost is Cost.UNKNOWN or cost is Cost.CREATE:
+        return None
+    itemsize = 8 if d.name == "astype" else max(8, *(a.itemsize for a in arrays))
+    if cost is Cost.PRODUCT:
+        if d.name != "matmul" or len(arrays) != 2:
+            return None
+        a, b = arrays
+        if a.ndim != 2 or b.ndim != 2:
+            return None
+        return Spec((a.shape[0], b.shape[-1]), itemsize)
+    if d.name in ("concat", "stack", "split"):
+        return Spec((sum(a.size for a in arrays),), itemsize)
+    if cost is Cost.INDEX:
+        return None if len(arrays) > 1 else Spec(tuple(arrays[0].shape), itemsize)
+    shape = _broadcast(arrays)
+    return None if shape is None else Spec(shape, itemsize)
+
+
+def _touched_bytes(arrays: list[Any], nbytes: int | None) -> int:
+    """Bytes read plus bytes written, the output sized from the inputs' shapes."""
+    total = sum(a.nbytes for a in arrays)
+    if nbytes is not None:
+        return total + nbytes
+    if not arrays:
+        return 0
+    shape = _broadcast(arrays)
+    if shape is None:
+        return 2 * total
+    return total + math.prod(shape) * max(a.itemsize for a in arrays)
+
+
+def _product_flops(d: OpDef, arrays: list[Any]) -> float:
+    if d.name == "matmul" and len(arrays) == 2:
+        a, b = arrays
+        cols = b.shape[-1] if b.ndim >= 2 else 1
+        return float(2.0 * a.size * cols * (math.prod(b.shape[:-2]) if b.ndim > 2 and a.ndim <= 2 else 1))
+    # tensordot/einsum: the product of the operand sizes bounds the work of any contraction.
+    return float(2.0 * math.prod(a.size or 1 for a in arrays))
+
+
+def estimate_us(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, nbytes: int | None) -> float:
+    """The estimated kernel time of ``d`` on these arguments in µs; ``inf`` when it cannot be bounded cheaply."""
+    cost = d.cost
+    per_byte = _PER_BYTE.get(cost)
+    if per_byte is not None and cost is not Cost.INDEX and nbytes is None and not kwargs:
+        # The hot case (an element-wise op on same-shaped arrays and scalars), in one
+        # pass; anything else takes the general path below, which gives the same value.
+        total = size = 0
+        itemsize = 1
+        shape = None
+        for a in args:
+            if type(a) is _ndarray:
+                if shape is None:
+                    shape, size = a.shape, a.size
+                elif a.shape != shape:
+                    break
+                total += a.nbytes
+                if a.itemsize > itemsize:
+                    itemsize = a.itemsize
+            elif type(a) not in _SCALARS:
+                break
+        else:
+            if shape is not None:
+                return (OVERHEAD_NS + (total + size * itemsize) * per_byte) / 1000.0
+    if cost is Cost.UNKNOWN:
+        return math.inf
+    arrays = _arrays(args, kwargs)
+    if arrays is None:
+        return math.inf
+    if cost is Cost.CREATE:
+        if nbytes is None:
+            if d.name not in ("constant", "asarray") or arrays or not isinstance(args[0], _SMALL_DATA):
+                return math.inf  # an object with __array__ (another library's tensor): size unknown
+            return OVERHEAD_NS / 1000.0
+        return (OVERHEAD_NS + nbytes * _PER_BYTE[cost]) / 1000.0
+    if cost is Cost.PRODUCT:
+        if not arrays:
+            return math.inf
+        return (OVERHEAD_NS + _product_flops(d, arrays) * _NS_PER_FLOP) / 1000.0
+    if cost is Cost.INDEX:
+        if not arrays:
+            return math.inf
+        x, rest = arrays[0], arrays[1:]
+        out: int = x.nbytes
+        for idx in rest:  # fancy indexing: each index picks at most a whole slice of x
+            out += idx.size * x.nbytes // max(1, min(x.shape, default=1))
+        return float(OVERHEAD_NS + (out + sum(a.nbytes for a in arrays)) * _PER_BYTE[cost]) / 1000.0
+    assert per_byte is not None
+    return (OVERHEAD_NS + _touched_bytes(arrays, nbytes) * per_byte) / 1000.0
+
+

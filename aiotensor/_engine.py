@@ -1,0 +1,754 @@
+"""The hot path: from an op's arguments to owned tensors, and fetches back, in one place.
+
+:class:`Engine` holds a session's lifecycle state and everything an op goes through:
+placement, arguments to buffers, safe points, memory, inline-or-submit, cancellation,
+error mapping, registration and fetch. :meth:`Engine.op` is the path of one op (the
+session methods, module-level ops and one-node expressions); :meth:`Engine.call` runs
+any kernel (a :class:`~aiotensor._program.Program`, a fused function, an op sent to
+the pool); :meth:`Engine.evaluate` compiles expressions into one program.
+The session (``_session.py``) is a facade over it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import enum
+import logging
+import math
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _defaults
+from ._cost import INLINE_STREAK, Spec, estimate_us, out_spec
+from ._errors import (
+    AioTensorError,
+    BackendError,
+    InvalidArgumentError,
+    InvalidDeviceError,
+    NoSessionError,
+    SessionClosedError,
+    WrongEventLoopError,
+)
+from ._expr import Expr
+from ._kernels import KernelResult, as_numeric, finalize, info, kernel_error, normalize
+from ._opdef import Cost, OpDef, namespace
+from ._ops._apply import label as apply_label
+from ._program import Program, Ref, Step, compile_program
+from ._registry import Registry
+from ._tensor import Tensor, make_tensor
+
+if TYPE_CHECKING:
+    from ._backend import Backend
+    from ._cleanup import CleanupPolicy
+    from ._session import AsyncEagerSession
+    from ._types import NDArray
+
+__all__ = ["Engine", "State", "engine_of"]
+
+logger = logging.getLogger("aiotensor")
+
+_ndarray = np.ndarray
+_UNKNOWN = Cost.UNKNOWN
+_get_loop = asyncio.get_running_loop
+
+
+class State(enum.Enum):
+    """A session's lifecycle: unopened -> (opening ->) open -> closing -> closed."""
+
+    UNOPENED = "unopened"
+    OPENING = "opening"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+_OPEN = State.OPEN
+
+
+class _HasExpr(Exception):
+    """An argument is an expression: the op becomes an expression node."""
+
+
+class Engine:
+    """Runs the ops and fetches of one session (see the module docstring)."""
+
+    def __init__(
+        self,
+        session: AsyncEagerSession,
+        backend: Backend,
+        policy: CleanupPolicy,
+        registry: Registry,
+        *,
+        inline_us: float,
+        log_placement: bool,
+        soft_placement: bool,
+        parent: Engine | None,
+    ) -> None:
+        self.session = session
+        self.backend = backend
+        self.policy = policy
+        self.registry = registry
+        self.ancestors: tuple[Engine, ...] = () if parent is None else (parent, *parent.ancestors)
+        self.state = State.UNOPENED
+        self.inflight = 0
+        self._inline_us = backend.inline_limit_us(inline_us)
+        self._xp_name = backend.namespace
+        self._xp = namespace(backend.namespace)
+        self._streak = 0
+        self._log = log_placement
+        self._soft = soft_placement
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._opening: asyncio.Task[None] | None = None
+        self._idle: asyncio.Event | None = None
+        self._closed_event: asyncio.Event | None = None
+        self.device_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("aiotensor_device", default=None)
+
+    # -- lifecycle ------------------------------------------------------------------
+    async def open(self) -> None:
+        """Open the session if it is not open yet; raise if it is closed."""
+        state = self.state
+        if state is _OPEN:
+            return
+        if state is State.UNOPENED:
+            try:
+                loop = _get_loop()
+            except RuntimeError:  # e.g. trio, directly or through anyio
+                raise WrongEventLoopError(
+                    f"{self.session!r} needs a running asyncio event loop (asyncio or uvloop, also through"
+                    " anyio's asyncio backend); none runs in this thread. trio is not supported: kernel"
+                    " results come back as asyncio futures and IN_BACKGROUND frees from an asyncio task."
+                ) from None
+            if not self.backend.needs_start:
+                # Nothing to await (the local backend): open now, without a task or a
+                # trip through the loop, which is most of a request session's cost.
+                self._bind(loop)
+                self.policy.start(self.registry, loop)
+                self.state = _OPEN
+                return
+            self.state = State.OPENING
+            self._opening = loop.create_task(self._start())
+        elif state is not State.OPENING:
+            raise SessionClosedError(f"{self.session!r} is closed")
+        assert self._opening is not None
+        await asyncio.shield(self._opening)
+
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed_event = asyncio.Event()
+
+    async def _start(self) -> None:
+        loop = _get_loop()
+        self._bind(loop)
+        assert self._closed_event is not None
+        try:
+            await self.backend.start()
+        except BaseException:
+            self.state = State.CLOSED
+            self._closed_event.set()
+            raise
+        self.policy.start(self.registry, loop)
+        if self.state is State.OPENING:
+            self.state = _OPEN
+
+    def _wrong_loop(self) -> WrongEventLoopError:
+        return WrongEventLoopError(
+            f"{self.session!r} is bound to the event loop it first ran on (thread {self._loop_thread});"
+            " it was used from another loop or thread. Create one session per event loop."
+        )
+
+    def check_loop(self) -> None:
+        """Raise WrongEventLoopError unless called on the session's loop."""
+        try:
+            loop = _get_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not self._loop:
+            raise self._wrong_loop()
+
+    async def close(self, close_backend: Callable[[], Any]) -> None:
+        """Refuse new ops, let in-flight ops settle, stop cleanup and free every buffer (idempotent)."""
+        state = self.state
+        if state is State.CLOSED:
+            return
+        if state is State.CLOSING:
+            assert self._closed_event is not None
+            await self._closed_event.wait()
+            return
+        if state is State.UNOPENED:
+            self.state = State.CLOSED
+            _defaults.replace_interactive(self.session, None)
+            await close_backend()
+            return
+        if state is State.OPENING:
+            assert self._opening is not None
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._opening)
+            if self.state is State.CLOSED:
+                return
+        self.check_loop()
+        self.state = State.CLOSING
+        try:
+            if self.inflight:
+                assert self._idle is not None
+                await self._idle.wait()
+        finally:
+            stopping = self.policy.stop()
+            self.registry.close()
+            self.state = State.CLOSED
+            _defaults.replace_interactive(self.session, None)
+            if self._closed_event is not None:
+                self._closed_event.set()
+            try:
+                if stopping is not None:
+                    await asyncio.wait([stopping])
+            finally:  # also when that wait is cancelled (anyio cancels every await in a scope)
+                await close_backend()
+
+    def finalize_unclosed(self) -> bool:
+        """The session was dropped open: free everything on its loop. False if it was not open."""
+        if self.state not in (_OPEN, State.CLOSING):
+            return False
+        policy, registry, loop = self.policy, self.registry, self._loop
+
+        def finalize() -> None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                policy.stop()
+            registry.close()
+
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(finalize)
+                return True
+        finalize()
+        return True
+
+    # -- placement and arguments ------------------------------------------------------
+    def place(self, op: str) -> str:
+        """The device ``op`` runs on."""
+        requested = self.device_var.get()
+        if requested is None:  # the common case: no list of devices needed
+            return self.backend.default_device
+        devices = self.backend.devices()
+        if requested in devices:
+            return requested
+        if self._soft:
+            return devices[0]
+        raise InvalidDeviceError(
+            f"{op}: no device {requested!r}; this session has {devices}."
+            f" Set SessionConfig(allow_soft_placement=True) to fall back to {devices[0]!r}"
+        )
+
+    def buffer(self, t: Tensor, op: str) -> Any:
+        """The buffer of ``t``, which this session may read (its own or an ancestor's)."""
+        owner = t._engine
+        if owner is not self and owner not in self.ancestors:
+            raise InvalidArgumentError(
+                f"{op}: tensor {t.name!r} belongs to another session ({owner.session!r}); "
+                "use it in its own session, or read it from a child session (parent=)"
+            )
+        try:
+            return t._registry._buffers[t._rid][0]
+        except KeyError:
+            raise SessionClosedError(f"{op}: tensor {t.name!r} was freed because its session closed") from None
+
+    def _seq(self, x: list[Any] | tuple[Any, ...], op: str) -> Any:
+        # Tensors are looked for one level deep (concat's list, an index tuple), not in
+        # nested data: walking a 512 x 64 list of floats on the loop for nothing is slow.
+        out = None
+        for i, e in enumerate(x):
+            te = type(e)
+            if te is Tensor:
+                if out is None:
+                    out = list(x[:i])
+                out.append(self.buffer(e, op))
+            elif te is Expr:
+                raise _HasExpr
+            elif out is not None:
+                out.append(e)
+        return x if out is None else type(x)(out)
+
+    # -- one op -------------------------------------------------------------------------
+    async def op(
+        self, d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, nbytes: int | None, name: str | None
+    ) -> Any:
+        """Run op ``d`` on prepared arguments; its tensor (a list for ``split``, a tuple for multi-output ``apply``)."""
+        if self._streak >= INLINE_STREAK:
+            # Inline ops never suspend: after a run of them, let other tasks (and the
+            # cleanup task) have the loop once. Before anything is reserved or run.
+            self._streak = 0
+            await asyncio.sleep(0)
+        if self.state is not _OPEN:
+            await self.open()
+        if _get_loop() is not self._loop:
+            raise self._wrong_loop()
+        if name is not None and type(name) is not str:
+            raise InvalidArgumentError(f"{d.name}: name must be a str, got {type(name).__name__}")
+        label = d.name if not d.user else apply_label(args[0])
+        n = d.data
+        checked = 0
+        bufs = []
+        try:
+            i = 0
+            for a in args:
+                ta = type(a)
+                if ta is Tensor:
+                    bufs.append(self.buffer(a, label))
+                elif ta is Expr:
+                    raise _HasExpr
+                else:
+                    if i < n:
+                        checked = n
+                    bufs.append(self._seq(a, label) if ta is list or ta is tuple else a)
+                i += 1
+            kw = {k: self._value(v, label) for k, v in kwargs.items()} if kwargs else {}
+        except _HasExpr:
+            node = Expr(d, args, kwargs, nbytes)
+            (result,) = await self.evaluate([node], name)
+            return result
+        device = self.place(label)
+        limit = self._inline_us
+        if limit and d.cost is not _UNKNOWN and estimate_us(d, bufs, kw, nbytes) <= limit:
+            return await self._inline(d, label, bufs, kw, nbytes, name, checked, args, device)
+        step = Step(d, checked, self._xp_name, getattr(args[0], "__name__", None) if d.user else None)
+        described = args[1:] if d.user else args  # apply: the function is in the label
+        tensors, multi = await self.call(
+            label, step, tuple(bufs), kw, described, user=d.user, nbytes=nbytes, name=name, blas=d.blas
+        )
+        return _shape_result(d, tensors, multi)
+
+    def _value(self, v: Any, op: str) -> Any:
+        tv = type(v)
+        if tv is Tensor:
+            return self.buffer(v, op)
+        if tv is Expr:
+            raise _HasExpr
+        if tv is list or tv is tuple:
+            return self._seq(v, op)
+        return v
+
+    async def _inline(
+        self,
+        d: OpDef,
+        label: str,
+        bufs: list[Any],
+        kw: dict[str, Any],
+        nbytes: int | None,
+        name: str | None,
+        checked: int,
+        args: tuple[Any, ...],
+        device: str,
+    ) -> Any:
+        registry, policy = self.registry, self.policy
+        safe_point = policy.safe_point
+        if safe_point is not None:
+            safe_point()
+        if policy.inline_point is not None:
+            policy.inline_point()
+        limited = registry.memory_limit is not None
+        if nbytes is not None or limited:
+            await self._reserve(label, nbytes)
+        self._streak += 1
+        kernel = d._np_kernel if self._xp is np else None
+        if kernel is None:
+            kernel = d.kernel_for(self._xp)
+        result = None
+        try:
+            if checked:
+                bufs[:checked] = [as_numeric(b) for b in bufs[:checked]]
+            out = kernel(*bufs, **kw) if kw else kernel(*bufs)
+            if d.returns == "one" and type(out) is _ndarray and out.base is None:
+                flags = out.flags
+                if flags.writeable:  # a fresh output: own it as it is
+                    flags.writeable = False
+                else:  # an input returned as it is
+                    out = finalize(out)
+            else:
+                result = normalize(out)
+        except Exception as exc:
+            raise kernel_error(label, args, exc, d.user) from exc
+        finally:
+            if nbytes is not None:
+                registry.unreserve(nbytes)
+        if result is not None:  # views, scalars, split, multi-output apply: the general shape
+            if limited:
+                await self._fit_result(label, result, nbytes)
+            tensors = [
+                self._wrap(b.handle, b.shape, b.dtype, b.nbytes, label, name, i, result.multi, device)
+                for i, b in enumerate(result.buffers)
+            ]
+            if safe_point is not None:
+                safe_point()
+            return _shape_result(d, tensors, result.multi)
+        if limited:
+            await self._fit_result(label, KernelResult([info(out)], False), nbytes)
+        rid = registry.add(out, out.nbytes)
+        t = make_tensor(self, registry, rid, out.shape, out.dtype, out.nbytes, name or (label, -1), device)
+        if safe_point is not None:
+            safe_point()
+        if self._log:
+            logger.info("%s: %s on %s", label, t.name, device)
+        return t
+
+    # -- any kernel ---------------------------------------------------------------------
+    async def call(
+        self,
+        label: str,
+        kernel: Callable[..., Any],
+        bufs: tuple[Any, ...],
+        kw: dict[str, Any],
+        described: tuple[Any, ...],
+        *,
+        user: bool,
+        nbytes: int | None = None,
+        name: str | None = None,
+        est_us: float = math.inf,
+        budget: Any = None,
+        blas: bool = False,
+    ) -> tuple[list[Tensor], bool]:
+        """Run ``kernel(*bufs, **kw)`` inline (when ``est_us`` allows) or on the backend; own its outputs.
+
+        ``described`` are the arguments as the caller gave them, for error messages.
+        ``budget`` (a :class:`~aiotensor._program.Budget`) gets the bytes its
+        intermediates may hold, computed after the safe point and any memory wait.
+        """
+        if self.state is not _OPEN:
+            await self.open()
+        self.check_loop()
+        device = self.place(label)
+        registry, policy = self.registry, self.policy
+        safe_point = policy.safe_point
+        if safe_point is not None:
+            safe_point()
+        inline = est_us <= self._inline_us and self._inline_us > 0
+        if inline and policy.inline_point is not None:
+            policy.inline_point()
+        if nbytes is not None or registry.memory_limit is not None:
+            await self._reserve(label, nbytes)
+        if registry.memory_limit is not None and budget is not None:
+            budget.limit = max(0, registry.memory_limit - registry.live_bytes - registry.reserved)
+        try:
+            if inline:
+                self._streak += 1
+                result = self.backend.run_inline(kernel, bufs, kw)
+            else:
+                self._streak = 0
+                try:
+                    # blas= only when set: a backend written before it existed still runs the rest.
+                    submit = self.backend.submit
+                    pending = submit(kernel, bufs, kw, device=device, blas=True) if blas else submit(kernel, bufs, kw, device=device)
+                except RuntimeError as exc:
+                    raise BackendError(f"{label}: the backend cannot run kernels: {exc}") from exc
+                result = await self._await_kernel(pending)
+        except (asyncio.CancelledError, AioTensorError):
+            raise
+        except Exception as exc:
+            raise kernel_error(label, described, exc, user) from exc
+        finally:
+            if nbytes is not None:
+                registry.unreserve(nbytes)
+            if budget is not None and budget.count > budget.escaped and not registry.closed:
+                # Intermediates never reached the registry: record them as allocated and
+                # freed, and their peak in peak_bytes.
+                registry.allocated += budget.count - budget.escaped
+                registry.freed += budget.count - budget.escaped
+                registry.peak_bytes = max(registry.peak_bytes, registry.live_bytes + budget.peak)
+        if self.state is not _OPEN:
+            for buf in result.buffers:
+                self.backend.release(buf.handle)
+            raise SessionClosedError(f"{label}: the session was closed while the op ran")
+        if registry.memory_limit is not None:
+            await self._fit_result(label, result, nbytes)
+        tensors = [
+            self._wrap(b.handle, b.shape, b.dtype, b.nbytes, label, name, i, result.multi, device)
+            for i, b in enumerate(result.buffers)
+        ]
+        if safe_point is not None:
+            safe_point()
+        if self._log:
+            logger.info("%s: %s on %s", label, tensors[0].name, device)
+        return tensors, result.multi
+
+    async def _reserve(self, label: str, nbytes: int | None) -> None:
+        registry = self.registry
+        gate = registry.gate
+        if gate is not None:
+            # memory_wait: queue for room under memory_limit (see _memory.py).
+            await gate.acquire(nbytes, label, reclaim=self.policy.reclaims)
+            if self.state is not _OPEN:
+                if nbytes is not None:
+                    registry.unreserve(nbytes)
+                raise SessionClosedError(f"{label}: the session was closed while the op waited for memory")
+        elif nbytes is not None:
+            registry.reserve(nbytes, label, reclaim=self.policy.reclaims)
+
+    async def _await_kernel(self, pending: Any) -> KernelResult:
+        if not self.inflight:
+            assert self._idle is not None
+            self._idle.clear()
+        self.inflight += 1
+        try:
+            result: KernelResult = await pending
+            return result
+        except asyncio.CancelledError:
+            pending.abandon(self._adopt)
+            task = asyncio.current_task()
+            if task is not None and not task.cancelling():
+                # Nobody cancelled the caller: the backend cancelled the kernel (e.g. its
+                # executor was shut down with cancel_futures). A bare CancelledError would
+                # look like a cancellation of the caller's task and end it silently.
+                raise BackendError("the backend cancelled the kernel (was its executor shut down?)") from None
+            raise
+        finally:
+            self.inflight -= 1
+            if not self.inflight:
+                assert self._idle is not None
+                self._idle.set()
+
+    def _wrap(
+        self,
+        buf: Any,
+        shape: tuple[int, ...],
+        dtype: Any,
+        nbytes: int,
+        op: str,
+        name: str | None,
+        i: int,
+        multi: bool,
+        device: str,
+    ) -> Tensor:
+        registry = self.registry
+        rid = registry.add(buf, nbytes)
+        label: str | tuple[str, int] = (op, -1) if name is None else ((name, i) if multi else name)
+        return make_tensor(self, registry, rid, shape, dtype, nbytes, label, device)
+
+    def _adopt(self, result: KernelResult) -> None:
+        # A kernel finished after its caller was cancelled: own the result as if its
+        # handle had been dropped at once, so the strategy frees it (or close does).
+        registry = self.registry
+        for buf in result.buffers:
+            if registry.closed:
+                self.backend.release(buf.handle)
+            else:
+                registry.notify_dropped(registry.add(buf.handle, buf.nbytes))
+
+    async def _fit_result(self, op: str, result: KernelResult, reserved: int | None) -> None:
+        # Checked before the buffers get handles: a result rejected after wrapping left
+        # a handle whose later drop queued an already-freed id (stats().pending was off).
+        registry = self.registry
+        nbytes = sum(buf.nbytes for buf in result.buffers)
+        gate = registry.gate
+        if gate is not None and reserved is not None and nbytes <= reserved:
+            return  # its room was reserved before the kernel ran
+        try:
+            if gate is None:
+                registry.check_result(nbytes, op, reclaim=self.policy.reclaims)
+            else:
+                await gate.fit_result(nbytes, op, reclaim=self.policy.reclaims)
+                if self.state is not _OPEN:
+                    raise SessionClosedError(f"{op}: the session was closed while the op waited for memory")
+        except BaseException:
+            for buf in result.buffers:
+                self.backend.release(buf.handle)
+            raise
+
+    # -- expressions ----------------------------------------------------------------------
+    def _engine_for(self, leaves: list[Tensor]) -> Engine:
+        # The engine that may read every leaf: the most derived of their sessions, or the
+        # default session when it is a child of theirs (a request session reading weights).
+        found = self
+        for t in leaves:
+            owner = t._engine
+            if owner is found or owner in found.ancestors:
+                continue
+            if found in owner.ancestors:
+                found = owner
+                continue
+            raise InvalidArgumentError(
+                f"an expression mixes tensors of unrelated sessions ({found.session!r} and {owner.session!r})"
+            )
+        default = _defaults.get_default_session()
+        if default is not None and found in default._engine.ancestors:  # type: ignore[attr-defined]
+            engine: Engine = default._engine  # type: ignore[attr-defined]
+            return engine
+        return found
+
+    async def evaluate_expr(self, expr: Expr) -> Tensor:
+        """``await expr``: its tensor, in the session that may read all its tensors."""
+        (t,) = await self.evaluate([expr], None, choose=True)
+        return t  # type: ignore[no-any-return]
+
+    async def evaluate(self, roots: list[Expr], name: str | None = None, *, choose: bool = False) -> list[Any]:
+        """Evaluate expressions in one program; only their results are registered."""
+        for r in roots:
+            r._used = True
+        if len(roots) == 1:
+            r = roots[0]
+            if not any(type(x) is Expr for x in _flat(r._args, r._kwargs)):
+                # One node on tensors and values: the op path, without compiling anything.
+                engine = self._engine_for([x for x in _flat(r._args, r._kwargs) if type(x) is Tensor]) if choose else self
+                return [await engine.op(r._d, r._args, r._kwargs, r._nbytes, name)]
+        program, leaves = compile_program(roots, _is_tensor, self._xp_name, Expr)
+        engine = self._engine_for(leaves) if choose else self
+        return await engine._run_program(program, leaves, roots, name)
+
+    async def _run_program(self, program: Program, leaves: list[Tensor], roots: list[Expr], name: str | None) -> list[Any]:
+        if self.state is not _OPEN:
+            await self.open()
+        self.check_loop()
+        label = roots[0]._d.name if len(roots) == 1 else "run"
+        bufs = tuple(self.buffer(t, label) for t in leaves)
+        est = self._program_cost(program, leaves)
+        tensors, _ = await self.call(
+            label, program, bufs, {}, tuple(leaves), user=False, name=name, est_us=est, budget=program.budget,
+            blas=program.blas,
+        )
+        if len(roots) == 1 and roots[0]._d.returns != "one":
+            return [_shape_result(roots[0]._d, tensors, True)]
+        return tensors
+
+    def _program_cost(self, program: Program, leaves: list[Tensor]) -> float:
+        if not self._inline_us:
+            return math.inf
+        specs: list[Any] = [Spec(t._shape, t._dtype.itemsize) for t in leaves]
+        total = 0.0
+        for d, templates, kwargs, _, _ in program.steps:
+            try:
+                args = tuple(_spec_of(t, specs) for t in templates)
+            except _Unknown:
+                return math.inf
+            total += estimate_us(d, args, kwargs, None)
+            if total > self._inline_us:
+                return math.inf
+            specs.append(out_spec(d, args, kwargs))
+        return total
+
+    async def run_values(self, fetches: list[Any], api: str) -> list[NDArray]:
+        """The numpy values of tensors and expressions; results made for them are freed at once."""
+        exprs = [f for f in fetches if type(f) is Expr]
+        made: dict[int, Tensor] = {}
+        if exprs:
+            unique = list({id(e): e for e in exprs}.values())
+            tensors = await self.evaluate(unique, choose=False)
+            made = {id(e): t for e, t in zip(unique, tensors, strict=True)}
+        try:
+            return await self.fetch([made[id(f)] if type(f) is Expr else f for f in fetches], api)
+        finally:
+            for t in made.values():
+                self.discard(t)
+
+    def discard(self, t: Tensor) -> None:
+        """Free a result nobody else holds (``eval``/``run`` of an expression), whatever the strategy."""
+        registry = t._registry
+        if not registry.closed:
+            registry.free(t._rid)
+        t._registry = _NO_REGISTRY  # type: ignore[assignment]  # its __del__ queues nothing
+
+    # -- fetches ------------------------------------------------------------------------
+    async def fetch(self, tensors: list[Tensor], api: str) -> list[NDArray]:
+        """Copies of the tensors' values, owned by the caller."""
+        if self.state is not _OPEN:
+            await self.open()
+        self.check_loop()
+        handles = [self.buffer(t, api) for t in tensors]
+        safe_point = self.policy.safe_point
+        if safe_point is not None:
+            safe_point()
+        values = await self.backend.fetch(handles)
+        if safe_point is not None:
+            safe_point()
+        return values
+
+    def peek(self, t: Tensor) -> NDArray:
+        """A read-only view of a local buffer, without suspending."""
+        if t._registry.closed:
+            raise SessionClosedError(f"tensor {t.name!r} was freed because its session closed")
+        arr = self.backend.peek(self.buffer(t, "__array__"))
+        if arr is None:
+            raise AioTensorError(f"tensor {t.name!r} lives on a remote backend; use `await t.numpy()` to fetch it")
+        return arr
+
+
+class _NoRegistry:
+    """Where a discarded handle's drop goes: nowhere (its buffer was freed already)."""
+
+    def notify_dropped(self, rid: int) -> None:
+        pass
+
+
+_NO_REGISTRY = _NoRegistry()
+
+
+def _is_tensor(x: Any) -> bool:
+    return type(x) is Tensor
+
+
+def _flat(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[Any]:
+    out: list[Any] = []
+    for a in (*args, *(kwargs or {}).values()):
+        if type(a) in (list, tuple):
+            out.extend(a)
+        else:
+            out.append(a)
+    return out
+
+
+def _spec_of(template: Any, specs: list[Any]) -> Any:
+    if type(template) is Ref:
+        spec = specs[template.slot]
+        if spec is None:
+            raise _Unknown
+        return spec
+    if type(template) in (list, tuple):
+        return type(template)(_spec_of(e, specs) for e in template)
+    return template
+
+
+class _Unknown(Exception):
+    pass
+
+
+def _shape_result(d: OpDef, tensors: list[Tensor], multi: bool) -> Any:
+    if d.returns == "list":
+        return tensors
+    if d.returns == "any" and multi:
+        return tuple(tensors)
+    return tensors[0]
+
+
+def engine_of(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Engine:
+    """The engine a module-level op runs in: its tensors' session, else the default session.
+
+    A child session may read its parent's tensors: the child is preferred, and so is a
+    default session that is a child of the tensors' session (a request session reading
+    app weights), so the result does not live as long as the parent.
+    """
+    found: Engine | None = None
+    for arg in (*args, *kwargs.values()) if kwargs else args:
+        for item in arg if type(arg) in (list, tuple) else (arg,):
+            ti = type(item)
+            if ti is Expr:
+                item = item._leaf()
+            elif ti is not Tensor:
+                continue
+            owner = item._engine
+            if found is None or (owner is not found and found in owner.ancestors):
+                found = owner
+    default = _defaults.get_default_session()
+    if found is None or (default is not None and found in default._engine.ancestors):  # type: ignore[attr-defined]
+        if default is None:
+            raise NoSessionError(
+                "no session for this op: pass a tensor argument, use `with session.as_default():`,"
+                " or create an InteractiveSession"
+            )
+        engine: Engine = default._engine  # type: ignore[attr-defined]
+        return engine
+    return found

@@ -1,0 +1,333 @@
+"""Awaitable, composable expressions: what tensor operators and methods return.
+
+``a * 2.0 + 1.0`` builds an :class:`Expr` (TF1's graph node) and runs nothing;
+``await e`` evaluates it in one dispatch and gives a :class:`~aiotensor.Tensor`,
+``await e.eval()`` gives its numpy value, and ``s.run(...)`` takes expressions anywhere
+in its structure. Only the results of an evaluation get handles: intermediates are
+freed as soon as the evaluation no longer needs them (see ``_program``).
+
+:class:`Operand` holds what tensors and expressions share: the operators and the
+methods with numpy's ndarray names, generated from the op table by ``_codegen.py``.
+``==`` keeps Python's identity semantics (a tensor is hashable and usable as a dict
+key); element-wise comparison is ``at.equal``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from . import _ops as _ops  # fills OPS
+from ._opdef import OPS, OpDef
+
+if TYPE_CHECKING:
+    from ._tensor import Tensor
+    from ._types import AxisLike, DTypeLike, NDArray, ShapeLike, TensorLike
+
+__all__ = ["Expr", "Operand"]
+
+
+class Operand:
+    """What tensors and expressions share: operators and ndarray-named methods returning :class:`Expr`."""
+
+    __slots__ = ()
+
+    # numpy defers to our reflected operators instead of calling __array__.
+    __array_ufunc__ = None
+
+    @property
+    def T(self) -> Expr:  # noqa: N802 -- numpy's name
+        """The transpose (dimensions reversed), as an expression."""
+        return Expr(_permute_dims, (self, None), None, None)
+
+    # --- generated: operand methods (python -m aiotensor._codegen) ---
+    def __add__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 + x2``, as an expression."""
+        return Expr(_add, (self, other), None, None)
+
+    def __radd__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 + x2`` (reflected), as an expression."""
+        return Expr(_add, (other, self), None, None)
+
+    def __sub__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 - x2``, as an expression."""
+        return Expr(_subtract, (self, other), None, None)
+
+    def __rsub__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 - x2`` (reflected), as an expression."""
+        return Expr(_subtract, (other, self), None, None)
+
+    def __mul__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 * x2``, as an expression."""
+        return Expr(_multiply, (self, other), None, None)
+
+    def __rmul__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 * x2`` (reflected), as an expression."""
+        return Expr(_multiply, (other, self), None, None)
+
+    def __truediv__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 / x2`` (true division), as an expression."""
+        return Expr(_divide, (self, other), None, None)
+
+    def __rtruediv__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 / x2`` (true division) (reflected), as an expression."""
+        return Expr(_divide, (other, self), None, None)
+
+    def __floordiv__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 // x2``, as an expression."""
+        return Expr(_floor_divide, (self, other), None, None)
+
+    def __rfloordiv__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 // x2`` (reflected), as an expression."""
+        return Expr(_floor_divide, (other, self), None, None)
+
+    def __mod__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 % x2`` (sign of the divisor, as python), as an expression."""
+        return Expr(_remainder, (self, other), None, None)
+
+    def __rmod__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 % x2`` (sign of the divisor, as python) (reflected), as an expression."""
+        return Expr(_remainder, (other, self), None, None)
+
+    def __pow__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 ** x2``, as an expression."""
+        return Expr(_pow, (self, other), None, None)
+
+    def __rpow__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 ** x2`` (reflected), as an expression."""
+        return Expr(_pow, (other, self), None, None)
+
+    def __matmul__(self, other: TensorLike) -> Expr:
+        """Matrix product ``x1 @ x2``, batched over leading dimensions, as an expression."""
+        return Expr(_matmul, (self, other), None, None)
+
+    def __rmatmul__(self, other: TensorLike) -> Expr:
+        """Matrix product ``x1 @ x2``, batched over leading dimensions (reflected), as an expression."""
+        return Expr(_matmul, (other, self), None, None)
+
+    def __neg__(self) -> Expr:
+        """Element-wise ``-x``, as an expression."""
+        return Expr(_negative, (self,), None, None)
+
+    def __abs__(self) -> Expr:
+        """Element-wise absolute value, as an expression."""
+        return Expr(_abs, (self,), None, None)
+
+    def __getitem__(self, key: Any) -> Expr:
+        """``x[key]`` with numpy indexing, as an expression."""
+        return Expr(_getitem, *_getitem.spec(self, key))
+
+    def sum(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
+        """Sum over ``axis``, as an expression (see ``AsyncEagerSession.sum``)."""
+        if numpy_kwargs:
+            return _numpy_method(self, "sum", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+        return Expr(_sum, *_sum.spec(self, axis=axis, keepdims=keepdims))
+
+    def prod(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
+        """Product over ``axis``, as an expression (see ``AsyncEagerSession.prod``)."""
+        if numpy_kwargs:
+            return _numpy_method(self, "prod", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+        return Expr(_prod, *_prod.spec(self, axis=axis, keepdims=keepdims))
+
+    def mean(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
+        """Arithmetic mean over ``axis``, as an expression (see ``AsyncEagerSession.mean``)."""
+        if numpy_kwargs:
+            return _numpy_method(self, "mean", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+        return Expr(_mean, *_mean.spec(self, axis=axis, keepdims=keepdims))
+
+    def max(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
+        """Maximum over ``axis`` (an empty reduction raises InvalidArgumentError), as an expression (see ``AsyncEagerSession.max``)."""
+        if numpy_kwargs:
+            return _numpy_method(self, "max", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+        return Expr(_max, *_max.spec(self, axis=axis, keepdims=keepdims))
+
+    def min(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
+        """Minimum over ``axis`` (an empty reduction raises InvalidArgumentError), as an expression (see ``AsyncEagerSession.min``)."""
+        if numpy_kwargs:
+            return _numpy_method(self, "min", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+        return Expr(_min, *_min.spec(self, axis=axis, keepdims=keepdims))
+
+    def std(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
+        """Standard deviation over ``axis`` (``correction=1`` for the sample estimate), as an expression (see ``AsyncEagerSession.std``)."""
+        if numpy_kwargs:
+            return _numpy_method(self, "std", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+        return Expr(_std, *_std.spec(self, axis=axis, keepdims=keepdims))
+
+    def var(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
+        """Variance over ``axis`` (``correction=1`` for the sample estimate), as an expression (see ``AsyncEagerSession.var``)."""
+        if numpy_kwargs:
+            return _numpy_method(self, "var", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+        return Expr(_var, *_var.spec(self, axis=axis, keepdims=keepdims))
+
+    def argmax(self, axis: int | None = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
+        """Index of the maximum along ``axis`` (of the flattened tensor if ``None``), as an expression (see ``AsyncEagerSession.argmax``)."""
+        if numpy_kwargs:
+            return _numpy_method(self, "argmax", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+        return Expr(_argmax, *_argmax.spec(self, axis=axis, keepdims=keepdims))
+
+    def argmin(self, axis: int | None = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
+        """Index of the minimum along ``axis`` (of the flattened tensor if ``None``), as an expression (see ``AsyncEagerSession.argmin``)."""
+        if numpy_kwargs:
+            return _numpy_method(self, "argmin", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+        return Expr(_argmin, *_argmin.spec(self, axis=axis, keepdims=keepdims))
+
+    def reshape(self, shape: ShapeLike, **numpy_kwargs: Any) -> Expr:
+        """The same elements in a new shape (one dimension may be -1), as an expression (see ``AsyncEagerSession.reshape``)."""
+        if numpy_kwargs:
+            return _numpy_method(self, "reshape", (shape,), numpy_kwargs)
+        return Expr(_reshape, *_reshape.spec(self, shape))
+
+    def astype(self, dtype: DTypeLike, **numpy_kwargs: Any) -> Expr:
+        """``x`` converted to ``dtype`` (numpy's casting rules, ``unsafe`` as numpy's ``astype``), as an expression (see ``AsyncEagerSession.astype``)."""
+        if numpy_kwargs:
+            return _numpy_method(self, "astype", (dtype,), numpy_kwargs)
+        return Expr(_astype, *_astype.spec(self, dtype))
+
+    def transpose(self, axes: Sequence[int] | None = None, **numpy_kwargs: Any) -> Expr:
+        """Dimensions reordered by ``axes`` (a transpose; ``None`` reverses them), as an expression (see ``AsyncEagerSession.permute_dims``)."""
+        if numpy_kwargs:
+            return _numpy_method(self, "transpose", (axes,), numpy_kwargs)
+        return Expr(_permute_dims, *_permute_dims.spec(self, axes))
+
+    def clip(self, min: TensorLike | None = None, max: TensorLike | None = None, **numpy_kwargs: Any) -> Expr:
+        """Element-wise ``x`` limited to ``[min, max]`` (either bound may be ``None``), as an expression (see ``AsyncEagerSession.clip``)."""
+        if numpy_kwargs:
+            return _numpy_method(self, "clip", (min, max,), numpy_kwargs)
+        return Expr(_clip, *_clip.spec(self, min, max))
+
+    def squeeze(self, axis: AxisLike = None, **numpy_kwargs: Any) -> Expr:
+        """Dimensions of size 1 removed (only ``axis`` if given), as an expression (see ``AsyncEagerSession.squeeze``)."""
+        if numpy_kwargs:
+            return _numpy_method(self, "squeeze", (axis,), numpy_kwargs)
+        return Expr(_squeeze, *_squeeze.spec(self, axis))
+    # --- end generated ---
+
+
+class Expr(Operand):
+    """An op applied to tensors, expressions and values, not run yet. Made by operators and tensor methods.
+
+    Await it for a :class:`~aiotensor.Tensor` (each evaluation computes it anew), or
+    ``await e.eval()`` for its numpy value. Session methods, module-level ops,
+    operators and ``run`` accept expressions wherever they accept tensors. An
+    expression garbage-collected without ever being evaluated warns, as a coroutine
+    never awaited does.
+    """
+
+    __slots__ = ("__weakref__", "_args", "_d", "_kwargs", "_nbytes", "_used")
+
+    def __init__(self, d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, nbytes: int | None) -> None:
+        for a in args:
+            ta = type(a)
+            if ta is Expr:
+                a._used = True  # evaluated as part of this one (or this one warns)
+            elif ta is list or ta is tuple:
+                for e in a:
+                    if type(e) is Expr:
+                        e._used = True
+        self._d = d
+        self._args = args
+        self._kwargs = kwargs
+        self._nbytes = nbytes
+        self._used = False
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        if not getattr(self, "_used", True):
+            try:
+                _warn(f"expression {self!r} was never evaluated (await it)", RuntimeWarning, source=self, stacklevel=1)
+            except Exception:  # at interpreter shutdown, or a warning filter set to "error"
+                pass
+
+    @property
+    def op(self) -> str:
+        """The name of the op at the root of this expression."""
+        return self._d.name
+
+    def _leaf(self) -> Tensor:
+        # The first tensor of the expression: its engine finds the one that evaluates.
+        stack: list[Any] = [self]
+        seen: set[int] = set()
+        while stack:
+            node = stack.pop()
+            for a in (*node._args, *(node._kwargs or {}).values()):
+                for x in a if type(a) in (list, tuple) else (a,):
+                    if type(x) is Expr:
+                        if id(x) not in seen:
+                            seen.add(id(x))
+                            stack.append(x)
+                    elif isinstance(x, Operand):
+                        leaf: Tensor = x  # type: ignore[assignment]  # the only other Operand
+                        return leaf
+        raise TypeError("an expression without any tensor")  # pragma: no cover - operators need one
+
+    def __await__(self) -> Generator[Any, None, Tensor]:
+        self._used = True
+        return self._leaf()._engine.evaluate_expr(self).__await__()
+
+    async def eval(self, session: Any = None) -> NDArray:
+        """The numpy value, computed in ``session`` (default: the session of its tensors), like ``Tensor.eval``."""
+        self._used = True
+        engine = self._leaf()._engine if session is None else session._engine
+        (value,) = await engine.run_values([self], "eval")
+        return value
+
+    def __bool__(self) -> bool:
+        raise TypeError("the truth value of an expression needs its data: use bool(await e.eval())")
+
+    def __repr__(self) -> str:
+        parts = [_short(a) for a in self._args]
+        parts += [f"{k}={_short(v)}" for k, v in (self._kwargs or {}).items() if v is not None]
+        return f"Expr({self._d.name}({', '.join(parts)}))"
+
+
+def _numpy_method(x: Operand, method: str, args: Any, numpy_kwargs: dict[str, Any]) -> Expr:
+    # np.mean(t) and friends call t.mean(..., out=None): give numpy's answer on the buffer
+    # (a local tensor is readable without suspending, as np.asarray(t) is).
+    if type(x) is Expr:
+        raise TypeError(f"numpy's {method}() needs data: await the expression first (await e).{method}(...)")
+    if isinstance(args, dict):
+        result = getattr(np.asarray(x), method)(**args, **numpy_kwargs)
+    else:
+        result = getattr(np.asarray(x), method)(*args, **numpy_kwargs)
+    return cast("Expr", result)  # an ndarray or a numpy scalar: numpy's own result
+
+
+def _short(x: Any) -> str:
+    if type(x) is Expr:
+        return f"<{x._d.name}>"
+    if isinstance(x, Operand):
+        return repr(getattr(x, "name", "?"))
+    text = repr(x)
+    return text if len(text) <= 30 else f"{type(x).__name__}"
+
+
+_permute_dims = OPS["permute_dims"]
+
+# generated bindings
+_abs = OPS["abs"]
+_add = OPS["add"]
+_argmax = OPS["argmax"]
+_argmin = OPS["argmin"]
+_astype = OPS["astype"]
+_clip = OPS["clip"]
+_divide = OPS["divide"]
+_floor_divide = OPS["floor_divide"]
+_getitem = OPS["getitem"]
+_matmul = OPS["matmul"]
+_max = OPS["max"]
+_mean = OPS["mean"]
+_min = OPS["min"]
+_multiply = OPS["multiply"]
+_negative = OPS["negative"]
+_permute_dims = OPS["permute_dims"]
+_pow = OPS["pow"]
+_prod = OPS["prod"]
+_remainder = OPS["remainder"]
+_reshape = OPS["reshape"]
+_squeeze = OPS["squeeze"]
+_std = OPS["std"]
+_subtract = OPS["subtract"]
+_sum = OPS["sum"]
+_var = OPS["var"]

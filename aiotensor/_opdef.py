@@ -1,0 +1,165 @@
+"""An op, defined once as data: :class:`OpDef`, and the table every surface is derived from.
+
+Each op of the library is one ``@op(...)`` entry in ``_ops/``: a *spec* function whose
+signature is the op's public signature and whose body checks the arguments on the
+caller's side (the event loop thread) and says what the kernel gets, plus the kernel,
+the op's cost class and how many of its leading arguments are tensor values. Session
+methods, module-level functions, tensor operators and methods, expression nodes and the
+ops of fused functions are all derived from :data:`OPS` (the first three by
+``_codegen.py``, as real source with a staleness test, so that type checkers and IDEs
+see them; the last two at run time).
+
+Kernels are written against an *array namespace* ``xp`` given by the backend (numpy
+for the local and Dask backends): a kernel is either the name of a function of the
+namespace (``"add"``) or a function ``fn(xp, *args, **kwargs)``.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, Literal
+
+__all__ = ["OPS", "Cost", "OpDef", "Prepared", "namespace", "op", "op_named"]
+
+#: What a spec returns: the kernel's positional args, keyword args and the output's
+#: size in bytes when it is known before the kernel runs (creation ops), else None.
+Prepared = tuple[tuple[Any, ...], dict[str, Any] | None, int | None]
+
+
+class Cost(enum.Enum):
+    """How an op's kernel time grows, for the inline-or-pool estimate (see ``_cost.py``)."""
+
+    MEMORY = "memory"  # bytes touched at memory speed: arithmetic, comparisons, copies
+    MATH = "math"  # bytes touched at transcendental speed: exp, divide, std
+    INDEX = "index"  # fancy indexing
+    PRODUCT = "product"  # flops: matmul, tensordot, einsum
+    CREATE = "create"  # creation ops: output bytes known before the kernel runs
+    UNKNOWN = "unknown"  # never inlined (apply, anything new)
+
+
+class OpDef:
+    """One op: its spec (signature, checks, docstring), kernel and cost class."""
+
+    __slots__ = (
+        "_np_kernel",
+        "blas",
+        "cost",
+        "data",
+        "kernel",
+        "name",
+        "plain",
+        "returns",
+        "spec",
+        "user",
+    )
+
+    def __init__(
+        self,
+        spec: Callable[..., Prepared | None],
+        kernel: str | Callable[..., Any],
+        *,
+        data: int,
+        cost: Cost,
+        plain: bool,
+        returns: Literal["one", "list", "any"],
+        blas: bool,
+        user: bool,
+    ) -> None:
+        self.name: str = spec.__name__.rstrip("_")
+        self.spec = spec
+        self.kernel = kernel
+        #: Leading positional args that are tensor values (non-tensors are checked numeric).
+        self.data = data
+        self.cost = cost
+        #: The spec checks nothing: the public args go to the kernel as they are.
+        self.plain = plain
+        self.returns = returns
+        #: The kernel calls BLAS (the local backend gates those; see ``_blas``).
+        self.blas = blas
+        #: The kernel is the user's (``apply``): its errors are KernelError, not InvalidArgumentError.
+        self.user = user
+        self._np_kernel: Callable[..., Any] | None = None
+
+    @property
+    def doc(self) -> str | None:
+        """The op's docstring (its spec's)."""
+        return self.spec.__doc__
+
+    def prepare(self, *args: Any, **kwargs: Any) -> Prepared:
+        """Check the public arguments; what the kernel gets (on the caller's thread)."""
+        if self.plain:
+            return args, kwargs or None, None
+        prepared = self.spec(*args, **kwargs)
+        assert prepared is not None
+        return prepared
+
+    def kernel_for(self, xp: ModuleType) -> Callable[..., Any]:
+        """The kernel as a plain callable computing with namespace ``xp``."""
+        if xp.__name__ == "numpy":
+            k = self._np_kernel
+            if k is None:
+                k = self._np_kernel = self._resolve(xp)
+            return k
+        return self._resolve(xp)
+
+    def _resolve(self, xp: ModuleType) -> Callable[..., Any]:
+        kernel = self.kernel
+        if isinstance(kernel, str):
+            fn: Callable[..., Any] = getattr(xp, kernel)
+            return fn
+        return functools.partial(kernel, xp)
+
+    def __reduce__(self) -> tuple[Callable[[str], OpDef], tuple[str]]:
+        # Pickled by name (backends that ship kernels to other processes find it there).
+        return op_named, (self.name,)
+
+    def __repr__(self) -> str:
+        return f"<op {self.name}>"
+
+
+#: Every op of the library, by name, in definition order.
+OPS: dict[str, OpDef] = {}
+
+
+def op_named(name: str) -> OpDef:
+    """The op called ``name`` (how an :class:`OpDef` unpickles)."""
+    if not OPS:  # in a fresh worker process: the families register on import
+        importlib.import_module("aiotensor._ops")
+    return OPS[name]
+
+
+def op(
+    kernel: str | Callable[..., Any],
+    *,
+    data: int = 0,
+    cost: Cost = Cost.UNKNOWN,
+    plain: bool = False,
+    returns: Literal["one", "list", "any"] = "one",
+    blas: bool = False,
+    user: bool = False,
+) -> Callable[[Callable[..., Prepared | None]], OpDef]:
+    """Define an op from its spec function (see the module docstring)."""
+
+    def define(spec: Callable[..., Prepared | None]) -> OpDef:
+        d = OpDef(spec, kernel, data=data, cost=cost, plain=plain, returns=returns, blas=blas, user=user)
+        if d.name in OPS:
+            raise RuntimeError(f"op {d.name!r} is defined twice")
+        OPS[d.name] = d
+        return d
+
+    return define
+
+
+_namespaces: dict[str, ModuleType] = {}
+
+
+def namespace(name: str) -> ModuleType:
+    """The array namespace module called ``name`` (``"numpy"``), imported once."""
+    xp = _namespaces.get(name)
+    if xp is None:
+        xp = _namespaces[name] = importlib.import_module(name)
+    return xp

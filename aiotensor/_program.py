@@ -1,0 +1,251 @@
+"""Kernels made of ops: one op (:class:`Step`), or a whole expression (:class:`Program`).
+
+Evaluating an expression compiles its graph into a :class:`Program`: the nodes in an
+order where each comes after its inputs, common subexpressions merged (two nodes with
+the same op on the same inputs and values are one node), each intermediate dropped right
+after its last use. The program runs as *one* kernel, so a ten-op expression costs one
+dispatch (one thread hop, or one Dask task), and only its results are registered.
+
+Both classes are plain picklable objects (ops pickle by name), so a backend may run
+them in another process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._errors import ResourceExhaustedError
+from ._kernels import as_numeric, kernel_error
+from ._opdef import OpDef, namespace
+
+if TYPE_CHECKING:
+    from ._expr import Expr
+
+__all__ = ["Budget", "Program", "Ref", "Step"]
+
+
+class Step:
+    """One op as a kernel: ``d``'s kernel, with its first ``checked`` args checked numeric."""
+
+    __slots__ = ("checked", "d", "name", "xp")
+
+    def __init__(self, d: OpDef, checked: int, xp: str, name: str | None = None) -> None:
+        self.d = d
+        self.name = d.name if name is None else name
+        self.checked = checked
+        self.xp = xp
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        kernel = self.d.kernel_for(namespace(self.xp))
+        n = self.checked
+        if n:
+            args = (*[as_numeric(a) for a in args[:n]], *args[n:])
+        return kernel(*args, **kwargs)
+
+    @property
+    def __name__(self) -> str:  # type: ignore[override]  # how backends name the task
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"Step({self.d.name})"
+
+
+class Ref:
+    """A reference to a value of a program: a leaf buffer or a node's output."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+
+    def __reduce__(self) -> tuple[type[Ref], tuple[int]]:
+        return Ref, (self.slot,)
+
+
+class Budget:
+    """Bytes the intermediates of one run may hold at once, and what they held.
+
+    The engine sets ``limit`` right before the kernel runs (after the safe point and
+    any wait for memory), from what ``memory_limit`` leaves free then.
+    """
+
+    __slots__ = ("count", "escaped", "limit", "live", "peak", "where")
+
+    def __init__(self, where: str) -> None:
+        self.where = where  # "a fused function", "an expression": for error messages
+        self.limit: int | None = None
+        self.count = 0
+        self.escaped = 0  # values made in the run that became its results (registered)
+        self.live = 0
+        self.peak = 0
+
+    def made(self, nbytes: int, op: str) -> None:
+        """Account for a value of ``nbytes`` made by ``op``; raise if it does not fit."""
+        live = self.live + nbytes
+        if self.limit is not None and live > self.limit:
+            raise ResourceExhaustedError(
+                f"{op} inside {self.where}: {live} bytes of intermediates would exceed the {self.limit} bytes"
+                " the session's memory_limit left free"
+            )
+        self.count += 1
+        self.live = live
+        if live > self.peak:
+            self.peak = live
+
+
+def _resolve(template: Any, vals: list[Any]) -> Any:
+    if type(template) is Ref:
+        return vals[template.slot]
+    if type(template) in (list, tuple) and any(type(e) is Ref for e in template):
+        return type(template)(vals[e.slot] if type(e) is Ref else e for e in template)
+    return template
+
+
+class Program:
+    """The nodes of an expression, run in order as one kernel; called with the leaf buffers."""
+
+    __slots__ = ("blas", "budget", "nleaves", "roots", "steps", "xp")
+
+    def __init__(
+        self,
+        steps: list[tuple[OpDef, tuple[Any, ...], dict[str, Any] | None, int, tuple[int, ...]]],
+        roots: list[int],
+        nleaves: int,
+        xp: str,
+    ) -> None:
+        #: (op, arg templates, kwargs, checked, slots to drop after it) per node.
+        self.steps = steps
+        self.roots = roots
+        self.nleaves = nleaves
+        self.xp = xp
+        self.blas = any(s[0].blas for s in steps)
+        self.budget = Budget("an expression")
+
+    @property
+    def __name__(self) -> str:  # type: ignore[override]  # how backends name the task
+        return "expr_" + "_".join(dict.fromkeys(s[0].name for s in self.steps[-3:]))
+
+    def __call__(self, *leaves: Any) -> list[Any]:
+        xp = namespace(self.xp)
+        budget = self.budget
+        vals: list[Any] = [*leaves, *([None] * len(self.steps))]
+        sizes = [0] * len(vals)
+        slot = self.nleaves
+        for d, templates, kwargs, checked, drop in self.steps:
+            args = tuple([_resolve(t, vals) for t in templates])
+            kw = {k: _resolve(v, vals) for k, v in kwargs.items()} if kwargs else {}
+            try:
+                call = (*[as_numeric(a) for a in args[:checked]], *args[checked:]) if checked else args
+                out = d.kernel_for(xp)(*call, **kw)
+            except Exception as exc:
+                raise kernel_error(d.name, args, exc, d.user) from exc
+            nbytes = getattr(out, "nbytes", 0) if getattr(out, "base", None) is None else 0
+            budget.made(nbytes, d.name)
+            vals[slot] = out
+            sizes[slot] = nbytes
+            for s in drop:  # last use: free it now, not at the end of the run
+                vals[s] = None
+                budget.live -= sizes[s]
+            slot += 1
+        out: list[Any] = []
+        budget.escaped = sum(1 for r in set(self.roots) if sizes[r])
+        for r in self.roots:  # a multi-output root (split) gives several buffers
+            v = vals[r]
+            if isinstance(v, list | tuple):
+                out.extend(v)
+            else:
+                out.append(v)
+        return out
+
+
+def _children(node: Expr) -> list[Any]:
+    found: list[Any] = []
+    for a in (*node._args, *(node._kwargs or {}).values()):
+        if type(a) in (list, tuple):
+            found.extend(a)
+        else:
+            found.append(a)
+    return found
+
+
+def compile_program(
+    roots: list[Expr], is_leaf: Callable[[Any], bool], xp: str, expr_type: type[Expr]
+) -> tuple[Program, list[Any]]:
+    """The program of ``roots`` and its leaves (the tensors it reads, each once, in slot order)."""
+    order: list[Expr] = []
+    leaves: list[Any] = []
+    slots: dict[int, int] = {}  # id(tensor or expr) -> slot of its value
+    stack: list[tuple[Expr, bool]] = [(r, False) for r in reversed(roots)]
+    visited: set[int] = set()
+    while stack:  # iterative post-order: a 10,000-deep expression must not recurse
+        node, ready = stack.pop()
+        if ready:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        for x in _children(node):
+            if type(x) is expr_type:
+                if id(x) not in visited:
+                    stack.append((x, False))
+            elif id(x) not in slots and is_leaf(x):
+                slots[id(x)] = len(leaves)
+                leaves.append(x)
+
+    def arg(x: Any) -> Any:
+        slot = slots.get(id(x))
+        if slot is not None and (type(x) is expr_type or is_leaf(x)):
+            return Ref(slot)
+        if type(x) in (list, tuple):
+            return type(x)(arg(e) for e in x)
+        return x
+
+    nleaves = len(leaves)
+    merged: dict[Any, int] = {}  # structural key -> slot
+    steps: list[list[Any]] = []
+    last: dict[int, int] = {}  # slot -> index of the last step reading it
+    for node in order:
+        d = node._d
+        args = tuple(arg(a) for a in node._args)
+        kwargs = {k: arg(v) for k, v in node._kwargs.items()} if node._kwargs else None
+        key = (d.name, _key(args), _key(tuple(sorted(kwargs.items()))) if kwargs else None)
+        hit = merged.get(key)
+        if hit is not None:  # a common subexpression: computed once
+            slots[id(node)] = hit
+            continue
+        checked = d.data if any(type(a) is not Ref for a in args[: d.data]) else 0
+        for ref in _refs(args, kwargs):
+            last[ref.slot] = len(steps)
+        slots[id(node)] = merged[key] = nleaves + len(steps)
+        steps.append([d, args, kwargs, checked, ()])
+    root_slots = [slots[id(r)] for r in roots]
+    keep = set(root_slots)
+    for s, i in last.items():
+        if s >= nleaves and s not in keep:
+            steps[i][4] = (*steps[i][4], s)
+    program = Program([(s[0], s[1], s[2], s[3], s[4]) for s in steps], root_slots, nleaves, xp)
+    return program, leaves
+
+
+def _key(x: Any) -> Any:
+    """A hashable key of a node argument, for merging common subexpressions."""
+    tx = type(x)
+    if tx in (int, float, bool, complex, str, type(None)):
+        return (tx, x)
+    if tx is Ref:
+        return ("slot", x.slot)
+    if tx in (list, tuple):
+        return (tx, tuple(_key(e) for e in x))
+    return ("id", id(x))  # arrays, dtypes, user objects: the same object only
+
+
+def _refs(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[Ref]:
+    found: list[Ref] = []
+    for a in (*args, *(kwargs or {}).values()):
+        for x in a if type(a) in (list, tuple) else (a,):
+            if type(x) is Ref:
+                found.append(x)
+    return found
