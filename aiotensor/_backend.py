@@ -17,8 +17,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol
 
-from ._devices import CPU0
 from ._blas import Gated
+from ._devices import CPU0
 from ._kernels import KernelResult, run_kernel
 from ._types import NDArray
 

@@ -24,7 +24,10 @@ from ._opdef import OPS, OpDef
 __all__ = ["generate", "main"]
 
 HERE = Path(__file__).parent
-BEGIN, END = "    # --- generated: operand methods (python -m aiotensor._codegen) ---\n", "    # --- end generated ---\n"
+BEGIN, END = (
+    "    # --- generated: operand methods (python -m aiotensor._codegen) ---\n",
+    "    # --- end generated ---\n",
+)
 #: Other names of an op: the same op under a numpy-familiar name.
 ALIASES = {"asarray": "constant"}
 _RETURNS = {"one": "Tensor", "list": "list[Tensor]", "any": "Tensor | tuple[Tensor, ...]"}
@@ -45,7 +48,10 @@ _UNARY = [("neg", "negative"), ("abs", "abs")]
 _REDUCE = "axis: AxisLike = None, keepdims: bool = False"
 _METHODS = [
     *[(m, m, _REDUCE, "axis=axis, keepdims=keepdims") for m in ("sum", "prod", "mean", "max", "min", "std", "var")],
-    *[(m, m, "axis: int | None = None, keepdims: bool = False", "axis=axis, keepdims=keepdims") for m in ("argmax", "argmin")],
+    *[
+        (m, m, "axis: int | None = None, keepdims: bool = False", "axis=axis, keepdims=keepdims")
+        for m in ("argmax", "argmin")
+    ],
     ("reshape", "reshape", "shape: ShapeLike", "shape"),
     ("astype", "astype", "dtype: DTypeLike", "dtype"),
     ("transpose", "permute_dims", "axes: Sequence[int] | None = None", "axes"),
@@ -110,8 +116,8 @@ def _body(d: OpDef, call: str, target: str, has_name: bool, indent: str) -> str:
         prepared = f"({call}{',' if call.count(',') == 0 and call else ''}), None, None"
         return f"{indent}r: {ret} = await {target}.op(_{d.name}, {prepared}, {name})\n{indent}return r\n"
     return (
-        f"{indent}args, kwargs, nbytes = _{d.name}.spec({call})\n"
-        f"{indent}r: {ret} = await {target}.op(_{d.name}, args, kwargs, nbytes, {name})\n"
+        f"{indent}p_args, p_kwargs, p_nbytes = _{d.name}.spec({call})\n"
+        f"{indent}r: {ret} = await {target}.op(_{d.name}, p_args, p_kwargs, p_nbytes, {name})\n"
         f"{indent}return r\n"
     )
 
@@ -153,7 +159,7 @@ def session_ops() -> str:
         out.append(f"\n    async def {alias}(self, {params}) -> {_RETURNS[d.returns]}:\n")
         out.append(_doc(d, "        "))
         out.append(_body(d, call, "self._engine", has_name, "        "))
-    return "".join(out).replace("Callable, Sequence", "Sequence").replace(", Any\n", "\n")
+    return "".join(out)
 
 
 def functional() -> str:
@@ -166,9 +172,13 @@ def functional() -> str:
             " :class:`NoSessionError`. When the\ndefault session is a child (``parent=``) of the"
             " tensors' session, the child runs the op and owns\nthe result. Each function is the"
             " session method of the same name.\n\n"
-        ).replace("from ._opdef import OPS\n", "from ._engine import engine_of\nfrom ._opdef import OPS\nfrom ._session_ops import SessionOps\n"),
-        "\nif TYPE_CHECKING:\n    from ._tensor import Tensor\n    from ._types import AxisLike, DTypeLike, ShapeLike, TensorLike\n\n",
-        "__all__ = [\n" + "".join(f'    "{n}",\n' for n in sorted(n for n, _ in _surface())) + "]\n\n",
+        ).replace(
+            "from ._opdef import OPS\n",
+            "from ._engine import engine_of\nfrom ._opdef import OPS\nfrom ._session_ops import SessionOps\n",
+        ),
+        "\nif TYPE_CHECKING:\n    from ._tensor import Tensor\n"
+        "    from ._types import AxisLike, DTypeLike, ShapeLike, TensorLike\n\n",
+        "__all__ = [\n" + "".join(f'    "{n}",\n' for n in sorted(name for name, _ in _surface())) + "]\n\n",
         _bindings(),
     ]
     for alias, d in _surface():
@@ -186,13 +196,13 @@ def functional() -> str:
         out.append(_doc(d, "    "))
         out.append(_body(d, call, f"engine_of({seen}, {seen_kw})", has_name, "    "))
     out.append(
-        "\n\n# The public namespace is aiotensor's, and each function's docstring is its session method's, to the letter.\n"
+        "\n\n# The public namespace is aiotensor's; each function's docstring is its session method's.\n"
         "for _name in __all__:\n"
         "    _fn = globals()[_name]\n"
         '    _fn.__module__ = "aiotensor"\n'
         "    _fn.__doc__ = getattr(SessionOps, _name).__doc__\n"
     )
-    return "".join(out).replace("Callable, Sequence", "Sequence").replace(", Any\n", "\n")
+    return "".join(out)
 
 
 def operand_methods() -> str:
@@ -225,7 +235,8 @@ def operand_methods() -> str:
         first = (OPS[name].spec.__doc__ or "").strip().splitlines()[0].rstrip(".")
         # numpy functions call these methods on non-ndarrays (np.mean(t) calls t.mean(axis=...,
         # dtype=..., out=...)): with numpy's extra keywords, answer as numpy would on np.asarray(t).
-        passed = f"dict({call})" if "=" in call else f"({call},)"
+        keywords = ", ".join(f'"{k}": {k}' for k in (c.split("=")[0] for c in call.split(", ")))
+        passed = f"{{{keywords}}}" if "=" in call else f"({call},)"
         out.append(
             f"    def {method}(self, {params}, **numpy_kwargs: Any) -> Expr:\n"
             f'        """{first}, as an expression (see ``AsyncEagerSession.{name}``)."""\n'

@@ -111,7 +111,7 @@ def out_spec(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> 
 
 def _touched_bytes(arrays: list[Any], nbytes: int | None) -> int:
     """Bytes read plus bytes written, the output sized from the inputs' shapes."""
-    total = sum(a.nbytes for a in arrays)
+    total: int = sum(a.nbytes for a in arrays)
     if nbytes is not None:
         return total + nbytes
     if not arrays:
@@ -119,7 +119,8 @@ def _touched_bytes(arrays: list[Any], nbytes: int | None) -> int:
     shape = _broadcast(arrays)
     if shape is None:
         return 2 * total
-    return total + math.prod(shape) * max(a.itemsize for a in arrays)
+    itemsize: int = max(a.itemsize for a in arrays)
+    return total + math.prod(shape) * itemsize
 
 
 def _product_flops(d: OpDef, arrays: list[Any]) -> float:
@@ -180,5 +181,3 @@ def estimate_us(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, 
         return float(OVERHEAD_NS + (out + sum(a.nbytes for a in arrays)) * _PER_BYTE[cost]) / 1000.0
     assert per_byte is not None
     return (OVERHEAD_NS + _touched_bytes(arrays, nbytes) * per_byte) / 1000.0
-
-

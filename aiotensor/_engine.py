@@ -297,8 +297,7 @@ class Engine:
         checked = 0
         bufs = []
         try:
-            i = 0
-            for a in args:
+            for i, a in enumerate(args):
                 ta = type(a)
                 if ta is Tensor:
                     bufs.append(self.buffer(a, label))
@@ -308,7 +307,6 @@ class Engine:
                     if i < n:
                         checked = n
                     bufs.append(self._seq(a, label) if ta is list or ta is tuple else a)
-                i += 1
             kw = {k: self._value(v, label) for k, v in kwargs.items()} if kwargs else {}
         except _HasExpr:
             node = Expr(d, args, kwargs, nbytes)
@@ -316,7 +314,7 @@ class Engine:
             return result
         device = self.place(label)
         limit = self._inline_us
-        if limit and d.cost is not _UNKNOWN and estimate_us(d, bufs, kw, nbytes) <= limit:
+        if limit and d.cost is not _UNKNOWN and estimate_us(d, bufs, kw, nbytes) <= limit:  # type: ignore[arg-type]
             return await self._inline(d, label, bufs, kw, nbytes, name, checked, args, device)
         step = Step(d, checked, self._xp_name, getattr(args[0], "__name__", None) if d.user else None)
         described = args[1:] if d.user else args  # apply: the function is in the label
@@ -444,7 +442,11 @@ class Engine:
                 try:
                     # blas= only when set: a backend written before it existed still runs the rest.
                     submit = self.backend.submit
-                    pending = submit(kernel, bufs, kw, device=device, blas=True) if blas else submit(kernel, bufs, kw, device=device)
+                    pending = (
+                        submit(kernel, bufs, kw, device=device, blas=True)
+                        if blas
+                        else submit(kernel, bufs, kw, device=device)
+                    )
                 except RuntimeError as exc:
                     raise BackendError(f"{label}: the backend cannot run kernels: {exc}") from exc
                 result = await self._await_kernel(pending)
@@ -594,13 +596,17 @@ class Engine:
             r = roots[0]
             if not any(type(x) is Expr for x in _flat(r._args, r._kwargs)):
                 # One node on tensors and values: the op path, without compiling anything.
-                engine = self._engine_for([x for x in _flat(r._args, r._kwargs) if type(x) is Tensor]) if choose else self
+                engine = (
+                    self._engine_for([x for x in _flat(r._args, r._kwargs) if type(x) is Tensor]) if choose else self
+                )
                 return [await engine.op(r._d, r._args, r._kwargs, r._nbytes, name)]
         program, leaves = compile_program(roots, _is_tensor, self._xp_name, Expr)
         engine = self._engine_for(leaves) if choose else self
         return await engine._run_program(program, leaves, roots, name)
 
-    async def _run_program(self, program: Program, leaves: list[Tensor], roots: list[Expr], name: str | None) -> list[Any]:
+    async def _run_program(
+        self, program: Program, leaves: list[Tensor], roots: list[Expr], name: str | None
+    ) -> list[Any]:
         if self.state is not _OPEN:
             await self.open()
         self.check_loop()
@@ -608,7 +614,15 @@ class Engine:
         bufs = tuple(self.buffer(t, label) for t in leaves)
         est = self._program_cost(program, leaves)
         tensors, _ = await self.call(
-            label, program, bufs, {}, tuple(leaves), user=False, name=name, est_us=est, budget=program.budget,
+            label,
+            program,
+            bufs,
+            {},
+            tuple(leaves),
+            user=False,
+            name=name,
+            est_us=est,
+            budget=program.budget,
             blas=program.blas,
         )
         if len(roots) == 1 and roots[0]._d.returns != "one":

@@ -15,7 +15,7 @@ key); element-wise comparison is ``at.equal``.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -39,7 +39,7 @@ class Operand:
     __array_ufunc__ = None
 
     @property
-    def T(self) -> Expr:  # noqa: N802 -- numpy's name
+    def T(self) -> Expr:
         """The transpose (dimensions reversed), as an expression."""
         return Expr(_permute_dims, (self, None), None, None)
 
@@ -123,55 +123,55 @@ class Operand:
     def sum(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
         """Sum over ``axis``, as an expression (see ``AsyncEagerSession.sum``)."""
         if numpy_kwargs:
-            return _numpy_method(self, "sum", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+            return _numpy_method(self, "sum", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
         return Expr(_sum, *_sum.spec(self, axis=axis, keepdims=keepdims))
 
     def prod(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
         """Product over ``axis``, as an expression (see ``AsyncEagerSession.prod``)."""
         if numpy_kwargs:
-            return _numpy_method(self, "prod", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+            return _numpy_method(self, "prod", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
         return Expr(_prod, *_prod.spec(self, axis=axis, keepdims=keepdims))
 
     def mean(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
         """Arithmetic mean over ``axis``, as an expression (see ``AsyncEagerSession.mean``)."""
         if numpy_kwargs:
-            return _numpy_method(self, "mean", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+            return _numpy_method(self, "mean", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
         return Expr(_mean, *_mean.spec(self, axis=axis, keepdims=keepdims))
 
     def max(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
         """Maximum over ``axis`` (an empty reduction raises InvalidArgumentError), as an expression (see ``AsyncEagerSession.max``)."""
         if numpy_kwargs:
-            return _numpy_method(self, "max", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+            return _numpy_method(self, "max", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
         return Expr(_max, *_max.spec(self, axis=axis, keepdims=keepdims))
 
     def min(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
         """Minimum over ``axis`` (an empty reduction raises InvalidArgumentError), as an expression (see ``AsyncEagerSession.min``)."""
         if numpy_kwargs:
-            return _numpy_method(self, "min", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+            return _numpy_method(self, "min", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
         return Expr(_min, *_min.spec(self, axis=axis, keepdims=keepdims))
 
     def std(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
         """Standard deviation over ``axis`` (``correction=1`` for the sample estimate), as an expression (see ``AsyncEagerSession.std``)."""
         if numpy_kwargs:
-            return _numpy_method(self, "std", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+            return _numpy_method(self, "std", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
         return Expr(_std, *_std.spec(self, axis=axis, keepdims=keepdims))
 
     def var(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
         """Variance over ``axis`` (``correction=1`` for the sample estimate), as an expression (see ``AsyncEagerSession.var``)."""
         if numpy_kwargs:
-            return _numpy_method(self, "var", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+            return _numpy_method(self, "var", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
         return Expr(_var, *_var.spec(self, axis=axis, keepdims=keepdims))
 
     def argmax(self, axis: int | None = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
         """Index of the maximum along ``axis`` (of the flattened tensor if ``None``), as an expression (see ``AsyncEagerSession.argmax``)."""
         if numpy_kwargs:
-            return _numpy_method(self, "argmax", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+            return _numpy_method(self, "argmax", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
         return Expr(_argmax, *_argmax.spec(self, axis=axis, keepdims=keepdims))
 
     def argmin(self, axis: int | None = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
         """Index of the minimum along ``axis`` (of the flattened tensor if ``None``), as an expression (see ``AsyncEagerSession.argmin``)."""
         if numpy_kwargs:
-            return _numpy_method(self, "argmin", dict(axis=axis, keepdims=keepdims), numpy_kwargs)
+            return _numpy_method(self, "argmin", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
         return Expr(_argmin, *_argmin.spec(self, axis=axis, keepdims=keepdims))
 
     def reshape(self, shape: ShapeLike, **numpy_kwargs: Any) -> Expr:
@@ -217,6 +217,7 @@ class Expr(Operand):
     """
 
     __slots__ = ("__weakref__", "_args", "_d", "_kwargs", "_nbytes", "_used")
+    _used: bool
 
     def __init__(self, d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, nbytes: int | None) -> None:
         for a in args:

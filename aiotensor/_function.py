@@ -85,7 +85,7 @@ class FusedValue:
         return self._arr.nbytes
 
     @property
-    def T(self) -> FusedValue:  # noqa: N802 -- numpy's name
+    def T(self) -> FusedValue:
         """The transpose (dimensions reversed)."""
         out: FusedValue = self._ops._run(OPS["permute_dims"], self, None)
         return out
@@ -129,9 +129,7 @@ class FusedOps:
 
     def _run(self, d: OpDef, *args: Any, **kwargs: Any) -> Any:
         # The same spec and kernel as the op outside, on this thread, at once.
-        if not d.plain and "name" not in d.spec.__code__.co_varnames:
-            kwargs.pop("name", None)
-        elif d.plain:
+        if (not d.plain and "name" not in d.spec.__code__.co_varnames) or d.plain:
             kwargs.pop("name", None)
         args, kw, _ = d.prepare(*args, **kwargs)
         label = d.name
@@ -191,9 +189,9 @@ for _stem, _name in (
 ):
     setattr(FusedValue, f"__{_stem}__", _operator(_name))
     setattr(FusedValue, f"__r{_stem}__", _operator(_name, reflected=True))
-FusedValue.__neg__ = _operator("negative")  # type: ignore[attr-defined]
-FusedValue.__abs__ = _operator("abs")  # type: ignore[attr-defined]
-FusedValue.__getitem__ = _operator("getitem")  # type: ignore[attr-defined]
+setattr(FusedValue, "__neg__", _operator("negative"))  # noqa: B010 -- set like the loop above
+setattr(FusedValue, "__abs__", _operator("abs"))  # noqa: B010
+setattr(FusedValue, "__getitem__", _operator("getitem"))  # noqa: B010
 
 
 def _result(x: Any, budget: Budget) -> Any:

@@ -32,7 +32,7 @@ class InteractiveSession(AsyncEagerSession):
     ) -> None:
         super().__init__(cleanup=cleanup, config=config, executor=executor, backend=backend)
         previous = _defaults.replace_interactive(None, self)
-        if previous is not None and not previous.closed:
+        if isinstance(previous, AsyncEagerSession) and not previous.closed:
             warnings.warn(
                 f"another InteractiveSession is open ({previous!r}); the new one replaces it as the"
                 " default session. Close the old one with `await s.close()` to free its buffers.",

@@ -21,7 +21,7 @@ import functools
 import importlib
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 __all__ = ["OPS", "Cost", "OpDef", "Prepared", "namespace", "op", "op_named"]
 
@@ -59,7 +59,7 @@ class OpDef:
 
     def __init__(
         self,
-        spec: Callable[..., Prepared | None],
+        spec: Callable[..., Prepared],
         kernel: str | Callable[..., Any],
         *,
         data: int,
@@ -93,9 +93,7 @@ class OpDef:
         """Check the public arguments; what the kernel gets (on the caller's thread)."""
         if self.plain:
             return args, kwargs or None, None
-        prepared = self.spec(*args, **kwargs)
-        assert prepared is not None
-        return prepared
+        return self.spec(*args, **kwargs)
 
     def kernel_for(self, xp: ModuleType) -> Callable[..., Any]:
         """The kernel as a plain callable computing with namespace ``xp``."""
@@ -145,7 +143,17 @@ def op(
     """Define an op from its spec function (see the module docstring)."""
 
     def define(spec: Callable[..., Prepared | None]) -> OpDef:
-        d = OpDef(spec, kernel, data=data, cost=cost, plain=plain, returns=returns, blas=blas, user=user)
+        # A plain op's spec only declares the signature (it returns None and is never called for args).
+        d = OpDef(
+            cast("Callable[..., Prepared]", spec),
+            kernel,
+            data=data,
+            cost=cost,
+            plain=plain,
+            returns=returns,
+            blas=blas,
+            user=user,
+        )
         if d.name in OPS:
             raise RuntimeError(f"op {d.name!r} is defined twice")
         OPS[d.name] = d

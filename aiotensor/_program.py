@@ -44,7 +44,7 @@ class Step:
         return kernel(*args, **kwargs)
 
     @property
-    def __name__(self) -> str:  # type: ignore[override]  # how backends name the task
+    def __name__(self) -> str:  # how backends name the task
         return self.name
 
     def __repr__(self) -> str:
@@ -123,7 +123,7 @@ class Program:
         self.budget = Budget("an expression")
 
     @property
-    def __name__(self) -> str:  # type: ignore[override]  # how backends name the task
+    def __name__(self) -> str:  # how backends name the task
         return "expr_" + "_".join(dict.fromkeys(s[0].name for s in self.steps[-3:]))
 
     def __call__(self, *leaves: Any) -> list[Any]:
@@ -148,15 +148,15 @@ class Program:
                 vals[s] = None
                 budget.live -= sizes[s]
             slot += 1
-        out: list[Any] = []
+        results: list[Any] = []
         budget.escaped = sum(1 for r in set(self.roots) if sizes[r])
         for r in self.roots:  # a multi-output root (split) gives several buffers
             v = vals[r]
             if isinstance(v, list | tuple):
-                out.extend(v)
+                results.extend(v)
             else:
-                out.append(v)
-        return out
+                results.append(v)
+        return results
 
 
 def _children(node: Expr) -> list[Any]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ._opdef import OPS
 
@@ -109,8 +109,8 @@ class SessionOps:
                 than ndarrays (or numbers) of a numeric dtype.
             KernelError: ``fn`` raised; the original exception is the ``__cause__``.
         """
-        args, kwargs, nbytes = _apply.spec(fn, *args, **kwargs)
-        r: Tensor | tuple[Tensor, ...] = await self._engine.op(_apply, args, kwargs, nbytes, None)
+        p_args, p_kwargs, p_nbytes = _apply.spec(fn, *args, **kwargs)
+        r: Tensor | tuple[Tensor, ...] = await self._engine.op(_apply, p_args, p_kwargs, p_nbytes, None)
         return r
 
     async def constant(self, value: TensorLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
@@ -121,68 +121,68 @@ class SessionOps:
                 ``None``), or does not fit ``dtype``. A ``dtype`` never makes strings or
                 ``None`` numeric.
         """
-        args, kwargs, nbytes = _constant.spec(value, dtype)
-        r: Tensor = await self._engine.op(_constant, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype)
+        r: Tensor = await self._engine.op(_constant, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def zeros(self, shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
         """A tensor of zeros (default dtype float64)."""
-        args, kwargs, nbytes = _zeros.spec(shape, dtype)
-        r: Tensor = await self._engine.op(_zeros, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _zeros.spec(shape, dtype)
+        r: Tensor = await self._engine.op(_zeros, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def ones(self, shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
         """A tensor of ones (default dtype float64)."""
-        args, kwargs, nbytes = _ones.spec(shape, dtype)
-        r: Tensor = await self._engine.op(_ones, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _ones.spec(shape, dtype)
+        r: Tensor = await self._engine.op(_ones, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def full(self, shape: ShapeLike, fill_value: bool | complex, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
         """A tensor filled with ``fill_value`` (dtype inferred from it, as numpy does)."""
-        args, kwargs, nbytes = _full.spec(shape, fill_value, dtype)
-        r: Tensor = await self._engine.op(_full, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _full.spec(shape, fill_value, dtype)
+        r: Tensor = await self._engine.op(_full, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def zeros_like(self, x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
         """Zeros with the shape (and, by default, the dtype) of ``x``."""
-        args, kwargs, nbytes = _zeros_like.spec(x, dtype)
-        r: Tensor = await self._engine.op(_zeros_like, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _zeros_like.spec(x, dtype)
+        r: Tensor = await self._engine.op(_zeros_like, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def ones_like(self, x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
         """Ones with the shape (and, by default, the dtype) of ``x``."""
-        args, kwargs, nbytes = _ones_like.spec(x, dtype)
-        r: Tensor = await self._engine.op(_ones_like, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _ones_like.spec(x, dtype)
+        r: Tensor = await self._engine.op(_ones_like, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def arange(self, start: float, stop: float | None = None, step: float = 1, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
         """Evenly spaced values in ``[start, stop)`` (``arange(n)`` counts from 0), as numpy's ``arange``."""
-        args, kwargs, nbytes = _arange.spec(start, stop, step, dtype)
-        r: Tensor = await self._engine.op(_arange, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _arange.spec(start, stop, step, dtype)
+        r: Tensor = await self._engine.op(_arange, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def linspace(self, start: float, stop: float, num: int = 50, endpoint: bool = True, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
         """``num`` evenly spaced values from ``start`` to ``stop``."""
-        args, kwargs, nbytes = _linspace.spec(start, stop, num, endpoint, dtype)
-        r: Tensor = await self._engine.op(_linspace, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _linspace.spec(start, stop, num, endpoint, dtype)
+        r: Tensor = await self._engine.op(_linspace, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def eye(self, n_rows: int, n_cols: int | None = None, k: int = 0, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
         """A 2-d tensor with ones on diagonal ``k`` and zeros elsewhere."""
-        args, kwargs, nbytes = _eye.spec(n_rows, n_cols, k, dtype)
-        r: Tensor = await self._engine.op(_eye, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _eye.spec(n_rows, n_cols, k, dtype)
+        r: Tensor = await self._engine.op(_eye, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def random_uniform(self, shape: ShapeLike, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None, seed: int | None = None, name: str | None = None) -> Tensor:
         """Uniform values in ``[low, high)``; the same ``seed`` gives the same values."""
-        args, kwargs, nbytes = _random_uniform.spec(shape, low, high, dtype, seed)
-        r: Tensor = await self._engine.op(_random_uniform, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _random_uniform.spec(shape, low, high, dtype, seed)
+        r: Tensor = await self._engine.op(_random_uniform, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def random_normal(self, shape: ShapeLike, mean: float = 0.0, stddev: float = 1.0, dtype: DTypeLike | None = None, seed: int | None = None, name: str | None = None) -> Tensor:
         """Normal values of the given mean and standard deviation; the same ``seed`` gives the same values."""
-        args, kwargs, nbytes = _random_normal.spec(shape, mean, stddev, dtype, seed)
-        r: Tensor = await self._engine.op(_random_normal, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _random_normal.spec(shape, mean, stddev, dtype, seed)
+        r: Tensor = await self._engine.op(_random_normal, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def add(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
@@ -362,14 +362,14 @@ class SessionOps:
 
     async def round(self, x: TensorLike, /, decimals: int = 0, *, name: str | None = None) -> Tensor:
         """Element-wise rounding to ``decimals`` places (halves to even, as numpy)."""
-        args, kwargs, nbytes = _round.spec(x, decimals)
-        r: Tensor = await self._engine.op(_round, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _round.spec(x, decimals)
+        r: Tensor = await self._engine.op(_round, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def clip(self, x: TensorLike, /, min: TensorLike | None = None, max: TensorLike | None = None, *, name: str | None = None) -> Tensor:
         """Element-wise ``x`` limited to ``[min, max]`` (either bound may be ``None``)."""
-        args, kwargs, nbytes = _clip.spec(x, min, max)
-        r: Tensor = await self._engine.op(_clip, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _clip.spec(x, min, max)
+        r: Tensor = await self._engine.op(_clip, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def where(self, condition: TensorLike, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
@@ -379,68 +379,68 @@ class SessionOps:
 
     async def sum(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
         """Sum over ``axis``."""
-        args, kwargs, nbytes = _sum.spec(x, axis=axis, keepdims=keepdims, dtype=dtype)
-        r: Tensor = await self._engine.op(_sum, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _sum.spec(x, axis=axis, keepdims=keepdims, dtype=dtype)
+        r: Tensor = await self._engine.op(_sum, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def prod(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
         """Product over ``axis``."""
-        args, kwargs, nbytes = _prod.spec(x, axis=axis, keepdims=keepdims, dtype=dtype)
-        r: Tensor = await self._engine.op(_prod, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _prod.spec(x, axis=axis, keepdims=keepdims, dtype=dtype)
+        r: Tensor = await self._engine.op(_prod, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def mean(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
         """Arithmetic mean over ``axis``."""
-        args, kwargs, nbytes = _mean.spec(x, axis=axis, keepdims=keepdims)
-        r: Tensor = await self._engine.op(_mean, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _mean.spec(x, axis=axis, keepdims=keepdims)
+        r: Tensor = await self._engine.op(_mean, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def max(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
         """Maximum over ``axis`` (an empty reduction raises InvalidArgumentError)."""
-        args, kwargs, nbytes = _max.spec(x, axis=axis, keepdims=keepdims)
-        r: Tensor = await self._engine.op(_max, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _max.spec(x, axis=axis, keepdims=keepdims)
+        r: Tensor = await self._engine.op(_max, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def min(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
         """Minimum over ``axis`` (an empty reduction raises InvalidArgumentError)."""
-        args, kwargs, nbytes = _min.spec(x, axis=axis, keepdims=keepdims)
-        r: Tensor = await self._engine.op(_min, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _min.spec(x, axis=axis, keepdims=keepdims)
+        r: Tensor = await self._engine.op(_min, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def std(self, x: TensorLike, /, *, axis: AxisLike = None, correction: float = 0.0, keepdims: bool = False, name: str | None = None) -> Tensor:
         """Standard deviation over ``axis`` (``correction=1`` for the sample estimate)."""
-        args, kwargs, nbytes = _std.spec(x, axis=axis, correction=correction, keepdims=keepdims)
-        r: Tensor = await self._engine.op(_std, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _std.spec(x, axis=axis, correction=correction, keepdims=keepdims)
+        r: Tensor = await self._engine.op(_std, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def var(self, x: TensorLike, /, *, axis: AxisLike = None, correction: float = 0.0, keepdims: bool = False, name: str | None = None) -> Tensor:
         """Variance over ``axis`` (``correction=1`` for the sample estimate)."""
-        args, kwargs, nbytes = _var.spec(x, axis=axis, correction=correction, keepdims=keepdims)
-        r: Tensor = await self._engine.op(_var, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _var.spec(x, axis=axis, correction=correction, keepdims=keepdims)
+        r: Tensor = await self._engine.op(_var, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def argmax(self, x: TensorLike, /, *, axis: int | None = None, keepdims: bool = False, name: str | None = None) -> Tensor:
         """Index of the maximum along ``axis`` (of the flattened tensor if ``None``)."""
-        args, kwargs, nbytes = _argmax.spec(x, axis=axis, keepdims=keepdims)
-        r: Tensor = await self._engine.op(_argmax, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _argmax.spec(x, axis=axis, keepdims=keepdims)
+        r: Tensor = await self._engine.op(_argmax, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def argmin(self, x: TensorLike, /, *, axis: int | None = None, keepdims: bool = False, name: str | None = None) -> Tensor:
         """Index of the minimum along ``axis`` (of the flattened tensor if ``None``)."""
-        args, kwargs, nbytes = _argmin.spec(x, axis=axis, keepdims=keepdims)
-        r: Tensor = await self._engine.op(_argmin, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _argmin.spec(x, axis=axis, keepdims=keepdims)
+        r: Tensor = await self._engine.op(_argmin, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def softmax(self, x: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
         """``exp(x) / sum(exp(x))`` along ``axis``, computed without overflow."""
-        args, kwargs, nbytes = _softmax.spec(x, axis=axis)
-        r: Tensor = await self._engine.op(_softmax, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _softmax.spec(x, axis=axis)
+        r: Tensor = await self._engine.op(_softmax, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def log_softmax(self, x: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
         """``log(softmax(x))`` along ``axis``, computed stably."""
-        args, kwargs, nbytes = _log_softmax.spec(x, axis=axis)
-        r: Tensor = await self._engine.op(_log_softmax, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _log_softmax.spec(x, axis=axis)
+        r: Tensor = await self._engine.op(_log_softmax, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def matmul(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
@@ -450,80 +450,80 @@ class SessionOps:
 
     async def tensordot(self, x1: TensorLike, x2: TensorLike, /, *, axes: int | tuple[Sequence[int], Sequence[int]] = 2, name: str | None = None) -> Tensor:
         """Sum of products over ``axes`` (the last ``axes`` of x1 and first of x2, or explicit lists)."""
-        args, kwargs, nbytes = _tensordot.spec(x1, x2, axes=axes)
-        r: Tensor = await self._engine.op(_tensordot, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _tensordot.spec(x1, x2, axes=axes)
+        r: Tensor = await self._engine.op(_tensordot, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def einsum(self, subscripts: str, /, *operands: TensorLike, name: str | None = None) -> Tensor:
         """Einstein summation, e.g. ``einsum("ij,jk->ik", a, b)`` (contraction order optimized)."""
-        args, kwargs, nbytes = _einsum.spec(subscripts, *operands)
-        r: Tensor = await self._engine.op(_einsum, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _einsum.spec(subscripts, *operands)
+        r: Tensor = await self._engine.op(_einsum, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def reshape(self, x: TensorLike, /, shape: ShapeLike, *, name: str | None = None) -> Tensor:
         """The same elements in a new shape (one dimension may be -1)."""
-        args, kwargs, nbytes = _reshape.spec(x, shape)
-        r: Tensor = await self._engine.op(_reshape, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _reshape.spec(x, shape)
+        r: Tensor = await self._engine.op(_reshape, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def permute_dims(self, x: TensorLike, /, axes: Sequence[int] | None = None, *, name: str | None = None) -> Tensor:
         """Dimensions reordered by ``axes`` (a transpose; ``None`` reverses them)."""
-        args, kwargs, nbytes = _permute_dims.spec(x, axes)
-        r: Tensor = await self._engine.op(_permute_dims, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _permute_dims.spec(x, axes)
+        r: Tensor = await self._engine.op(_permute_dims, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def expand_dims(self, x: TensorLike, /, axis: int | Sequence[int] = 0, *, name: str | None = None) -> Tensor:
         """A new dimension of size 1 at ``axis``."""
-        args, kwargs, nbytes = _expand_dims.spec(x, axis)
-        r: Tensor = await self._engine.op(_expand_dims, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _expand_dims.spec(x, axis)
+        r: Tensor = await self._engine.op(_expand_dims, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def squeeze(self, x: TensorLike, /, axis: AxisLike = None, *, name: str | None = None) -> Tensor:
         """Dimensions of size 1 removed (only ``axis`` if given)."""
-        args, kwargs, nbytes = _squeeze.spec(x, axis)
-        r: Tensor = await self._engine.op(_squeeze, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _squeeze.spec(x, axis)
+        r: Tensor = await self._engine.op(_squeeze, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def concat(self, arrays: Sequence[TensorLike], /, *, axis: int = 0, name: str | None = None) -> Tensor:
         """Tensors joined along an existing axis."""
-        args, kwargs, nbytes = _concat.spec(arrays, axis=axis)
-        r: Tensor = await self._engine.op(_concat, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _concat.spec(arrays, axis=axis)
+        r: Tensor = await self._engine.op(_concat, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def stack(self, arrays: Sequence[TensorLike], /, *, axis: int = 0, name: str | None = None) -> Tensor:
         """Tensors of one shape joined along a new axis."""
-        args, kwargs, nbytes = _stack.spec(arrays, axis=axis)
-        r: Tensor = await self._engine.op(_stack, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _stack.spec(arrays, axis=axis)
+        r: Tensor = await self._engine.op(_stack, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def split(self, x: TensorLike, /, indices_or_sections: int | Sequence[int], *, axis: int = 0, name: str | None = None) -> list[Tensor]:
         """``x`` cut along ``axis`` into equal sections, or at the given indices."""
-        args, kwargs, nbytes = _split.spec(x, indices_or_sections, axis=axis)
-        r: list[Tensor] = await self._engine.op(_split, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _split.spec(x, indices_or_sections, axis=axis)
+        r: list[Tensor] = await self._engine.op(_split, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def broadcast_to(self, x: TensorLike, /, shape: ShapeLike, *, name: str | None = None) -> Tensor:
         """``x`` broadcast to ``shape`` (materialized: the result owns its memory)."""
-        args, kwargs, nbytes = _broadcast_to.spec(x, shape)
-        r: Tensor = await self._engine.op(_broadcast_to, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _broadcast_to.spec(x, shape)
+        r: Tensor = await self._engine.op(_broadcast_to, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def astype(self, x: TensorLike, dtype: DTypeLike, /, *, name: str | None = None) -> Tensor:
         """``x`` converted to ``dtype`` (numpy's casting rules, ``unsafe`` as numpy's ``astype``)."""
-        args, kwargs, nbytes = _astype.spec(x, dtype)
-        r: Tensor = await self._engine.op(_astype, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _astype.spec(x, dtype)
+        r: Tensor = await self._engine.op(_astype, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def take(self, x: TensorLike, indices: TensorLike, /, *, axis: int | None = None, name: str | None = None) -> Tensor:
         """Elements of ``x`` at ``indices`` along ``axis`` (of the flattened ``x`` if ``None``)."""
-        args, kwargs, nbytes = _take.spec(x, indices, axis=axis)
-        r: Tensor = await self._engine.op(_take, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _take.spec(x, indices, axis=axis)
+        r: Tensor = await self._engine.op(_take, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def getitem(self, x: TensorLike, key: Any, /, *, name: str | None = None) -> Tensor:
         """``x[key]`` with numpy indexing (slices, ints, ``None``, ellipsis, int or bool arrays/tensors)."""
-        args, kwargs, nbytes = _getitem.spec(x, key)
-        r: Tensor = await self._engine.op(_getitem, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _getitem.spec(x, key)
+        r: Tensor = await self._engine.op(_getitem, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def asarray(self, value: TensorLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
@@ -534,6 +534,6 @@ class SessionOps:
                 ``None``), or does not fit ``dtype``. A ``dtype`` never makes strings or
                 ``None`` numeric.
         """
-        args, kwargs, nbytes = _constant.spec(value, dtype)
-        r: Tensor = await self._engine.op(_constant, args, kwargs, nbytes, name)
+        p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype)
+        r: Tensor = await self._engine.op(_constant, p_args, p_kwargs, p_nbytes, name)
         return r

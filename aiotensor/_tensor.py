@@ -102,7 +102,7 @@ class Tensor(Operand):
     def name(self) -> str:
         """The name given at creation, or the op's name with a per-session counter."""
         label = self._label
-        if type(label) is str:
+        if isinstance(label, str):
             return label
         op, i = label
         return f"{op}:{self._rid}" if i < 0 else f"{op}:{i}"

@@ -28,7 +28,9 @@ def check_dtype(dtype: DTypeLike | None, op: str) -> np.dtype[Any] | None:
     except (TypeError, ValueError, SyntaxError) as exc:  # a malformed string like "i4,," parses as code
         raise InvalidArgumentError(f"{op}: {dtype!r} is not a dtype ({exc})") from None
     if dt.kind not in NUMERIC_KINDS:
-        raise InvalidArgumentError(f"{op}: dtype {dt} is not numeric; tensors hold bool, integer, float or complex data")
+        raise InvalidArgumentError(
+            f"{op}: dtype {dt} is not numeric; tensors hold bool, integer, float or complex data"
+        )
     return dt
 
 

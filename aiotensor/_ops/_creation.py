@@ -93,7 +93,9 @@ def ones(shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = No
 
 
 @op(_k_full, cost=C)
-def full(shape: ShapeLike, fill_value: bool | complex, dtype: DTypeLike | None = None, name: str | None = None) -> Prepared:
+def full(
+    shape: ShapeLike, fill_value: bool | complex, dtype: DTypeLike | None = None, name: str | None = None
+) -> Prepared:
     """A tensor filled with ``fill_value`` (dtype inferred from it, as numpy does)."""
     if isinstance(fill_value, np.generic):
         ok = isinstance(fill_value, np.number | np.bool_)  # np.str_("1") is a np.generic too

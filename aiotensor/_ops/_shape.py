@@ -50,9 +50,7 @@ def matmul(x1: TensorLike, x2: TensorLike, /) -> None:
 
 
 @op("tensordot", data=2, cost=Cost.PRODUCT, blas=True)
-def tensordot(
-    x1: TensorLike, x2: TensorLike, /, *, axes: int | tuple[Sequence[int], Sequence[int]] = 2
-) -> Prepared:
+def tensordot(x1: TensorLike, x2: TensorLike, /, *, axes: int | tuple[Sequence[int], Sequence[int]] = 2) -> Prepared:
     """Sum of products over ``axes`` (the last ``axes`` of x1 and first of x2, or explicit lists)."""
     return (x1, x2), {"axes": axes}, None
 
