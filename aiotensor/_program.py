@@ -126,7 +126,7 @@ class Program:
     def __name__(self) -> str:  # how backends name the task
         return "expr_" + "_".join(dict.fromkeys(s[0].name for s in self.steps[-3:]))
 
-    def __call__(self, *leaves: Any) -> list[Any]:
+    def __call__(self, *leaves: Any) -> Any:
         xp = namespace(self.xp)
         budget = self.budget
         vals: list[Any] = [*leaves, *([None] * len(self.steps))]
@@ -148,6 +148,9 @@ class Program:
                 vals[s] = None
                 budget.live -= sizes[s]
             slot += 1
+        if len(self.roots) == 1 and not isinstance(vals[self.roots[0]], list | tuple):
+            budget.escaped = 1 if sizes[self.roots[0]] else 0
+            return vals[self.roots[0]]  # one buffer: a backend keeps it as it is (one Dask task)
         results: list[Any] = []
         budget.escaped = sum(1 for r in set(self.roots) if sizes[r])
         for r in self.roots:  # a multi-output root (split) gives several buffers

@@ -1,0 +1,330 @@
+"""Expressions: what operators and tensor methods return, awaited, evaluated, fetched and accounted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aiotensor as at
+
+from .conftest import settle
+
+
+async def test_the_tf1_pattern(session: at.AsyncEagerSession) -> None:
+    s = session
+    a = await s.constant([1.0, 2.0], name="a")
+    b = await s.constant([2.0, 3.0], name="b")
+    result = a + b  # an expression: nothing runs yet
+    assert isinstance(result, at.Expr)
+    assert s.stats().allocated == 2
+    with s.as_default():
+        np.testing.assert_array_equal(await result.eval(), [3.0, 5.0])
+    np.testing.assert_array_equal(await s.run(result), [3.0, 5.0])
+    np.testing.assert_array_equal(await result.eval(session=s), [3.0, 5.0])
+    # eval and run leave nothing behind, whatever the strategy
+    assert s.stats().live_tensors == 2
+    t = await result
+    assert isinstance(t, at.Tensor)
+    np.testing.assert_array_equal(await t.numpy(), [3.0, 5.0])
+    del a, b, t
+
+
+async def test_composed_expression_is_one_registered_tensor(session: at.AsyncEagerSession) -> None:
+    s = session
+    x = await s.random_normal((512, 64), seed=0)
+    before = s.stats()
+    z = await ((x - x.mean(axis=0)) / (x.std(axis=0) + 1e-8))
+    after = s.stats()
+    assert after.live_tensors == before.live_tensors + 1  # only the result has a handle
+    assert after.live_bytes == before.live_bytes + z.nbytes
+    xv = await x.numpy()
+    np.testing.assert_allclose(await z.numpy(), (xv - xv.mean(0)) / (xv.std(0) + 1e-8), rtol=1e-6)
+    del x, z
+
+
+@pytest.mark.parametrize("size", [16, 65536])  # inline on the loop, and on the pool
+async def test_every_operator_and_method_matches_numpy(s: at.AsyncEagerSession, size: int) -> None:
+    rng = np.random.default_rng(1)
+    av = rng.uniform(1, 2, size).astype(np.float32)
+    bv = rng.uniform(1, 2, size).astype(np.float32)
+    a, b = await s.constant(av), await s.constant(bv)
+    m = await s.constant(av.reshape(-1, 8))
+    cases: list[tuple[Any, Any]] = [
+        (a + b, av + bv),
+        (a - 1.0, av - 1.0),
+        (2.0 - a, 2.0 - av),
+        (a * b, av * bv),
+        (a / b, av / bv),
+        (1.0 / a, 1.0 / av),
+        (a // b, av // bv),
+        (a % b, av % bv),
+        (a**2.0, av**2.0),
+        (2.0**a, 2.0**av),
+        (-a, -av),
+        (abs(-a), np.abs(-av)),
+        (a[1:5], av[1:5]),
+        (m @ m.T, av.reshape(-1, 8) @ av.reshape(-1, 8).T),
+        (a.sum(), av.sum()),
+        (m.mean(axis=0), av.reshape(-1, 8).mean(axis=0)),
+        (m.max(axis=1, keepdims=True), av.reshape(-1, 8).max(axis=1, keepdims=True)),
+        (m.min(axis=0), av.reshape(-1, 8).min(axis=0)),
+        (a[:8].prod(), np.prod(av[:8])),
+        (m.std(axis=0), av.reshape(-1, 8).std(axis=0)),
+        (m.var(), av.reshape(-1, 8).var()),
+        (m.argmax(axis=1), av.reshape(-1, 8).argmax(axis=1)),
+        (m.argmin(), av.reshape(-1, 8).argmin()),
+        (a.reshape((-1, 4)), av.reshape((-1, 4))),
+        (a.astype("float64"), av.astype("float64")),
+        (m.transpose((1, 0)), av.reshape(-1, 8).transpose((1, 0))),
+        (m.T, av.reshape(-1, 8).T),
+        (a.clip(1.2, 1.8), av.clip(1.2, 1.8)),
+        (a.reshape((1, -1)).squeeze(0), av),
+        ((a * 2.0 + 1.0).sum(axis=0), (av * 2.0 + 1.0).sum(axis=0)),
+    ]
+    for expr, expected in cases:
+        assert isinstance(expr, at.Expr)
+        value = await expr.eval()
+        assert value.dtype == np.asarray(expected).dtype, expr
+        np.testing.assert_allclose(value, expected, rtol=2e-6, err_msg=repr(expr))
+    assert s.stats().live_tensors == 3
+
+
+async def test_operators_chain_and_ops_take_expressions(session: at.AsyncEagerSession) -> None:
+    s = session
+    a = await s.constant([1.0, 2.0])
+    y = await s.exp(a * 2.0)  # a session method with an expression argument
+    np.testing.assert_allclose(await y.numpy(), np.exp([2.0, 4.0]))
+    z = await at.maximum(a - 1.5, (a * 0.0).sum())  # module-level ops too
+    np.testing.assert_allclose(await z.numpy(), [0.0, 0.5])
+    parts = await s.split(a + 1.0, 2)
+    assert [await p.numpy() for p in parts] == [[2.0], [3.0]]
+    both = await s.concat([a * 2.0, a])
+    np.testing.assert_array_equal(await both.numpy(), [2.0, 4.0, 1.0, 2.0])
+    out = await s.run({"e": [a + 1.0, (a * a).sum()], "t": a, "n": (a,)})
+    np.testing.assert_array_equal(out["e"][0], [2.0, 3.0])
+    assert out["e"][1] == 5.0
+    assert s.stats().live_tensors == 1 + 1 + 1 + 2 + 1  # a, y, z, the two parts, both
+    del a, y, z, parts, both
+
+
+async def test_an_expression_is_computed_anew_each_time(s: at.AsyncEagerSession) -> None:
+    a = await s.constant([1.0])
+    e = a + 1.0
+    t1, t2 = await e, await e
+    assert t1 is not t2
+    assert s._engine.buffer(t1, "t") is not s._engine.buffer(t2, "t")
+    np.testing.assert_array_equal(await t2.numpy(), [2.0])
+
+
+async def test_common_subexpressions_are_computed_once(s: at.AsyncEagerSession) -> None:
+    calls = 0
+
+    def counting(v: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return v * 2
+
+    a = await s.constant(np.arange(4.0))
+    shared = s.apply(counting, a)  # an op awaited on its own: not part of the check
+    t = await shared
+    m1, m2 = t.mean(axis=0), t.mean(axis=0)  # structurally equal: one node
+    program, _ = _compile([(t - m1) / (m2 + 1.0)])
+    assert sorted(step[0].name for step in program.steps) == ["add", "divide", "mean", "subtract"]
+    e = t * 2.0
+    program, _ = _compile([e + e, e * 3.0])  # one run, two roots, e once
+    assert sorted(step[0].name for step in program.steps) == ["add", "multiply", "multiply"]
+    values = await s.run([e + e, e * 3.0])
+    np.testing.assert_array_equal(values[0], np.arange(4.0) * 8)
+    assert calls == 1
+
+
+def _compile(roots: list[at.Expr]) -> Any:
+    from aiotensor._program import compile_program
+
+    for r in roots:
+        r._used = True
+    return compile_program(roots, lambda x: isinstance(x, at.Tensor), "numpy", at.Expr)
+
+
+async def test_intermediates_are_dropped_after_their_last_use(s: at.AsyncEagerSession) -> None:
+    a = await s.constant(np.ones(4))
+    b = a + 1.0  # read by c only
+    c = b * 2.0
+    program, _ = _compile([c + a])
+    # slot 0 is the leaf a; b (slot 1) goes after c reads it, c (slot 2) after the add
+    assert [step[4] for step in program.steps] == [(), (1,), (2,)]
+
+
+async def test_intermediates_count_against_the_memory_limit() -> None:
+    config = at.SessionConfig(memory_limit=40_000)
+    async with at.AsyncEagerSession(config=config) as s:
+        x = await s.zeros(1000)  # 8000 bytes
+        ok = await ((x + 1.0) * 2.0 + 3.0)  # at most two 8000-byte values at once
+        np.testing.assert_array_equal(await ok.numpy(), np.full(1000, 5.0))
+        before = s.stats()
+        with pytest.raises(at.ResourceExhaustedError, match="inside an expression"):
+            wide = x + 1.0
+            await (wide + wide * 2.0 + wide * 3.0 + (x + 2.0) * (x + 3.0))
+        assert s.stats().live_tensors == before.live_tensors  # nothing left allocated
+        assert s.stats().peak_bytes <= 40_000
+        del x, ok
+
+
+async def test_a_failing_node_raises_its_own_error(session: at.AsyncEagerSession) -> None:
+    s = session
+    a = await s.constant(np.ones((2, 3)))
+    b = await s.constant(np.ones((4, 5)))
+    before = s.stats()
+    with pytest.raises(at.InvalidArgumentError, match=r"matmul\(float64\[2, 3\], float64\[4, 5\]\)"):
+        await ((a + 1.0) @ b * 2.0)
+    await settle(s)
+    assert s.stats().live_tensors == before.live_tensors
+    assert s.stats().live_bytes == before.live_bytes
+    del a, b
+
+
+async def test_tensors_of_unrelated_sessions_in_one_expression() -> None:
+    async with at.AsyncEagerSession() as s1, at.AsyncEagerSession() as s2:
+        a, b = await s1.constant([1.0]), await s2.constant([2.0])
+        with pytest.raises(at.InvalidArgumentError, match="unrelated sessions|another session"):
+            await (a + b)
+        with pytest.raises(at.InvalidArgumentError):
+            await ((a * 2.0) + (b * 2.0))
+
+
+async def test_a_child_session_evaluates_parent_tensors() -> None:
+    async with at.AsyncEagerSession() as app:
+        w = await app.constant([1.0, 2.0])
+        async with at.AsyncEagerSession(parent=app) as request:
+            x = await request.constant([3.0, 4.0])
+            y = await (x * w + w)  # the child may read both: it owns the result
+            assert y.session is request
+            np.testing.assert_array_equal(await y.numpy(), [4.0, 10.0])
+            with request.as_default():
+                z = await (w * 2.0)  # only the parent's tensor: the default child owns it
+            assert z.session is request
+            del x, y, z
+
+
+async def test_cancelling_an_evaluation_leaks_nothing(strategy: at.ResourceCleanupStrategy) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow(v: Any) -> Any:
+        started.set()
+        release.wait(5)
+        return v + 1
+
+    async with at.AsyncEagerSession(cleanup=strategy, config=at.SessionConfig(max_workers=2)) as s:
+        a = await s.constant(np.ones(1 << 16))  # large enough to go to the pool
+        blocker = asyncio.create_task(s.apply(slow, a))
+        await asyncio.to_thread(started.wait, 5)
+        pending = asyncio.create_task(_eval((a + 1.0) * 2.0 - a))
+        await asyncio.sleep(0.01)
+        pending.cancel()
+        blocker.cancel()
+        release.set()
+        for t in (pending, blocker):
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await asyncio.sleep(0.05)
+    assert s.stats().live_tensors == 0
+    assert s.stats().live_bytes == 0
+
+
+async def _eval(e: at.Expr) -> Any:
+    return await e
+
+
+async def test_an_expression_never_evaluated_warns(s: at.AsyncEagerSession) -> None:
+    a = await s.constant([1.0])
+    with pytest.warns(RuntimeWarning, match="never evaluated"):
+        e = a + 1.0
+        del e
+        gc.collect()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        inner = a * 2.0
+        outer = inner + 1.0  # inner is part of outer: only outer is owed an evaluation
+        await outer
+        del inner, outer
+        gc.collect()
+
+
+async def test_equality_is_identity(s: at.AsyncEagerSession) -> None:
+    a = await s.constant([1.0])
+    b = await s.constant([1.0])
+    assert a == a
+    assert a != b
+    assert {a: 1}[a] == 1
+    with pytest.raises(TypeError, match="truth value"):
+        bool(a + 1.0)  # type: ignore[unused-ignore]
+
+
+async def test_session_methods_stay_coroutine_functions(s: at.AsyncEagerSession) -> None:
+    import inspect
+
+    a = await s.constant([1.0])
+    coro = s.add(a, a)
+    assert asyncio.iscoroutine(coro)
+    t = await asyncio.create_task(coro)
+    np.testing.assert_array_equal(await t.numpy(), [2.0])
+    for fn in (s.add, at.add, s.apply, s.run, s.close, s.aclose, a.numpy, (a + 1.0).eval):
+        assert inspect.iscoroutinefunction(fn), fn
+    await (a + 1.0)
+
+
+async def test_numpy_functions_on_tensors_still_give_numpy_results(s: at.AsyncEagerSession) -> None:
+    a = await s.constant(np.arange(6.0).reshape(2, 3))
+    assert np.mean(a) == 2.5
+    np.testing.assert_array_equal(np.sum(a, axis=0), [3.0, 5.0, 7.0])
+    np.testing.assert_array_equal(np.clip(a, 1, 2), np.clip(np.arange(6.0).reshape(2, 3), 1, 2))
+
+
+async def test_expressions_on_the_dask_backend_are_one_task() -> None:
+    pytest.importorskip("distributed")
+    from distributed import Client, LocalCluster
+
+    from aiotensor.distributed import DaskBackend
+
+    async with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, asynchronous=True, dashboard_address=None) as c,
+        Client(c, asynchronous=True) as client,
+    ):
+        backend = DaskBackend(client)
+        async with at.AsyncEagerSession(backend=backend) as s:
+            x = await s.constant(np.arange(4.0))
+            submitted: list[str] = []
+            original = client.submit
+
+            def spy(fn: Any, *args: Any, **kwargs: Any) -> Any:
+                submitted.append(str(kwargs.get("key")))
+                return original(fn, *args, **kwargs)
+
+            client.submit = spy  # type: ignore[method-assign]
+            y = await ((x - x.mean()) * 2.0 + 1.0)
+            client.submit = original  # type: ignore[method-assign]
+            assert len(submitted) == 1, submitted
+            np.testing.assert_allclose(await y.numpy(), (np.arange(4.0) - 1.5) * 2.0 + 1.0)
+            del x, y
+        await backend.aclose()
+
+
+async def test_nested_async_with_is_refused_and_the_session_stays_open() -> None:
+    s = at.AsyncEagerSession()
+    async with s:
+        with pytest.raises(RuntimeError, match="already open"):
+            async with s:
+                pass
+        t = await s.constant([1.0])  # still open and usable
+        np.testing.assert_array_equal(await t.numpy(), [1.0])
+        del t
+    async with contextlib.aclosing(at.AsyncEagerSession()) as other:  # aclose() is close()
+        await other.zeros(1)
+    assert other.closed
