@@ -17,12 +17,11 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from ._cli_render import plot, rich_report
+from ._cli_render import DemoResult, plot, rich_report
 from ._config import ResourceCleanupStrategy, SessionConfig
 from ._errors import AioTensorError, ResourceExhaustedError
 from ._registry import PHYSICAL_MEMORY
@@ -36,29 +35,6 @@ _PLOT_FORMATS = ("png", "svg", "pdf")
 
 class CommandError(Exception):
     """A problem the user can fix (a missing extra, an unwritable path): message, exit 1."""
-
-
-@dataclass(frozen=True, slots=True)
-class DemoResult:
-    """What one strategy did on the demo loop.
-
-    Attributes:
-        strategy: The cleanup strategy.
-        peak_bytes: The most bytes the session held at once.
-        final_bytes: Bytes held after the loop and an idle moment, only the last result kept.
-        closed_bytes: Bytes held after close (always 0).
-        live_per_iteration: Bytes held at the end of each iteration.
-        seconds: Wall time of the whole run, session open to close.
-        error: Why the run stopped early (e.g. the memory limit), or ``None``.
-    """
-
-    strategy: ResourceCleanupStrategy
-    peak_bytes: int
-    final_bytes: int
-    closed_bytes: int
-    live_per_iteration: list[int]
-    seconds: float
-    error: str | None = field(default=None)
 
 
 async def run_demo(

@@ -7,11 +7,11 @@ rich and matplotlib are imported inside the functions, so importing this module 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._cli import DemoResult
     from ._config import ResourceCleanupStrategy
 
 __all__ = ["plot", "rich_report"]
@@ -22,6 +22,29 @@ _STYLE = {
     "ON_SAFE_POINTS": ("tab:blue", "--"),
     "ON_SESSION_CLOSE": ("tab:red", "-"),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class DemoResult:
+    """What one strategy did on the demo loop.
+
+    Attributes:
+        strategy: The cleanup strategy.
+        peak_bytes: The most bytes the session held at once.
+        final_bytes: Bytes held after the loop and an idle moment, only the last result kept.
+        closed_bytes: Bytes held after close (always 0).
+        live_per_iteration: Bytes held at the end of each iteration.
+        seconds: Wall time of the whole run, session open to close.
+        error: Why the run stopped early (e.g. the memory limit), or ``None``.
+    """
+
+    strategy: ResourceCleanupStrategy
+    peak_bytes: int
+    final_bytes: int
+    closed_bytes: int
+    live_per_iteration: list[int]
+    seconds: float
+    error: str | None = field(default=None)
 
 
 def rich_report(

@@ -45,7 +45,6 @@ from ._tensor import Tensor, make_tensor
 if TYPE_CHECKING:
     from ._backend import Backend
     from ._cleanup import CleanupPolicy
-    from ._session import AsyncEagerSession
     from ._types import NDArray
 
 __all__ = ["Engine", "State", "engine_of"]
@@ -79,7 +78,7 @@ class Engine:
 
     def __init__(
         self,
-        session: AsyncEagerSession,
+        session: Any,  # the AsyncEagerSession facade (a layer above)
         backend: Backend,
         policy: CleanupPolicy,
         registry: Registry,

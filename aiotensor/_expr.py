@@ -24,7 +24,6 @@ from . import _ops as _ops  # fills OPS
 from ._opdef import OPS, OpDef
 
 if TYPE_CHECKING:
-    from ._tensor import Tensor
     from ._types import AxisLike, DTypeLike, NDArray, ShapeLike, TensorLike
 
 __all__ = ["Expr", "Operand"]
@@ -246,7 +245,7 @@ class Expr(Operand):
         """The name of the op at the root of this expression."""
         return self._d.name
 
-    def _leaf(self) -> Tensor:
+    def _leaf(self) -> Any:
         # The first tensor of the expression: its engine finds the one that evaluates.
         stack: list[Any] = [self]
         seen: set[int] = set()
@@ -258,21 +257,22 @@ class Expr(Operand):
                         if id(x) not in seen:
                             seen.add(id(x))
                             stack.append(x)
-                    elif isinstance(x, Operand):
-                        leaf: Tensor = x  # type: ignore[assignment]  # the only other Operand
-                        return leaf
+                    elif isinstance(x, Operand):  # a Tensor: the only other Operand
+                        return x
         raise TypeError("an expression without any tensor")  # pragma: no cover - operators need one
 
-    def __await__(self) -> Generator[Any, None, Tensor]:
+    def __await__(self) -> Generator[Any, None, Any]:  # gives a Tensor
         self._used = True
-        return self._leaf()._engine.evaluate_expr(self).__await__()
+        waiting: Generator[Any, None, Any] = self._leaf()._engine.evaluate_expr(self).__await__()
+        return waiting
 
     async def eval(self, session: Any = None) -> NDArray:
         """The numpy value, computed in ``session`` (default: the session of its tensors), like ``Tensor.eval``."""
         self._used = True
         engine = self._leaf()._engine if session is None else session._engine
         (value,) = await engine.run_values([self], "eval")
-        return value
+        out: NDArray = value
+        return out
 
     def __bool__(self) -> bool:
         raise TypeError("the truth value of an expression needs its data: use bool(await e.eval())")

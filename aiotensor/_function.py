@@ -39,7 +39,6 @@ from ._program import Budget
 from ._tensor import Tensor
 
 if TYPE_CHECKING:
-    from ._session import AsyncEagerSession
     from ._types import NDArray
 
 __all__ = ["FusedFunction", "FusedOps", "FusedValue", "function"]
@@ -251,7 +250,7 @@ class FusedFunction:
 
     __name__: str
 
-    def __init__(self, fn: Callable[..., Any], session: AsyncEagerSession | None = None) -> None:
+    def __init__(self, fn: Callable[..., Any], session: Any = None) -> None:  # an AsyncEagerSession
         if not callable(fn):
             raise InvalidArgumentError(f"function: fn must be callable, got {type(fn).__name__}")
         self._fn = fn

@@ -35,12 +35,9 @@ import bisect
 import itertools
 import math
 import weakref
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ._errors import InvalidArgumentError, ResourceExhaustedError, SessionClosedError
-
-if TYPE_CHECKING:
-    from ._registry import Registry
 
 __all__ = ["MemoryGate", "check_wait"]
 
@@ -84,7 +81,7 @@ class MemoryGate:
         "waited",
     )
 
-    def __init__(self, registry: Registry, timeout: float) -> None:
+    def __init__(self, registry: Any, timeout: float) -> None:  # the Registry (a layer above)
         self._registry = registry
         self.timeout = timeout
         self._waiters: list[_Waiter] = []  # sorted by ticket
@@ -107,7 +104,8 @@ class MemoryGate:
         registry = self._registry
         limit = registry.memory_limit
         assert limit is not None
-        return registry.live_bytes + registry.reserved + need <= limit
+        fits: bool = registry.live_bytes + registry.reserved + need <= limit
+        return fits
 
     def _ticket(self) -> int:
         task = asyncio.current_task()

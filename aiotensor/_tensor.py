@@ -16,9 +16,7 @@ from ._errors import SessionClosedError
 from ._expr import Operand
 
 if TYPE_CHECKING:
-    from ._engine import Engine
     from ._registry import Registry
-    from ._session import AsyncEagerSession
     from ._types import NDArray
 
 __all__ = ["Tensor"]
@@ -38,7 +36,7 @@ class Tensor(Operand):
 
     __slots__ = ("__weakref__", "_device", "_dtype", "_engine", "_label", "_nbytes", "_registry", "_rid", "_shape")
 
-    _engine: Engine
+    _engine: Any  # the session's Engine (a layer above: see docs/architecture.md)
     _registry: Registry
     _rid: int
     _shape: tuple[int, ...]
@@ -113,27 +111,29 @@ class Tensor(Operand):
         return self._device
 
     @property
-    def session(self) -> AsyncEagerSession:
-        """The session that owns the buffer."""
+    def session(self) -> Any:
+        """The session that owns the buffer (an :class:`AsyncEagerSession`)."""
         return self._engine.session
 
     # -- data -----------------------------------------------------------------
     async def numpy(self) -> NDArray:
         """A copy of the value, owned by the caller: it stays valid after the session closes."""
         (value,) = await self._engine.fetch([self], "numpy")
-        return value
+        out: NDArray = value
+        return out
 
-    async def eval(self, session: AsyncEagerSession | None = None) -> NDArray:
+    async def eval(self, session: Any = None) -> NDArray:
         """TF1's ``t.eval()``: the value, computed in ``session`` (default: the tensor's own)."""
         engine = self._engine if session is None else session._engine
         (value,) = await engine.fetch([self], "eval")
-        return value
+        out: NDArray = value
+        return out
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> NDArray:
         # A read-only view (no copy) unless asked: nobody can change a tensor through it.
         # A view, not the buffer itself: the buffer owns its memory, so numpy would let
         # anyone set its WRITEABLE flag back; a view of a read-only base refuses that.
-        arr = self._engine.peek(self)
+        arr: NDArray = self._engine.peek(self)
         if dtype is not None and np.dtype(dtype) != arr.dtype:
             if copy is False:
                 raise ValueError(f"converting {arr.dtype} to {np.dtype(dtype)} needs a copy")
@@ -169,7 +169,7 @@ class Tensor(Operand):
 
 
 def make_tensor(
-    engine: Engine,
+    engine: Any,
     registry: Registry,
     rid: int,
     shape: tuple[int, ...],

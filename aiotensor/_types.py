@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
-if TYPE_CHECKING:
-    from ._tensor import Tensor
-
 #: Anything :func:`numpy.asarray` turns into a numeric array.
 ArrayLike: TypeAlias = npt.ArrayLike
-#: A tensor, or anything accepted where a tensor is (python scalars, ndarrays, nested lists).
-TensorLike: TypeAlias = "Tensor | npt.ArrayLike"
+#: A tensor, an expression, or anything accepted where a tensor is (python scalars,
+#: ndarrays, nested lists). ``Any`` to the type checker: this module sits below the
+#: tensor in the layers (see docs/architecture.md), so it cannot name it.
+TensorLike: TypeAlias = Any
 #: Anything :class:`numpy.dtype` accepts.
 DTypeLike: TypeAlias = npt.DTypeLike
 #: A shape: one non-negative int or a sequence of them.

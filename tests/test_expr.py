@@ -193,7 +193,7 @@ async def test_a_failing_node_raises_its_own_error(session: at.AsyncEagerSession
 async def test_tensors_of_unrelated_sessions_in_one_expression() -> None:
     async with at.AsyncEagerSession() as s1, at.AsyncEagerSession() as s2:
         a, b = await s1.constant([1.0]), await s2.constant([2.0])
-        with pytest.raises(at.InvalidArgumentError, match="unrelated sessions|another session"):
+        with pytest.raises(at.InvalidArgumentError, match=r"unrelated sessions|another session"):
             await (a + b)
         with pytest.raises(at.InvalidArgumentError):
             await ((a * 2.0) + (b * 2.0))
@@ -294,7 +294,9 @@ async def test_expressions_on_the_dask_backend_are_one_task() -> None:
     from aiotensor.distributed import DaskBackend
 
     async with (
-        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, asynchronous=True, dashboard_address=None) as c,
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, asynchronous=True, dashboard_address=None
+        ) as c,
         Client(c, asynchronous=True) as client,
     ):
         backend = DaskBackend(client)

@@ -1,0 +1,37 @@
+"""The generated surfaces: current with the op table, and derived from it completely."""
+
+from __future__ import annotations
+
+import inspect
+
+import aiotensor as at
+from aiotensor import _codegen
+from aiotensor._expr import Operand
+from aiotensor._function import FusedOps
+from aiotensor._opdef import OPS
+
+
+def test_generated_files_are_current() -> None:
+    stale = [path.name for path, text in _codegen.generate().items() if path.read_text() != text]
+    assert stale == [], f"run `python -m aiotensor._codegen`: {stale} are stale"
+
+
+def test_every_op_has_every_surface() -> None:
+    for name, d in OPS.items():
+        method = getattr(at.AsyncEagerSession, name)
+        assert inspect.iscoroutinefunction(method), name
+        assert inspect.iscoroutinefunction(getattr(at, name)), name
+        assert name in at.__all__
+        assert callable(getattr(FusedOps, name))
+        assert inspect.getdoc(method) == inspect.cleandoc(d.doc or ""), name
+    for alias, target in _codegen.ALIASES.items():
+        assert getattr(at, alias).__doc__ == getattr(at.AsyncEagerSession, target).__doc__
+
+
+def test_operand_methods_and_operators_come_from_the_table() -> None:
+    for stem, _ in _codegen._BINARY:
+        assert f"__{stem}__" in vars(Operand)
+        assert f"__r{stem}__" in vars(Operand)
+    for method, *_ in _codegen._METHODS:
+        assert method in vars(Operand)
+    assert "__eq__" not in vars(Operand)  # identity semantics stay
