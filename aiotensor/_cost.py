@@ -26,7 +26,7 @@ import numpy as np
 
 from ._opdef import Cost, OpDef
 
-__all__ = ["DEFAULT_INLINE_US", "INLINE_STREAK", "Spec", "estimate_us", "out_spec"]
+__all__ = ["DEFAULT_INLINE_US", "INLINE_STREAK", "OVERHEAD_NS", "PER_BYTE", "Spec", "estimate_us", "out_spec"]
 
 #: Default bound on the estimated time one inline op may hold the event loop (µs).
 DEFAULT_INLINE_US = 50.0
@@ -37,7 +37,7 @@ INLINE_STREAK = 16
 # Fixed cost of one numpy call on small arrays (ns), measured ~0.5-3 µs.
 OVERHEAD_NS = 1500.0
 # ns per byte touched (inputs + output): add/copy ~0.018 measured, exp ~0.2.
-_PER_BYTE = {Cost.MEMORY: 0.03, Cost.MATH: 0.3, Cost.INDEX: 0.03, Cost.CREATE: 0.03}
+PER_BYTE = {Cost.MEMORY: 0.03, Cost.MATH: 0.3, Cost.INDEX: 0.03, Cost.CREATE: 0.03}
 # ns per multiply-add pair for BLAS products on small matrices (measured ~0.015).
 _NS_PER_FLOP = 0.025
 # Python data a constant may hold that is bounded below (flat, <= 64 items).
@@ -135,7 +135,7 @@ def _product_flops(d: OpDef, arrays: list[Any]) -> float:
 def estimate_us(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, nbytes: int | None) -> float:
     """The estimated kernel time of ``d`` on these arguments in µs; ``inf`` when it cannot be bounded cheaply."""
     cost = d.cost
-    per_byte = _PER_BYTE.get(cost)
+    per_byte = PER_BYTE.get(cost)
     if per_byte is not None and cost is not Cost.INDEX and nbytes is None and not kwargs:
         # The hot case (an element-wise op on same-shaped arrays and scalars), in one
         # pass; anything else takes the general path below, which gives the same value.
@@ -166,7 +166,7 @@ def estimate_us(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, 
             if d.name not in ("constant", "asarray") or arrays or not isinstance(args[0], _SMALL_DATA):
                 return math.inf  # an object with __array__ (another library's tensor): size unknown
             return OVERHEAD_NS / 1000.0
-        return (OVERHEAD_NS + nbytes * _PER_BYTE[cost]) / 1000.0
+        return (OVERHEAD_NS + nbytes * PER_BYTE[cost]) / 1000.0
     if cost is Cost.PRODUCT:
         if not arrays:
             return math.inf
@@ -178,6 +178,6 @@ def estimate_us(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, 
         out: int = x.nbytes
         for idx in rest:  # fancy indexing: each index picks at most a whole slice of x
             out += idx.size * x.nbytes // max(1, min(x.shape, default=1))
-        return float(OVERHEAD_NS + (out + sum(a.nbytes for a in arrays)) * _PER_BYTE[cost]) / 1000.0
+        return float(OVERHEAD_NS + (out + sum(a.nbytes for a in arrays)) * PER_BYTE[cost]) / 1000.0
     assert per_byte is not None
     return (OVERHEAD_NS + _touched_bytes(arrays, nbytes) * per_byte) / 1000.0

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _defaults
-from ._cost import INLINE_STREAK, Spec, estimate_us, out_spec
+from ._cost import INLINE_STREAK, OVERHEAD_NS, PER_BYTE, Spec, estimate_us, out_spec
 from ._errors import (
     AioTensorError,
     BackendError,
@@ -629,17 +629,36 @@ class Engine:
         return tensors
 
     def _program_cost(self, program: Program, leaves: list[Tensor]) -> float:
-        if not self._inline_us:
+        limit = self._inline_us
+        if not limit:
             return math.inf
+        steps = program.steps
+        # The common case, element-wise and reduction steps over leaves of one shape: no
+        # intermediate is larger than that shape (of 8-byte items), so each step touches at
+        # most three such arrays. Anything else (products, indexing, broadcasting between
+        # shapes, arrays among the values) takes the step-by-step estimate below.
+        shape = leaves[0]._shape if leaves else None
+        if shape is not None and all(t._shape == shape for t in leaves):
+            per_step = 0.0
+            for d, templates, _, _, _ in steps:
+                cost = d.cost
+                if cost is not Cost.MEMORY and cost is not Cost.MATH:
+                    break
+                if any(type(t) is _ndarray for t in templates):
+                    break
+                per_step += PER_BYTE[cost]
+            else:
+                size = 8 * math.prod(shape)
+                return (len(steps) * OVERHEAD_NS + 3 * size * per_step) / 1000.0
         specs: list[Any] = [Spec(t._shape, t._dtype.itemsize) for t in leaves]
         total = 0.0
-        for d, templates, kwargs, _, _ in program.steps:
+        for d, templates, kwargs, _, _ in steps:
             try:
                 args = tuple(_spec_of(t, specs) for t in templates)
             except _Unknown:
                 return math.inf
             total += estimate_us(d, args, kwargs, None)
-            if total > self._inline_us:
+            if total > limit:
                 return math.inf
             specs.append(out_spec(d, args, kwargs))
         return total

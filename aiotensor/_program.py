@@ -198,31 +198,50 @@ def compile_program(
                 slots[id(x)] = len(leaves)
                 leaves.append(x)
 
-    def arg(x: Any) -> Any:
-        slot = slots.get(id(x))
-        if slot is not None and (type(x) is expr_type or is_leaf(x)):
-            return Ref(slot)
-        if type(x) in (list, tuple):
-            return type(x)(arg(e) for e in x)
-        return x
-
     nleaves = len(leaves)
+    refs: list[Ref] = [Ref(i) for i in range(nleaves + len(order))]
+    _scalars = _SCALAR_TYPES
+
+    def arg(x: Any) -> tuple[Any, Any]:
+        # (template, CSE key) of one argument, in one pass
+        tx = type(x)
+        if tx in _scalars:
+            return x, (tx, x)
+        slot = slots.get(id(x))
+        if slot is not None and (tx is expr_type or is_leaf(x)):
+            return refs[slot], slot
+        if tx is list or tx is tuple:
+            pairs = [arg(e) for e in x]
+            return tx(p[0] for p in pairs), (tx, tuple(p[1] for p in pairs))
+        return x, ("id", id(x))  # arrays, dtypes, user objects: the same object only
+
     merged: dict[Any, int] = {}  # structural key -> slot
     steps: list[list[Any]] = []
     last: dict[int, int] = {}  # slot -> index of the last step reading it
     for node in order:
         d = node._d
-        args = tuple(arg(a) for a in node._args)
-        kwargs = {k: arg(v) for k, v in node._kwargs.items()} if node._kwargs else None
-        key = (d.name, _key(args), _key(tuple(sorted(kwargs.items()))) if kwargs else None)
+        pairs = [arg(a) for a in node._args]
+        args = tuple(p[0] for p in pairs)
+        key: Any = (d, *[p[1] for p in pairs])
+        kwargs = None
+        if node._kwargs:
+            kw_pairs = {k: arg(v) for k, v in node._kwargs.items()}
+            kwargs = {k: p[0] for k, p in kw_pairs.items()}
+            key = (*key, "kw", *[(k, p[1]) for k, p in sorted(kw_pairs.items())])
         hit = merged.get(key)
         if hit is not None:  # a common subexpression: computed once
             slots[id(node)] = hit
             continue
         checked = d.data if any(type(a) is not Ref for a in args[: d.data]) else 0
-        for ref in _refs(args, kwargs):
-            last[ref.slot] = len(steps)
-        slots[id(node)] = merged[key] = nleaves + len(steps)
+        index = len(steps)
+        for a in (*args, *kwargs.values()) if kwargs else args:
+            if type(a) is Ref:
+                last[a.slot] = index
+            elif type(a) in (list, tuple):
+                for e in a:
+                    if type(e) is Ref:
+                        last[e.slot] = index
+        slots[id(node)] = merged[key] = nleaves + index
         steps.append([d, args, kwargs, checked, ()])
     root_slots = [slots[id(r)] for r in roots]
     keep = set(root_slots)
@@ -233,22 +252,4 @@ def compile_program(
     return program, leaves
 
 
-def _key(x: Any) -> Any:
-    """A hashable key of a node argument, for merging common subexpressions."""
-    tx = type(x)
-    if tx in (int, float, bool, complex, str, type(None)):
-        return (tx, x)
-    if tx is Ref:
-        return ("slot", x.slot)
-    if tx in (list, tuple):
-        return (tx, tuple(_key(e) for e in x))
-    return ("id", id(x))  # arrays, dtypes, user objects: the same object only
-
-
-def _refs(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[Ref]:
-    found: list[Ref] = []
-    for a in (*args, *(kwargs or {}).values()):
-        for x in a if type(a) in (list, tuple) else (a,):
-            if type(x) is Ref:
-                found.append(x)
-    return found
+_SCALAR_TYPES = frozenset({int, float, bool, complex, str, type(None)})
