@@ -96,7 +96,8 @@ class Backend(ABC):
 
         ``blas``: the kernel calls BLAS (a backend may gate such kernels so that BLAS
         threads and workers do not oversubscribe the cores). Every exception the
-        kernel raises reaches the awaiter unchanged (``StopIteration`` included).
+        kernel raises reaches the awaiter (a ``StopIteration``, which no await can carry,
+        as PEP 479's ``RuntimeError`` with it as the cause).
         """
 
     @abstractmethod

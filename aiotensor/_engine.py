@@ -371,7 +371,7 @@ class Engine:
             else:
                 result = normalize(out)
         except Exception as exc:
-            raise kernel_error(label, args, exc, d.user) from exc
+            raise kernel_error(label, args, exc, d.user)
         finally:
             if nbytes is not None:
                 registry.unreserve(nbytes)
@@ -431,6 +431,8 @@ class Engine:
         if nbytes is not None or registry.memory_limit is not None:
             await self._reserve(label, nbytes)
         if registry.memory_limit is not None and budget is not None:
+            if policy.reclaims:
+                registry.collect()  # pending buffers first: the budget is what is free now
             budget.limit = max(0, registry.memory_limit - registry.live_bytes - registry.reserved)
         try:
             if inline:
@@ -452,7 +454,7 @@ class Engine:
         except (asyncio.CancelledError, AioTensorError):
             raise
         except Exception as exc:
-            raise kernel_error(label, described, exc, user) from exc
+            raise kernel_error(label, described, exc, user)
         finally:
             if nbytes is not None:
                 registry.unreserve(nbytes)

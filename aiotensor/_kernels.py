@@ -149,9 +149,25 @@ def normalize(out: Any) -> KernelResult:
 
 
 def kernel_error(op: str, args: tuple[Any, ...], exc: BaseException, user: bool) -> AioTensorError:
-    """The error an op raises for an exception of its kernel, naming the op and its inputs."""
+    """The error an op raises for an exception of its kernel, naming the op and its inputs (cause: ``exc``)."""
     if isinstance(exc, AioTensorError):
         return exc
+    error = _map(op, args, exc, user)
+    error.__cause__ = error.__cause__ or _original(exc)
+    return error
+
+
+def _original(exc: BaseException) -> BaseException:
+    if isinstance(exc, RuntimeError) and type(exc.__cause__) is StopIteration:
+        return exc.__cause__
+    return exc
+
+
+def _map(op: str, args: tuple[Any, ...], exc: BaseException, user: bool) -> AioTensorError:
+    if isinstance(exc, RuntimeError) and type(exc.__cause__) is StopIteration:
+        # A StopIteration cannot travel through an await (PEP 479 turns it into this
+        # RuntimeError): name the kernel's own exception.
+        exc = exc.__cause__
     where = f"{op}({describe(args)})"
     if isinstance(exc, MemoryError):
         return ResourceExhaustedError(f"{where}: out of memory ({exc})")

@@ -55,10 +55,14 @@ def check_wait(memory_wait: object, memory_limit: int | None) -> None:
 
 
 class _Waiter:
-    __slots__ = ("future", "need", "reserve", "ticket")
+    __slots__ = ("future", "need", "reclaim", "reserve", "ticket", "what")
 
-    def __init__(self, future: asyncio.Future[None], need: int, reserve: bool, ticket: int) -> None:
+    def __init__(
+        self, future: asyncio.Future[None], need: int, reserve: bool, ticket: int, reclaim: bool, what: str
+    ) -> None:
         self.future = future
+        self.reclaim = reclaim  # the strategy frees dropped buffers before close
+        self.what = what
         self.need = need  # bytes that must fit: live + reserved + need <= limit
         self.reserve = reserve  # hold ``need`` bytes in ``reserved`` once granted
         self.ticket = ticket  # the age of the requesting task: lower is served first
@@ -168,7 +172,7 @@ class MemoryGate:
             )
         loop = asyncio.get_running_loop()
         self._loop = loop
-        waiter = _Waiter(loop.create_future(), need, reserve, ticket)
+        waiter = _Waiter(loop.create_future(), need, reserve, ticket, reclaim, what)
         bisect.insort(self._waiters, waiter, key=lambda w: w.ticket)
         self.waited += 1
         if reclaim:
@@ -220,6 +224,20 @@ class MemoryGate:
             head = waiters[0]
             if head.future.done():  # cancelled, or failed by close
                 del waiters[0]
+                continue
+            limit = self._registry.memory_limit
+            if not head.reclaim and self._registry.live_bytes + head.need > limit:
+                # ON_SESSION_CLOSE frees nothing before close: what reservations held has
+                # become live bytes, and this request can never be served. Fail it now
+                # rather than at the end of its timeout (as at request time).
+                del waiters[0]
+                head.future.set_exception(
+                    ResourceExhaustedError(
+                        f"{head.what}: requested {head.need} bytes with {self._registry.live_bytes} bytes live"
+                        f" would exceed memory_limit={limit}, and this session's cleanup strategy frees"
+                        " nothing before close"
+                    )
+                )
                 continue
             if not self._room(head.need):
                 break  # nobody overtakes the head

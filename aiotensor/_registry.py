@@ -174,14 +174,16 @@ class Registry:
         Called before the result is registered, so a rejected result never gets a
         handle. Pending buffers are freed first when ``reclaim`` is true.
         """
+        # Bytes reserved by other ops in flight count: they were promised first.
         limit = self.memory_limit
-        if limit is None or self.live_bytes + nbytes <= limit:
+        if limit is None or self.live_bytes + self.reserved + nbytes <= limit:
             return
         if reclaim:
             self.collect()
-        if self.live_bytes + nbytes > limit:
+        if self.live_bytes + self.reserved + nbytes > limit:
             raise ResourceExhaustedError(
-                f"{what}: result of {nbytes} bytes with {self.live_bytes} bytes live would exceed memory_limit={limit}"
+                f"{what}: result of {nbytes} bytes with {self.live_bytes} bytes live and {self.reserved}"
+                f" reserved would exceed memory_limit={limit}"
             )
 
     def free(self, rid: int) -> bool:
