@@ -371,7 +371,8 @@ class Engine:
             else:
                 result = normalize(out)
         except Exception as exc:
-            raise kernel_error(label, args, exc, d.user)
+            error = kernel_error(label, args, exc, d.user)
+            raise error from error.__cause__
         finally:
             if nbytes is not None:
                 registry.unreserve(nbytes)
@@ -454,7 +455,8 @@ class Engine:
         except (asyncio.CancelledError, AioTensorError):
             raise
         except Exception as exc:
-            raise kernel_error(label, described, exc, user)
+            error = kernel_error(label, described, exc, user)
+            raise error from error.__cause__
         finally:
             if nbytes is not None:
                 registry.unreserve(nbytes)

@@ -139,7 +139,8 @@ class FusedOps:
             call = (*[as_numeric(v) for v in vals[:n]], *vals[n:]) if n else vals
             out = d.kernel_for(self._engine._xp)(*call, **kw)
         except Exception as exc:  # the same errors as the op would raise outside
-            raise kernel_error(label, args, exc, d.user)
+            error = kernel_error(label, args, exc, d.user)
+            raise error from error.__cause__
         if isinstance(out, tuple | list):
             return [self._made(np.asarray(o), label) for o in out]
         return self._made(np.asarray(out), label)

@@ -139,7 +139,8 @@ class Program:
                 call = (*[as_numeric(a) for a in args[:checked]], *args[checked:]) if checked else args
                 out = d.kernel_for(xp)(*call, **kw)
             except Exception as exc:
-                raise kernel_error(d.name, args, exc, d.user)
+                error = kernel_error(d.name, args, exc, d.user)
+                raise error from error.__cause__
             nbytes = getattr(out, "nbytes", 0) if getattr(out, "base", None) is None else 0
             budget.made(nbytes, d.name)
             vals[slot] = out

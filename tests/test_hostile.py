@@ -162,13 +162,6 @@ async def test_case_6_a_result_check_counts_what_is_reserved() -> None:
 
 
 async def test_case_7_a_request_that_can_never_be_served_fails_at_once() -> None:
-    started, release = threading.Event(), threading.Event()
-
-    def slow(v: Any) -> Any:
-        started.set()
-        release.wait(5)
-        return v
-
     config = at.SessionConfig(memory_limit=1000, memory_wait=30.0, max_workers=2)
     async with at.AsyncEagerSession(cleanup=at.ResourceCleanupStrategy.ON_SESSION_CLOSE, config=config) as s:
         first = asyncio.create_task(s.zeros(100))  # 800 bytes, reserved then live
@@ -180,7 +173,6 @@ async def test_case_7_a_request_that_can_never_be_served_fails_at_once() -> None
                 await s.zeros(50)  # 400 more can never fit before close
         assert loop.time() - start < 5
         await first
-        del slow, started, release
 
 
 async def test_case_8c_run_of_cyclic_or_deep_structures_is_invalid(s: at.AsyncEagerSession) -> None:
