@@ -47,3 +47,14 @@ def test_fused_scenario_and_the_page(tmp_path: Path) -> None:
     assert "| base | 2.0 (1.0-3.0) | 1.00 |" in page
     assert "| 1 | a target | 1.0x | met |" in page
     assert "![perf_memory.png](img/perf_memory.png)" in page
+
+
+async def test_engine_benchmark_measures_every_case() -> None:
+    from benchmarks import bench_engine
+
+    rows = await bench_engine._rows(rounds=1, n=8)
+    assert len(rows) == 6
+    for variant, baseline, ratio in rows.values():
+        assert variant > 0
+        assert baseline > 0
+        assert ratio > 0
