@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from . import _ops as _ops
-from ._opdef import OPS, OpDef
+from ._opdef import BINARY_OPERATORS, OPS, UNARY_OPERATORS, OpDef
 
 __all__ = ["generate", "main"]
 
@@ -32,18 +32,8 @@ BEGIN, END = (
 ALIASES = {"asarray": "constant"}
 _RETURNS = {"one": "Tensor", "list": "list[Tensor]", "any": "Tensor | tuple[Tensor, ...]"}
 
-# Operators: (dunder stem, op, reflected too). Comparisons are left out: ``==`` keeps identity.
-_BINARY = [
-    ("add", "add"),
-    ("sub", "subtract"),
-    ("mul", "multiply"),
-    ("truediv", "divide"),
-    ("floordiv", "floor_divide"),
-    ("mod", "remainder"),
-    ("pow", "pow"),
-    ("matmul", "matmul"),
-]
-_UNARY = [("neg", "negative"), ("abs", "abs")]
+_BINARY = BINARY_OPERATORS
+_UNARY = UNARY_OPERATORS
 # ndarray-named methods: (method, op, its parameters after self, how they reach the spec).
 _REDUCE = "axis: AxisLike = None, keepdims: bool = False"
 _METHODS = [

@@ -377,14 +377,7 @@ class Engine:
             if nbytes is not None:
                 registry.unreserve(nbytes)
         if result is not None:  # views, scalars, split, multi-output apply: the general shape
-            if limited:
-                await self._fit_result(label, result, nbytes)
-            tensors = [
-                self._wrap(b.handle, b.shape, b.dtype, b.nbytes, label, name, i, result.multi, device)
-                for i, b in enumerate(result.buffers)
-            ]
-            if safe_point is not None:
-                safe_point()
+            tensors = await self._own(result, label, name, nbytes, device)
             return _shape_result(d, tensors, result.multi)
         if limited:
             await self._fit_result(label, KernelResult([info(out)], False), nbytes)
@@ -470,17 +463,25 @@ class Engine:
             for buf in result.buffers:
                 self.backend.release(buf.handle)
             raise SessionClosedError(f"{label}: the session was closed while the op ran")
-        if registry.memory_limit is not None:
-            await self._fit_result(label, result, nbytes)
+        return await self._own(result, label, name, nbytes, device), result.multi
+
+    async def _own(
+        self, result: KernelResult, label: str, name: str | None, reserved: int | None, device: str
+    ) -> list[Tensor]:
+        # A kernel's buffers become the session's: checked against the limit, registered,
+        # given handles; then the safe point after the op.
+        if self.registry.memory_limit is not None:
+            await self._fit_result(label, result, reserved)
         tensors = [
             self._wrap(b.handle, b.shape, b.dtype, b.nbytes, label, name, i, result.multi, device)
             for i, b in enumerate(result.buffers)
         ]
+        safe_point = self.policy.safe_point
         if safe_point is not None:
             safe_point()
         if self._log:
             logger.info("%s: %s on %s", label, tensors[0].name, device)
-        return tensors, result.multi
+        return tensors
 
     async def _reserve(self, label: str, nbytes: int | None) -> None:
         registry = self.registry

@@ -34,7 +34,7 @@ import numpy as np
 from ._engine import Engine, engine_of
 from ._errors import InvalidArgumentError
 from ._kernels import as_numeric, kernel_error
-from ._opdef import OPS, OpDef
+from ._opdef import BINARY_OPERATORS, OPS, UNARY_OPERATORS, OpDef
 from ._program import Budget
 from ._tensor import Tensor
 
@@ -177,21 +177,12 @@ def _operator(name: str, reflected: bool = False) -> Callable[..., Any]:
     return method
 
 
-for _stem, _name in (
-    ("add", "add"),
-    ("sub", "subtract"),
-    ("mul", "multiply"),
-    ("truediv", "divide"),
-    ("floordiv", "floor_divide"),
-    ("mod", "remainder"),
-    ("pow", "pow"),
-    ("matmul", "matmul"),
-):
+for _stem, _name in BINARY_OPERATORS:
     setattr(FusedValue, f"__{_stem}__", _operator(_name))
     setattr(FusedValue, f"__r{_stem}__", _operator(_name, reflected=True))
-setattr(FusedValue, "__neg__", _operator("negative"))  # noqa: B010 -- set like the loop above
-setattr(FusedValue, "__abs__", _operator("abs"))  # noqa: B010
-setattr(FusedValue, "__getitem__", _operator("getitem"))  # noqa: B010
+for _stem, _name in UNARY_OPERATORS:
+    setattr(FusedValue, f"__{_stem}__", _operator(_name))
+setattr(FusedValue, "__getitem__", _operator("getitem"))  # noqa: B010 -- set like the loops above
 
 
 def _result(x: Any, budget: Budget) -> Any:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Literal, cast
 
-__all__ = ["OPS", "Cost", "OpDef", "Prepared", "namespace", "op", "op_named"]
+__all__ = ["BINARY_OPERATORS", "OPS", "UNARY_OPERATORS", "Cost", "OpDef", "Prepared", "namespace", "op", "op_named"]
 
 #: What a spec returns: the kernel's positional args, keyword args and the output's
 #: size in bytes when it is known before the kernel runs (creation ops), else None.
@@ -118,6 +118,21 @@ class OpDef:
     def __repr__(self) -> str:
         return f"<op {self.name}>"
 
+
+#: The binary operators of tensors, expressions and fused values: (dunder stem, op).
+#: Comparisons are left out on purpose: ``==`` keeps Python's identity semantics.
+BINARY_OPERATORS = (
+    ("add", "add"),
+    ("sub", "subtract"),
+    ("mul", "multiply"),
+    ("truediv", "divide"),
+    ("floordiv", "floor_divide"),
+    ("mod", "remainder"),
+    ("pow", "pow"),
+    ("matmul", "matmul"),
+)
+#: The unary operators: (dunder stem, op).
+UNARY_OPERATORS = (("neg", "negative"), ("abs", "abs"))
 
 #: Every op of the library, by name, in definition order.
 OPS: dict[str, OpDef] = {}
