@@ -6,6 +6,9 @@ import asyncio
 import concurrent.futures
 import copy
 import pickle
+import subprocess
+import sys
+import textwrap
 import threading
 from typing import Any
 
@@ -186,3 +189,50 @@ async def test_case_8c_run_of_cyclic_or_deep_structures_is_invalid(s: at.AsyncEa
         deep = [deep]
     with pytest.raises(at.InvalidArgumentError, match="nest at most"):
         await s.run(deep)
+
+
+_REPL_EXIT = textwrap.dedent(
+    """
+import asyncio, gc, warnings
+import aiotensor as at
+
+loop = asyncio.new_event_loop()
+asyncio.set_event_loop(loop)
+
+
+async def first() -> None:
+    global s1
+    s1 = at.InteractiveSession()
+    t = await at.constant([1.0, 2.0])
+    del t
+    gc.collect()
+    await asyncio.sleep(0.01)  # the cleanup task is spawned and frees the buffer
+
+
+async def second() -> None:
+    global s2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "another InteractiveSession is open": documented
+        s2 = at.InteractiveSession()
+    t = await at.constant([3.0])
+    del t
+    gc.collect()
+    await asyncio.sleep(0.01)
+
+
+loop.run_until_complete(first())
+loop.run_until_complete(second())
+# like `python -m asyncio`: the loop is left open, nothing is closed, the interpreter exits
+    """
+)
+
+
+def test_case_9_open_interactive_sessions_end_cleanly_at_interpreter_exit() -> None:
+    # The shape of a `python -m asyncio` REPL: the loop is never closed, nothing is
+    # closed, and a second InteractiveSession replaced the first.
+    done = subprocess.run(
+        [sys.executable, "-W", "default", "-c", _REPL_EXIT], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Task was destroyed but it is pending" not in done.stderr
+    assert "ResourceWarning" not in done.stderr
