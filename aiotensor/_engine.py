@@ -314,6 +314,17 @@ class Engine:
         device = self.place(label)
         limit = self._inline_us
         if limit and d.cost is not _UNKNOWN and estimate_us(d, bufs, kw, nbytes) <= limit:  # type: ignore[arg-type]
+            if nbytes is None and d.returns == "one" and self.registry.memory_limit is None:
+                # Nothing to reserve or wait for: run and own it without another coroutine frame.
+                policy = self.policy
+                if policy.safe_point is not None:
+                    policy.safe_point()
+                if policy.inline_point is not None:
+                    policy.inline_point()
+                out = self._run_inline(d, label, bufs, kw, checked, args)
+                if type(out) is not KernelResult:
+                    return self._register(out, label, name, device)
+                return (await self._own(out, label, name, None, device))[0]
             return await self._inline(d, label, bufs, kw, nbytes, name, checked, args, device)
         step = Step(d, checked, self._xp_name, getattr(args[0], "__name__", None) if d.user else None)
         described = args[1:] if d.user else args  # apply: the function is in the label
@@ -353,11 +364,26 @@ class Engine:
         limited = registry.memory_limit is not None
         if nbytes is not None or limited:
             await self._reserve(label, nbytes)
+        try:
+            out = self._run_inline(d, label, bufs, kw, checked, args)
+        finally:
+            if nbytes is not None:
+                registry.unreserve(nbytes)
+        if type(out) is KernelResult:  # views, scalars, split, multi-output apply: the general shape
+            tensors = await self._own(out, label, name, nbytes, device)
+            return _shape_result(d, tensors, out.multi)
+        if limited:
+            await self._fit_result(label, KernelResult([info(out)], False), nbytes)
+        return self._register(out, label, name, device)
+
+    def _run_inline(
+        self, d: OpDef, label: str, bufs: list[Any], kw: dict[str, Any], checked: int, args: tuple[Any, ...]
+    ) -> Any:
+        """Run ``d``'s kernel here: a fresh owned read-only ndarray, or a KernelResult for the rest."""
         self._streak += 1
         kernel = d._np_kernel if self._xp is np else None
         if kernel is None:
             kernel = d.kernel_for(self._xp)
-        result = None
         try:
             if checked:
                 bufs[:checked] = [as_numeric(b) for b in bufs[:checked]]
@@ -366,23 +392,18 @@ class Engine:
                 flags = out.flags
                 if flags.writeable:  # a fresh output: own it as it is
                     flags.writeable = False
-                else:  # an input returned as it is
-                    out = finalize(out)
-            else:
-                result = normalize(out)
+                    return out
+                return finalize(out)  # an input returned as it is
+            return normalize(out)
         except Exception as exc:
             error = kernel_error(label, args, exc, d.user)
             raise error from error.__cause__
-        finally:
-            if nbytes is not None:
-                registry.unreserve(nbytes)
-        if result is not None:  # views, scalars, split, multi-output apply: the general shape
-            tensors = await self._own(result, label, name, nbytes, device)
-            return _shape_result(d, tensors, result.multi)
-        if limited:
-            await self._fit_result(label, KernelResult([info(out)], False), nbytes)
+
+    def _register(self, out: NDArray, label: str, name: str | None, device: str) -> Tensor:
+        registry = self.registry
         rid = registry.add(out, out.nbytes)
         t = make_tensor(self, registry, rid, out.shape, out.dtype, out.nbytes, name or (label, -1), device)
+        safe_point = self.policy.safe_point
         if safe_point is not None:
             safe_point()
         if self._log:
