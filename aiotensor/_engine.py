@@ -230,6 +230,11 @@ class Engine:
         finalize()
         return True
 
+    @property
+    def inline_us(self) -> float:
+        """How long (estimated µs) a kernel may run inline on the loop; 0: never."""
+        return self._inline_us
+
     # -- placement and arguments ------------------------------------------------------
     def place(self, op: str) -> str:
         """The device ``op`` runs on."""

@@ -7,10 +7,13 @@ an expression program does) and tensor arguments arrive as :class:`FusedValue` o
 with the usual operators. So ten small ops cost one dispatch instead of ten.
 
 Where it runs: a fused function's cost is unknown until it has run, so its first call
-for given argument shapes goes to the pool and is timed; later calls with those shapes
-run inline on the loop when they took less than the session's ``inline_threshold_us``
-(as cheap single ops do), else on the pool again. JAX keys its compilation cache on
-shapes the same way.
+for given argument shapes goes to the pool, where the cost model of single ops
+(``_cost``) adds up the ops it runs; later calls with those shapes run inline on the
+loop when that sum is within the session's ``inline_threshold_us``, as cheap single ops
+do (the first call's wall time is no guide: the hop and cold caches inflate it). Two
+consecutive inline calls that take more than four times that threshold (the function does work of
+its own between ops) send those shapes back to the pool for good. JAX keys its
+compilation cache on shapes the same way.
 
 Ownership of intermediates: the registry belongs to the loop thread, so values made
 inside the function are not registered one by one (that would need a hop back to the
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._cost import estimate_us
 from ._engine import Engine, engine_of
 from ._errors import InvalidArgumentError
 from ._kernels import as_numeric, kernel_error
@@ -42,6 +46,8 @@ if TYPE_CHECKING:
     from ._types import NDArray
 
 __all__ = ["FusedFunction", "FusedOps", "FusedValue", "function"]
+
+_ndarray = np.ndarray
 
 
 class FusedValue:
@@ -107,11 +113,12 @@ class FusedOps:
     :class:`FusedValue` objects (and numbers, arrays, and tensors of the session).
     """
 
-    __slots__ = ("_budget", "_engine")
+    __slots__ = ("_budget", "_engine", "_estimate")
 
     def __init__(self, engine: Engine, budget: Budget) -> None:
         self._engine = engine
         self._budget = budget
+        self._estimate = 0.0  # the cost model's µs for the ops run so far (as for single ops)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         raise AttributeError(f"fused functions have no op {name!r}")
@@ -134,9 +141,10 @@ class FusedOps:
         label = d.name
         vals = tuple(self._arg(a, label) for a in args)
         kw = {k: self._arg(v, label) for k, v in kw.items()} if kw else {}
+        self._estimate += estimate_us(d, vals, kw, None)
         try:
             n = d.data
-            call = (*[as_numeric(v) for v in vals[:n]], *vals[n:]) if n else vals
+            call = (*[v if type(v) is _ndarray else as_numeric(v) for v in vals[:n]], *vals[n:]) if n else vals
             out = d.kernel_for(self._engine._xp)(*call, **kw)
         except Exception as exc:  # the same errors as the op would raise outside
             error = kernel_error(label, args, exc, d.user)
@@ -200,13 +208,14 @@ def _result(x: Any, budget: Budget) -> Any:
 class _Kernel:
     """The kernel of one call: wraps the arguments, calls ``fn``, unwraps its results, times itself."""
 
-    __slots__ = ("budget", "elapsed", "engine", "fn")
+    __slots__ = ("budget", "elapsed", "engine", "estimate", "fn")
 
     def __init__(self, fn: Callable[..., Any], engine: Engine, budget: Budget) -> None:
         self.fn = fn
         self.engine = engine
         self.budget = budget
         self.elapsed = math.inf
+        self.estimate = math.inf
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -215,6 +224,7 @@ class _Kernel:
         out = self.fn(ops, *[wrap(a) for a in args], **{k: wrap(v) for k, v in kwargs.items()})
         out = [_result(o, self.budget) for o in out] if isinstance(out, tuple | list) else _result(out, self.budget)
         self.elapsed = (time.perf_counter() - start) * 1e6
+        self.estimate = ops._estimate
         return out
 
 
@@ -249,6 +259,7 @@ class FusedFunction:
         self._session = session
         self._op = f"function({getattr(fn, '__name__', type(fn).__name__)})"
         self._timings: dict[tuple[Any, ...], float] = {}
+        self._strikes: dict[tuple[Any, ...], int] = {}
         functools.update_wrapper(self, fn)
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Tensor | tuple[Tensor, ...]:
@@ -261,11 +272,22 @@ class FusedFunction:
         key = _shape_key(args, kwargs)
         budget = Budget("a fused function")
         kernel = _Kernel(self._fn, engine, budget)
-        tensors, multi = await engine.call(
-            self._op, kernel, bufs, kw, args, user=True, est_us=self._timings.get(key, math.inf), budget=budget
-        )
-        if kernel.elapsed < math.inf:
-            self._timings[key] = kernel.elapsed
+        est = self._timings.get(key, math.inf)
+        tensors, multi = await engine.call(self._op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget)
+        limit = engine.inline_us
+        if key not in self._timings:
+            # First call for these shapes ran on the pool: from now on the cost model's sum
+            # over the ops it ran decides, as for single ops.
+            self._timings[key] = kernel.estimate
+        elif est <= limit and kernel.elapsed > 4 * limit:
+            # It ran inline and took far longer than the model said: a first run on this
+            # thread may be cold once (BLAS warming up), but twice means the function does
+            # work of its own between ops: never inline it again for these shapes.
+            strikes = self._strikes[key] = self._strikes.get(key, 0) + 1
+            if strikes >= 2:
+                self._timings[key] = math.inf
+        elif est <= limit:
+            self._strikes.pop(key, None)  # only consecutive slow runs count (a GC pause is one)
         return tuple(tensors) if multi else tensors[0]
 
 

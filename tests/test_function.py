@@ -189,3 +189,35 @@ async def test_fused_functions_need_a_local_backend() -> None:
             await s.function(lambda ops, x: x)(x)
         y = await s.add(x, 1.0)  # ordinary ops still work (on the pool: never inline there)
         np.testing.assert_array_equal(await y.numpy(), [2.0])
+
+
+async def test_cheap_fused_calls_run_inline_after_the_first_and_slow_ones_go_back_to_the_pool() -> None:
+    import threading as _threading
+    import time as _time
+
+    threads: list[str] = []
+
+    def cheap(ops: at.FusedOps, x: Any) -> Any:
+        threads.append(_threading.current_thread().name)
+        return ops.add(x, 1.0) * 2.0
+
+    def busy(ops: at.FusedOps, x: Any) -> Any:  # work of its own that the cost model cannot see
+        threads.append(_threading.current_thread().name)
+        _time.sleep(0.001)
+        return ops.add(x, 1.0)
+
+    loop_thread = _threading.current_thread().name
+    async with at.AsyncEagerSession() as s:
+        x = await s.constant(np.ones(16))
+        f = s.function(cheap)
+        for _ in range(3):
+            np.testing.assert_array_equal(await (await f(x)).numpy(), np.full(16, 4.0))
+        assert threads[0] != loop_thread  # first call for these shapes: on the pool
+        assert threads[1:] == [loop_thread, loop_thread]  # then inline: the model says cheap
+        threads.clear()
+        g = s.function(busy)
+        for _ in range(5):
+            await g(x)
+        assert threads[1:3] == [loop_thread, loop_thread]  # inline until it proved slow twice
+        assert all(t != loop_thread for t in threads[3:])  # then back on the pool for good
+        del x
