@@ -165,17 +165,31 @@ async def test_case_6_a_result_check_counts_what_is_reserved() -> None:
 
 
 async def test_case_7_a_request_that_can_never_be_served_fails_at_once() -> None:
-    config = at.SessionConfig(memory_limit=1000, memory_wait=30.0, max_workers=2)
+    started, release = threading.Event(), threading.Event()
+
+    def block(v: Any) -> Any:
+        started.set()
+        release.wait(5)
+        return v
+
+    config = at.SessionConfig(memory_limit=1000, memory_wait=30.0, max_workers=1, inline_threshold_us=0)
     async with at.AsyncEagerSession(cleanup=at.ResourceCleanupStrategy.ON_SESSION_CLOSE, config=config) as s:
-        first = asyncio.create_task(s.zeros(100))  # 800 bytes, reserved then live
-        await asyncio.sleep(0)
+        blocker = asyncio.create_task(s.apply(block, np.zeros(1)))  # holds the only worker
+        await asyncio.to_thread(started.wait, 5)
+        first = asyncio.create_task(s.zeros(100))  # 800 bytes reserved, queued behind it
+        await asyncio.sleep(0.01)
+        second = asyncio.create_task(s.zeros(50))  # 400 more: waits, since 800 are only reserved
+        await asyncio.sleep(0.01)
+        assert not second.done()
         loop = asyncio.get_running_loop()
         start = loop.time()
+        release.set()  # the 800 bytes become live: nothing can free them before close
         with pytest.raises(at.ResourceExhaustedError, match="frees nothing before close"):
             async with asyncio.timeout(5):
-                await s.zeros(50)  # 400 more can never fit before close
-        assert loop.time() - start < 5
-        await first
+                await second
+        assert loop.time() - start < 5  # at once, not at the end of memory_wait
+        t, b = await first, await blocker
+        del t, b
 
 
 async def test_case_8c_run_of_cyclic_or_deep_structures_is_invalid(s: at.AsyncEagerSession) -> None:
