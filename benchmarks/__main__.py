@@ -1,7 +1,8 @@
 """Run the whole benchmark suite in one process: ``python -m benchmarks [--quick]``.
 
-Prints every table (median and min-max over rounds) and the issue's targets, and
-writes ``docs/performance.md`` with the plots under ``docs/img/``. The web and Dask
+Prints every table (median and min-max over rounds) and the issue's targets; with
+``--write-docs`` it also writes ``docs/performance.md`` with the plots under ``docs/img/``
+(without it, a run changes no tracked file). The web and Dask
 benchmarks (``bench_web.py``, ``bench_distributed.py``, owned by their examples) run
 as subprocesses when present, writing ``benchmarks/results/bench_*.md``; those
 snippets (fresh, or from an earlier run) become sections of the page.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -35,15 +37,20 @@ EXTERNAL: dict[str, tuple[str, list[str], list[str]]] = {
 }
 
 
-def _external(report: Report, name: str, quick: bool, run: bool, timeout: float) -> None:
-    """Run bench_<name>.py into benchmarks/results/bench_<name>.md (if asked) and include that snippet."""
+def _external(report: Report, name: str, quick: bool, run: bool, timeout: float, write: bool) -> None:
+    """Run bench_<name>.py (if asked) and include its snippet.
+
+    Its snippet goes to ``benchmarks/results/bench_<name>.md`` (tracked) only with
+    ``write``; otherwise to a temporary file, so that a run leaves the checkout as it was.
+    """
     script, quick_args, full_args = EXTERNAL[name]
     path = ROOT / "benchmarks" / script
-    snippet = RESULTS / f"{path.stem}.md"
+    kept = RESULTS / f"{path.stem}.md"
+    snippet = kept if write else Path(tempfile.mkdtemp(prefix="aiotensor-bench-")) / kept.name
     extra = quick_args if quick else full_args
     shown = " ".join(["python", f"benchmarks/{script}", *extra])
     if run and path.exists():
-        RESULTS.mkdir(exist_ok=True)
+        snippet.parent.mkdir(exist_ok=True)
         cmd = [sys.executable, str(path), *extra, "--markdown", str(snippet)]
         try:
             subprocess.run(cmd, cwd=ROOT, check=True, timeout=timeout, capture_output=True, text=True)
@@ -52,7 +59,8 @@ def _external(report: Report, name: str, quick: bool, run: bool, timeout: float)
             report.sections.append((f"{name}: `{shown}` failed", f"```\n{stderr[-1500:]}\n```"))
             return
         title = f"{name} (`{shown}`, run by this command)"
-    elif snippet.exists():
+    elif kept.exists():
+        snippet = kept
         title = f"{name} (from `benchmarks/results/{snippet.name}`, written by an earlier `{shown}`)"
     else:
         return
@@ -69,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="run bench_web.py / bench_distributed.py too (auto: not with --quick or --only);"
                              " when not run, their last snippets in benchmarks/results/ are included")  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "performance.md", help="the page to write")
-    parser.add_argument("--no-write", action="store_true", help="print only; write neither the page nor the PNGs")
+    parser.add_argument(
+        "--write-docs",
+        action="store_true",
+        help="also write the page (--out), its plots and benchmarks/results/; without it a run changes no tracked file",
+    )
     args = parser.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 5)
     report = Report(quick=args.quick, rounds=rounds)
@@ -84,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{name}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr)
     run_external = args.external == "yes" or (args.external == "auto" and not args.quick and not args.only)
     for name in EXTERNAL:
-        _external(report, name, args.quick, run_external, timeout=900)
+        _external(report, name, args.quick, run_external, timeout=900, write=args.write_docs)
     print_console(report)
     print(f"[total: {time.perf_counter() - start:.1f} s]", file=sys.stderr)
-    if not args.no_write:
+    if args.write_docs:
         images = plot(report, args.out.parent / "img")
         command = "python -m benchmarks" + (" --quick" if args.quick else "")
         commentary_file = ROOT / "benchmarks" / "commentary.md"

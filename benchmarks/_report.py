@@ -122,7 +122,8 @@ def markdown(report: Report, command: str, images: list[str], commentary: str) -
     out = [
         "# Performance",
         "",
-        "<!-- Written by `python -m benchmarks`: edit benchmarks/commentary.md or benchmarks/_report.py instead. -->",
+        "<!-- Written by `python -m benchmarks --write-docs`:"
+        " edit benchmarks/commentary.md or benchmarks/_report.py instead. -->",
         "",
         f"Measured with `{command}` on {machine()}."
         f" Each figure is the median over {report.rounds} rounds, with the fastest and slowest round in"

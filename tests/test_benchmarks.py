@@ -6,6 +6,7 @@ Behaviour only (the numbers are not checked: timings have no place in tests).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,3 +59,20 @@ async def test_engine_benchmark_measures_every_case() -> None:
         assert variant > 0
         assert baseline > 0
         assert ratio > 0
+
+
+def test_a_benchmark_run_changes_no_tracked_file_unless_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from benchmarks import __main__ as suite
+
+    def trivial(report: Any) -> None:
+        report.sections.append(("trivial", "nothing measured"))
+
+    monkeypatch.setitem(suite.SCENARIOS, "overheads", trivial)
+    page = tmp_path / "performance.md"
+    before = {p: p.stat().st_mtime_ns for p in (suite.ROOT / "docs").rglob("*") if p.is_file()}
+    assert suite.main(["--only", "overheads", "--external", "no", "--out", str(page)]) == 0
+    assert not page.exists()  # not asked: nothing written
+    after = {p: p.stat().st_mtime_ns for p in (suite.ROOT / "docs").rglob("*") if p.is_file()}
+    assert after == before
+    assert suite.main(["--only", "overheads", "--external", "no", "--out", str(page), "--write-docs"]) == 0
+    assert "nothing measured" in page.read_text()
