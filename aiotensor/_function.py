@@ -243,6 +243,41 @@ def _shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
     )
 
 
+class Placement:
+    """Where the runs of one function go, per key of argument shapes (see the module docstring).
+
+    Shared by fused and batched functions: :meth:`estimate` is the ``est_us`` to run
+    with (``inf``, hence the pool, until a run has been measured), :meth:`record`
+    learns from a run.
+    """
+
+    __slots__ = ("_strikes", "_timings")
+
+    def __init__(self) -> None:
+        self._timings: dict[tuple[Any, ...], float] = {}
+        self._strikes: dict[tuple[Any, ...], int] = {}
+
+    def estimate(self, key: tuple[Any, ...]) -> float:
+        """The estimated µs of a run with these shapes, ``inf`` if unknown (or never to run inline)."""
+        return self._timings.get(key, math.inf)
+
+    def record(self, key: tuple[Any, ...], est: float, estimate: float, elapsed: float, limit: float) -> None:
+        """Learn from a run made with ``est``: the cost model's ``estimate`` of it and its ``elapsed`` µs."""
+        if key not in self._timings:
+            # First call for these shapes ran on the pool: from now on the cost model's sum
+            # over the ops it ran decides, as for single ops.
+            self._timings[key] = estimate
+        elif est <= limit and elapsed > 4 * limit:
+            # It ran inline and took far longer than the model said: a first run on this
+            # thread may be cold once (BLAS warming up), but twice means the function does
+            # work of its own between ops: never inline it again for these shapes.
+            strikes = self._strikes[key] = self._strikes.get(key, 0) + 1
+            if strikes >= 2:
+                self._timings[key] = math.inf
+        elif est <= limit:
+            self._strikes.pop(key, None)  # only consecutive slow runs count (a GC pause is one)
+
+
 class FusedFunction:
     """``fn(ops, *args, **kwargs)`` as a coroutine function that runs as one op.
 
@@ -258,8 +293,7 @@ class FusedFunction:
         self._fn = fn
         self._session = session
         self._op = f"function({getattr(fn, '__name__', type(fn).__name__)})"
-        self._timings: dict[tuple[Any, ...], float] = {}
-        self._strikes: dict[tuple[Any, ...], int] = {}
+        self._placement = Placement()
         functools.update_wrapper(self, fn)
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Tensor | tuple[Tensor, ...]:
@@ -272,22 +306,9 @@ class FusedFunction:
         key = _shape_key(args, kwargs)
         budget = Budget("a fused function")
         kernel = _Kernel(self._fn, engine, budget)
-        est = self._timings.get(key, math.inf)
+        est = self._placement.estimate(key)
         tensors, multi = await engine.call(self._op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget)
-        limit = engine.inline_us
-        if key not in self._timings:
-            # First call for these shapes ran on the pool: from now on the cost model's sum
-            # over the ops it ran decides, as for single ops.
-            self._timings[key] = kernel.estimate
-        elif est <= limit and kernel.elapsed > 4 * limit:
-            # It ran inline and took far longer than the model said: a first run on this
-            # thread may be cold once (BLAS warming up), but twice means the function does
-            # work of its own between ops: never inline it again for these shapes.
-            strikes = self._strikes[key] = self._strikes.get(key, 0) + 1
-            if strikes >= 2:
-                self._timings[key] = math.inf
-        elif est <= limit:
-            self._strikes.pop(key, None)  # only consecutive slow runs count (a GC pause is one)
+        self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us)
         return tuple(tensors) if multi else tensors[0]
 
 

@@ -1,0 +1,477 @@
+"""Micro-batching: concurrent calls of a fused function coalesced into one kernel call.
+
+``@at.batched`` turns ``fn(ops, x, *params)`` (the signature of a fused function, with
+``x`` holding rows along axis 0) into a coroutine function. Calls made concurrently with
+the *same* param objects and rows of the same trailing shape and dtype join one group;
+the group is flushed at the next iteration of the event loop (``loop.call_soon``, never
+a timer: a caller alone waits for nothing but one loop iteration). The flush stacks the
+callers' rows (up to ``max_batch_size`` per kernel call) and runs ``fn`` once on them,
+as a fused function runs (:mod:`aiotensor._function`: one kernel, on the pool or inline
+as its cost says); the kernel splits every output back into each caller's rows, and
+each caller registers its own rows in its own session.
+
+Sessions: the batch runs in the session that owns the params (the most derived session
+among their tensors; if they hold no tensor, the callers' session, and only callers of
+one session then share a batch). Its stacked rows and intermediates are counted there,
+in a :class:`~aiotensor._program.Budget`, as a fused function's are. Each caller's
+result is registered in the caller's session (that of ``x`` if ``x`` is a tensor, else
+the default session, else the params' session) and counts against its ``memory_limit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import copy
+import functools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
+
+from . import _defaults
+from ._engine import Engine, State
+from ._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
+from ._function import FusedOps, FusedValue, Placement, _buffers, _result, _wrap_arg
+from ._kernels import KernelResult, info, numeric_array
+from ._opdef import OpDef
+from ._program import Budget
+from ._tensor import Tensor
+
+if TYPE_CHECKING:
+    from ._types import NDArray
+
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "BatchStats", "BatchedFunction", "batched"]
+
+#: Rows per kernel call unless ``max_batch_size`` says otherwise.
+DEFAULT_MAX_BATCH_SIZE = 512
+_OPEN = State.OPEN
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    """What a batched function has done since it was made (:meth:`BatchedFunction.stats`).
+
+    Attributes:
+        calls: Calls whose rows went into a kernel call.
+        batches: Kernel calls made.
+        rows: Rows over all kernel calls.
+        max_rows: Rows of the largest kernel call.
+        cancelled: Calls cancelled while they waited: removed from their batch before it
+            ran, or their rows dropped after it ran.
+        failed: Kernel calls that raised (each of their callers got the error).
+    """
+
+    calls: int = 0
+    batches: int = 0
+    rows: int = 0
+    max_rows: int = 0
+    cancelled: int = 0
+    failed: int = 0
+
+    @property
+    def rows_per_batch(self) -> float:
+        """Mean rows per kernel call (0 before the first)."""
+        return self.rows / self.batches if self.batches else 0.0
+
+    @property
+    def calls_per_batch(self) -> float:
+        """Mean calls coalesced per kernel call (0 before the first)."""
+        return self.calls / self.batches if self.batches else 0.0
+
+
+class _Ops(FusedOps):
+    """The fused ops of a batch, noting whether a BLAS op ran (to pass the BLAS gate next time)."""
+
+    __slots__ = ("blas",)
+
+    def __init__(self, engine: Engine, budget: Budget) -> None:
+        super().__init__(engine, budget)
+        self.blas = False
+
+    def _run(self, d: OpDef, *args: Any, **kwargs: Any) -> Any:
+        if d.blas:
+            self.blas = True
+        return super()._run(d, *args, **kwargs)
+
+
+class _Kernel:
+    """One batch as one kernel: stack the rows, call ``fn`` as a fused function does, split its outputs.
+
+    Runs where the kernel runs (a pool thread, or the loop when inline); the split copies
+    each caller's rows there, so the loop thread only registers finished buffers.
+    """
+
+    __slots__ = ("blas", "budget", "counts", "elapsed", "engine", "estimate", "fn", "label", "multi")
+
+    def __init__(self, fn: Callable[..., Any], engine: Engine, budget: Budget, counts: list[int], label: str) -> None:
+        self.fn = fn
+        self.engine = engine
+        self.budget = budget
+        self.counts = counts
+        self.label = label
+        self.elapsed = math.inf
+        self.estimate = math.inf
+        self.multi = False
+        self.blas = True
+
+    def __call__(self, xs: tuple[NDArray, ...], *params: Any) -> Any:
+        start = time.perf_counter()
+        ops = _Ops(self.engine, self.budget)
+        # The stacked rows are made by this run: counted in its budget like an intermediate.
+        x = FusedValue(xs[0], ops, False) if len(xs) == 1 else ops._made(np.concatenate(xs), self.label)
+        out = self.fn(ops, x, *[_wrap_arg(p, ops) for p in params])
+        del x
+        self.multi = multi = isinstance(out, tuple | list)
+        outs = list(out) if multi else [out]
+        rows = sum(self.counts)
+        budget = self.budget
+        arrays = []
+        for i, o in enumerate(outs):
+            made = type(o) is FusedValue and o._made
+            a = _result(o, budget)
+            if type(a) is not np.ndarray or not a.ndim or a.shape[0] != rows:
+                shape = getattr(a, "shape", type(a).__name__)
+                raise InvalidArgumentError(
+                    f"{self.label}: fn must return arrays with one row per input row ({rows} rows along axis 0);"
+                    f" output {i} is {shape}"
+                )
+            if made and len(xs) > 1:
+                budget.escaped -= 1  # split below: the whole output is an intermediate, its pieces the results
+            arrays.append(a)
+        del out, outs
+        self.blas = ops.blas
+        self.estimate = ops._estimate
+        if len(xs) == 1:
+            pieces: list[NDArray] = arrays
+        else:
+            pieces = []
+            lo = 0
+            for n in self.counts:
+                pieces.extend(a[lo : lo + n] for a in arrays)  # views: the result normalization copies them
+                lo += n
+        self.elapsed = (time.perf_counter() - start) * 1e6
+        return pieces if multi or len(xs) > 1 else pieces[0]
+
+
+class _Caller:
+    __slots__ = ("future", "x")
+
+    def __init__(self, x: NDArray, future: asyncio.Future[Any]) -> None:
+        self.x = x
+        self.future = future
+
+
+class _Group:
+    """Callers waiting for the next flush, all with the same params and the same kind of rows."""
+
+    __slots__ = ("callers", "engine", "params")
+
+    def __init__(self, engine: Engine, params: tuple[Any, ...]) -> None:
+        self.engine = engine  # where the batch runs: the params' session
+        self.params = params  # held: the group is keyed by their ids
+        self.callers: list[_Caller] = []
+
+
+class BatchedFunction:
+    """``fn(ops, x, *params)`` as a coroutine function whose concurrent calls share kernel calls.
+
+    Made by :func:`batched`. ``await f(x, *params)`` returns the rows of ``x`` through
+    ``fn`` as a tensor (a tuple of tensors if ``fn`` returns a tuple or list), owned by
+    the session of ``x`` if it is a tensor, else the default session, else the session
+    of the first tensor among ``params``.
+    """
+
+    __name__: str
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        row_shape: tuple[int, ...] | None = None,
+        dtype: Any = None,
+    ) -> None:
+        if not callable(fn):
+            raise InvalidArgumentError(f"batched: fn must be callable, got {type(fn).__name__}")
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise InvalidArgumentError(f"batched: max_batch_size must be an int >= 1, got {max_batch_size!r}")
+        if row_shape is not None:
+            try:
+                row_shape = tuple(int(n) for n in row_shape)
+            except (TypeError, ValueError):
+                raise InvalidArgumentError(f"batched: row_shape must be a tuple of ints, got {row_shape!r}") from None
+        try:
+            self._dtype = None if dtype is None else np.dtype(dtype)
+        except TypeError as exc:
+            raise InvalidArgumentError(f"batched: dtype {dtype!r} is not a dtype ({exc})") from None
+        self._fn = fn
+        self._max = max_batch_size
+        self._row_shape = row_shape
+        self._label = f"batched({getattr(fn, '__name__', type(fn).__name__)})"
+        self._placement = Placement()
+        self._pending: dict[tuple[Any, ...], _Group] = {}
+        self._running: set[asyncio.Task[None]] = set()
+        self._blas: dict[tuple[Any, ...], bool] = {}  # per shape key: did fn call BLAS?
+        self._counts = dict.fromkeys(BatchStats.__slots__, 0)
+        functools.update_wrapper(self, fn)
+
+    @property
+    def max_batch_size(self) -> int:
+        """Rows per kernel call at most (a single call with more rows runs alone, unsplit)."""
+        return self._max
+
+    def stats(self) -> BatchStats:
+        """Counts of calls, kernel calls and rows so far (a snapshot)."""
+        return BatchStats(**self._counts)
+
+    async def __call__(self, x: Any, *params: Any) -> Tensor | tuple[Tensor, ...]:
+        loop = asyncio.get_running_loop()
+        label = self._label
+        engine, runner = self._engines(x, params)
+        if engine.state is not _OPEN:
+            await engine.open()
+        engine.check_loop()
+        arr = self._rows(x, engine)
+        key = (loop, runner, *map(id, params), arr.shape[1:], arr.dtype)
+        group = self._pending.get(key)
+        if group is None:
+            group = self._pending[key] = _Group(runner, params)
+            # A fresh context: the batch must not run under whichever caller came first's
+            # context variables (device scope, numpy error state).
+            loop.call_soon(self._flush, key, group, context=contextvars.Context())
+        future: asyncio.Future[Any] = loop.create_future()
+        group.callers.append(_Caller(arr, future))
+        pieces, multi = await future  # cancelled: _flush skips it, or its rows are dropped
+        if engine.state is not _OPEN:
+            raise SessionClosedError(f"{label}: the session was closed while the call waited for its batch")
+        device = engine.place(label)
+        if engine.registry.memory_limit is None and not multi:
+            return engine._register(pieces[0], label, None, device)
+        tensors = await engine._own(KernelResult([info(p) for p in pieces], multi), label, None, None, device)
+        return tuple(tensors) if multi else tensors[0]
+
+    def _engines(self, x: Any, params: tuple[Any, ...]) -> tuple[Engine, Engine]:
+        """The engine that owns the caller's result, and the one the batch runs in."""
+        owner: Engine | None = None  # of the params: the most derived session among their tensors
+        first: Engine | None = None
+        for p in params:
+            for t in p if type(p) in (list, tuple) else (p,):
+                if type(t) is not Tensor:
+                    continue
+                e: Engine = t._engine
+                if first is None:
+                    first = owner = e
+                elif e is not owner and owner not in e.ancestors:
+                    if e in owner.ancestors:  # type: ignore[union-attr]
+                        continue
+                    raise InvalidArgumentError(
+                        f"{self._label}: params mix tensors of unrelated sessions ({owner.session!r} and {e.session!r})"  # type: ignore[union-attr]
+                    )
+                else:
+                    owner = e
+        if type(x) is Tensor:
+            engine: Engine = x._engine
+        else:
+            default = _defaults.get_default_session()
+            if default is not None:
+                engine = default._engine  # type: ignore[attr-defined]
+            elif first is not None:
+                engine = first
+            else:
+                raise NoSessionError(
+                    f"{self._label}: no session for the result: pass x as a tensor, give a tensor among the params,"
+                    " or use `with session.as_default():`"
+                )
+        if owner is None:
+            return engine, engine
+        if owner is not engine and owner not in engine.ancestors:
+            raise InvalidArgumentError(
+                f"{self._label}: the params belong to {owner.session!r}, which the result's session"
+                f" {engine.session!r} cannot read; use a child session of theirs (parent=)"
+            )
+        return engine, owner
+
+    def _rows(self, x: Any, engine: Engine) -> NDArray:
+        """``x`` as an array of rows, checked before it may join a batch."""
+        label = self._label
+        if type(x) is Tensor:
+            arr: NDArray = engine.buffer(x, label)
+        elif type(x) is np.ndarray:
+            arr = x
+        else:
+            try:
+                arr = numeric_array(x, None)
+            except (TypeError, ValueError) as exc:
+                raise InvalidArgumentError(f"{label}: x: {exc}") from None
+        if arr.dtype.kind not in "biufc":
+            raise InvalidArgumentError(f"{label}: x has dtype {arr.dtype}; tensors hold numbers")
+        if arr.ndim == 0 or arr.shape[0] == 0:
+            raise InvalidArgumentError(f"{label}: x must hold at least one row along axis 0, got shape {arr.shape}")
+        if self._row_shape is not None and arr.shape[1:] != self._row_shape:
+            raise InvalidArgumentError(
+                f"{label}: x has rows of shape {arr.shape[1:]}, expected {self._row_shape} (row_shape)"
+            )
+        if self._dtype is not None and arr.dtype != self._dtype:
+            raise InvalidArgumentError(f"{label}: x has dtype {arr.dtype}, expected {self._dtype} (dtype)")
+        return arr
+
+    def _flush(self, key: tuple[Any, ...], group: _Group) -> None:
+        """At the loop iteration after the first caller: pack the callers still waiting into batches."""
+        if self._pending.get(key) is group:
+            del self._pending[key]
+        live = [c for c in group.callers if not c.future.done()]
+        cancelled = len(group.callers) - len(live)
+        if cancelled:
+            self._counts["cancelled"] += cancelled
+        batch: list[_Caller] = []
+        rows = 0
+        limit = self._max
+        for c in live:  # in arrival order; a caller with more rows than the limit runs alone
+            n = c.x.shape[0]
+            if batch and rows + n > limit:
+                self._start(group, batch)
+                batch, rows = [], 0
+            batch.append(c)
+            rows += n
+        if batch:
+            self._start(group, batch)
+
+    def _start(self, group: _Group, callers: list[_Caller]) -> None:
+        task = asyncio.get_running_loop().create_task(self._run(group, callers))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _run(self, group: _Group, callers: list[_Caller]) -> None:
+        """Run one batch and hand each caller its rows (or the batch's error)."""
+        engine, label = group.engine, self._label
+        counts = [c.x.shape[0] for c in callers]
+        rows = sum(counts)
+        counters = self._counts
+        counters["calls"] += len(callers)
+        counters["batches"] += 1
+        counters["rows"] += rows
+        counters["max_rows"] = max(counters["max_rows"], rows)
+        try:
+            if not engine.backend.in_process:
+                raise InvalidArgumentError(f"{label}: batched functions run on local backends only")
+            bufs = (tuple(c.x for c in callers), *[_buffers(engine, p, label) for p in group.params])
+            key = (rows, callers[0].x.shape[1:], callers[0].x.dtype, *[_shape_of(p) for p in bufs[1:]])
+            budget = Budget("a batched function")
+            kernel = _Kernel(self._fn, engine, budget, counts, label)
+            est = self._placement.estimate(key)
+            x0 = callers[0].x  # described as the stacked rows, for error messages (a view, no copy)
+            described = (np.broadcast_to(x0[:1], (rows, *x0.shape[1:])), *group.params)
+            blas = self._blas.get(key, True)  # unknown before the first run: assume it calls BLAS
+            tensors, _ = await engine.call(
+                label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, blas=blas
+            )
+            self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us)
+            self._blas[key] = kernel.blas
+        except BaseException as exc:
+            counters["failed"] += 1
+            if isinstance(exc, asyncio.CancelledError):
+                error: BaseException = BackendError(f"{label}: the batch was cancelled (is the event loop closing?)")
+            else:
+                error = exc
+            for i, c in enumerate(callers):
+                if not c.future.done():
+                    c.future.set_exception(error if i == 0 else _copy_error(error))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        # The pieces were registered in the batch's session by engine.call: move them out.
+        arrays = [engine.buffer(t, label) for t in tensors]
+        for t in tensors:
+            engine.discard(t)
+        del tensors
+        k = len(arrays) // len(callers)
+        dropped = 0
+        for i, c in enumerate(callers):
+            if c.future.done():  # cancelled after the batch started: its rows are dropped here
+                dropped += 1
+            else:
+                c.future.set_result((arrays[i * k : (i + 1) * k], kernel.multi))
+        if dropped:
+            counters["cancelled"] += dropped
+
+
+def _shape_of(x: Any) -> Any:
+    if type(x) is np.ndarray:
+        return (x.shape, x.dtype.str)
+    if type(x) in (list, tuple):
+        return tuple(_shape_of(e) for e in x)
+    return type(x)
+
+
+def _copy_error(error: BaseException) -> BaseException:
+    """The batch's error for one more caller: its own object (tracebacks of one object raised in many tasks pile up)."""
+    try:
+        other = copy.copy(error)
+    except Exception:  # an exception type that does not copy: share the object
+        return error
+    other.__cause__ = error.__cause__
+    other.__suppress_context__ = error.__suppress_context__
+    return other
+
+
+@overload
+def batched(fn: Callable[..., Any], /) -> BatchedFunction: ...
+
+
+@overload
+def batched(
+    *, max_batch_size: int = ..., row_shape: tuple[int, ...] | None = ..., dtype: Any = ...
+) -> Callable[[Callable[..., Any]], BatchedFunction]: ...
+
+
+def batched(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    row_shape: tuple[int, ...] | None = None,
+    dtype: Any = None,
+) -> BatchedFunction | Callable[[Callable[..., Any]], BatchedFunction]:
+    """Make ``fn(ops, x, *params)`` a fused function whose concurrent calls share kernel calls.
+
+    ``x`` holds rows along axis 0; ``fn`` must treat rows independently and return
+    arrays with one row per input row (a tuple of them for several outputs). Calls made
+    while the event loop runs one iteration, with the same ``params`` objects
+    (identity, not equality) and rows of the same shape and dtype, are stacked into
+    one ``x`` of up to ``max_batch_size`` rows, run as one fused function, and split:
+    each caller gets its own rows back. Nothing waits on a timer: a batch starts at the
+    next loop iteration, so a caller alone waits one loop iteration.
+
+    Used bare or with options::
+
+        @at.batched(max_batch_size=256)
+        def mlp(ops, x, w1, b1, w2, b2):
+            return ops.softmax(ops.relu(x @ w1 + b1) @ w2 + b2, axis=-1)
+
+        probs = await mlp(rows, w1, b1, w2, b2)  # rows: this request's (n, 64) array
+
+    Args:
+        fn: ``fn(ops, x, *params)``, as for :func:`function`.
+        max_batch_size: Rows per kernel call at most. A call with more rows than
+            this runs alone, unsplit.
+        row_shape: The shape every row must have (``x.shape[1:]``); a call with
+            another fails alone with ``InvalidArgumentError`` before it joins a batch.
+            ``None``: rows of different shapes never share a batch, and a wrong shape
+            fails in its own batch with the error ``fn`` raises for it.
+        dtype: The dtype ``x`` must have, checked likewise; ``None``: any numeric
+            dtype, rows of different dtypes never share a batch (nothing is cast).
+
+    Raises:
+        InvalidArgumentError: a bad option or ``fn`` not callable (here); when called,
+            an ``x`` with no rows, of the wrong row shape or dtype, or params the
+            result's session cannot read (for that call alone), or ``fn`` returning
+            something without one row per input row.
+        KernelError: ``fn`` raised; every caller of that batch gets it.
+    """
+    if fn is None:
+        return functools.partial(BatchedFunction, max_batch_size=max_batch_size, row_shape=row_shape, dtype=dtype)
+    return BatchedFunction(fn, max_batch_size=max_batch_size, row_shape=row_shape, dtype=dtype)
