@@ -35,10 +35,10 @@ import numpy as np
 from . import _defaults
 from ._engine import Engine, State
 from ._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
-from ._function import FusedOps, FusedValue, Placement, _buffers, _result, _wrap_arg
+from ._function import FusedValue, Placement, _buffers, _result, _wrap_arg
 from ._kernels import KernelResult, info, numeric_array
-from ._opdef import OpDef
 from ._program import Budget
+from ._scratch import RecyclingOps, take
 from ._tensor import Tensor
 
 if TYPE_CHECKING:
@@ -83,21 +83,6 @@ class BatchStats:
         return self.calls / self.batches if self.batches else 0.0
 
 
-class _Ops(FusedOps):
-    """The fused ops of a batch, noting whether a BLAS op ran (to pass the BLAS gate next time)."""
-
-    __slots__ = ("blas",)
-
-    def __init__(self, engine: Engine, budget: Budget) -> None:
-        super().__init__(engine, budget)
-        self.blas = False
-
-    def _run(self, d: OpDef, *args: Any, **kwargs: Any) -> Any:
-        if d.blas:
-            self.blas = True
-        return super()._run(d, *args, **kwargs)
-
-
 class _Kernel:
     """One batch as one kernel: stack the rows, call ``fn`` as a fused function does, split its outputs.
 
@@ -120,9 +105,14 @@ class _Kernel:
 
     def __call__(self, xs: tuple[NDArray, ...], *params: Any) -> Any:
         start = time.perf_counter()
-        ops = _Ops(self.engine, self.budget)
+        ops = RecyclingOps(self.engine, self.budget)
         # The stacked rows are made by this run: counted in its budget like an intermediate.
-        x = FusedValue(xs[0], ops, False) if len(xs) == 1 else ops._made(np.concatenate(xs), self.label)
+        if len(xs) == 1:
+            x = FusedValue(xs[0], ops, False)
+        else:
+            x0 = xs[0]
+            stacked = take((sum(self.counts), *x0.shape[1:]), x0.dtype)
+            x = ops._made(np.concatenate(xs) if stacked is None else np.concatenate(xs, out=stacked), self.label)
         out = self.fn(ops, x, *[_wrap_arg(p, ops) for p in params])
         del x
         self.multi = multi = isinstance(out, tuple | list)

@@ -66,7 +66,7 @@ class FusedValue:
 
     def __del__(self) -> None:
         if self._made:
-            self._ops._budget.live -= self._arr.nbytes
+            self._ops._dead(self._arr)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -145,13 +145,21 @@ class FusedOps:
         try:
             n = d.data
             call = (*[v if type(v) is _ndarray else as_numeric(v) for v in vals[:n]], *vals[n:]) if n else vals
-            out = d.kernel_for(self._engine._xp)(*call, **kw)
+            out = self._call(d, call, kw)
         except Exception as exc:  # the same errors as the op would raise outside
             error = kernel_error(label, args, exc, d.user)
             raise error from error.__cause__
         if isinstance(out, tuple | list):
             return [self._made(np.asarray(o), label) for o in out]
         return self._made(np.asarray(out), label)
+
+    def _call(self, d: OpDef, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+        # The kernel call, a method so that batched functions can give it recycled outputs.
+        return d.kernel_for(self._engine._xp)(*args, **kw)
+
+    def _dead(self, arr: NDArray) -> None:
+        # A value made in this run was dropped.
+        self._budget.live -= arr.nbytes
 
     def _made(self, arr: NDArray, op: str) -> FusedValue:
         if arr.base is None and arr.flags.writeable:
