@@ -35,8 +35,9 @@ import numpy as np
 from . import _defaults
 from ._engine import Engine, State
 from ._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
+from ._expr import Operand
 from ._function import FusedValue, Placement, _buffers, _result, _wrap_arg
-from ._kernels import KernelResult, info, numeric_array
+from ._kernels import NUMERIC_KINDS, KernelResult, info, numeric_array
 from ._program import Budget
 from ._scratch import RecyclingOps, take
 from ._tensor import Tensor
@@ -49,6 +50,7 @@ __all__ = ["DEFAULT_MAX_BATCH_SIZE", "BatchStats", "BatchedFunction", "batched"]
 #: Rows per kernel call unless ``max_batch_size`` says otherwise.
 DEFAULT_MAX_BATCH_SIZE = 512
 _OPEN = State.OPEN
+_get_loop = asyncio.get_running_loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +131,11 @@ class _Kernel:
                     f"{self.label}: fn must return arrays with one row per input row ({rows} rows along axis 0);"
                     f" output {i} is {shape}"
                 )
-            if made and len(xs) > 1:
-                budget.escaped -= 1  # split below: the whole output is an intermediate, its pieces the results
+            if len(xs) > 1:
+                if made:
+                    budget.escaped -= 1  # split below: the whole output is an intermediate, its pieces the results
+            elif not made:
+                a = a.copy()  # the caller's own x (or a param) returned as is: never take it over
             arrays.append(a)
         del out, outs
         self.blas = ops.blas
@@ -219,49 +224,50 @@ class BatchedFunction:
         return BatchStats(**self._counts)
 
     async def __call__(self, x: Any, *params: Any) -> Tensor | tuple[Tensor, ...]:
-        loop = asyncio.get_running_loop()
-        label = self._label
+        loop = _get_loop()
         engine, runner = self._engines(x, params)
         if engine.state is not _OPEN:
             await engine.open()
-        engine.check_loop()
+        if engine._loop is not loop:
+            raise engine._wrong_loop()
         arr = self._rows(x, engine)
         key = (loop, runner, *map(id, params), arr.shape[1:], arr.dtype)
         group = self._pending.get(key)
         if group is None:
             group = self._pending[key] = _Group(runner, params)
-            # A fresh context: the batch must not run under whichever caller came first's
-            # context variables (device scope, numpy error state).
+            # The next loop iteration, not a timer. In a fresh context: the batch must not
+            # run under the context variables (device scope, numpy errstate) of its first caller.
             loop.call_soon(self._flush, key, group, context=contextvars.Context())
         future: asyncio.Future[Any] = loop.create_future()
         group.callers.append(_Caller(arr, future))
-        pieces, multi = await future  # cancelled: _flush skips it, or its rows are dropped
+        pieces, multi = await future  # cancelled: _flush skips it, or _run drops its rows
+        label = self._label
         if engine.state is not _OPEN:
             raise SessionClosedError(f"{label}: the session was closed while the call waited for its batch")
         device = engine.place(label)
-        if engine.registry.memory_limit is None and not multi:
+        if not multi and engine.registry.memory_limit is None:
             return engine._register(pieces[0], label, None, device)
         tensors = await engine._own(KernelResult([info(p) for p in pieces], multi), label, None, None, device)
         return tuple(tensors) if multi else tensors[0]
 
     def _engines(self, x: Any, params: tuple[Any, ...]) -> tuple[Engine, Engine]:
-        """The engine that owns the caller's result, and the one the batch runs in."""
-        owner: Engine | None = None  # of the params: the most derived session among their tensors
-        first: Engine | None = None
+        """The engine that owns the caller's result, and the one its batch runs in."""
+        first: Engine | None = None  # the first tensor's among the params
+        owner: Engine | None = None  # the most derived of theirs: it may read them all
         for p in params:
-            for t in p if type(p) in (list, tuple) else (p,):
+            tp = type(p)
+            for t in p if tp is list or tp is tuple else (p,):
                 if type(t) is not Tensor:
                     continue
                 e: Engine = t._engine
-                if first is None:
+                if owner is None:
                     first = owner = e
-                elif e is not owner and owner not in e.ancestors:
-                    if e in owner.ancestors:  # type: ignore[union-attr]
-                        continue
-                    raise InvalidArgumentError(
-                        f"{self._label}: params mix tensors of unrelated sessions ({owner.session!r} and {e.session!r})"  # type: ignore[union-attr]
-                    )
-                else:
+                elif e is not owner and e not in owner.ancestors:
+                    if owner not in e.ancestors:
+                        raise InvalidArgumentError(
+                            f"{self._label}: params mix tensors of unrelated sessions"
+                            f" ({owner.session!r} and {e.session!r})"
+                        )
                     owner = e
         if type(x) is Tensor:
             engine: Engine = x._engine
@@ -273,120 +279,118 @@ class BatchedFunction:
                 engine = first
             else:
                 raise NoSessionError(
-                    f"{self._label}: no session for the result: pass x as a tensor, give a tensor among the params,"
-                    " or use `with session.as_default():`"
+                    f"{self._label}: no session for the result: pass x as a tensor, put a tensor among the"
+                    " params, or use `with session.as_default():`"
                 )
         if owner is None:
             return engine, engine
         if owner is not engine and owner not in engine.ancestors:
             raise InvalidArgumentError(
                 f"{self._label}: the params belong to {owner.session!r}, which the result's session"
-                f" {engine.session!r} cannot read; use a child session of theirs (parent=)"
+                f" {engine.session!r} cannot read; call it from that session or a child of it (parent=)"
             )
         return engine, owner
 
     def _rows(self, x: Any, engine: Engine) -> NDArray:
         """``x`` as an array of rows, checked before it may join a batch."""
         label = self._label
-        if type(x) is Tensor:
-            arr: NDArray = engine.buffer(x, label)
-        elif type(x) is np.ndarray:
-            arr = x
+        tx = type(x)
+        if tx is np.ndarray:
+            arr: NDArray = x
+        elif tx is Tensor:
+            arr = engine.buffer(x, label)
+        elif isinstance(x, Operand):
+            raise InvalidArgumentError(f"{label}: x is an expression; await it first")
         else:
             try:
                 arr = numeric_array(x, None)
             except (TypeError, ValueError) as exc:
                 raise InvalidArgumentError(f"{label}: x: {exc}") from None
-        if arr.dtype.kind not in "biufc":
-            raise InvalidArgumentError(f"{label}: x has dtype {arr.dtype}; tensors hold numbers")
-        if arr.ndim == 0 or arr.shape[0] == 0:
+        if arr.dtype.kind not in NUMERIC_KINDS:
+            raise InvalidArgumentError(
+                f"{label}: x has dtype {arr.dtype}; tensors hold bool, integer, float or complex"
+            )
+        if not arr.ndim or not arr.shape[0]:
             raise InvalidArgumentError(f"{label}: x must hold at least one row along axis 0, got shape {arr.shape}")
         if self._row_shape is not None and arr.shape[1:] != self._row_shape:
-            raise InvalidArgumentError(
-                f"{label}: x has rows of shape {arr.shape[1:]}, expected {self._row_shape} (row_shape)"
-            )
+            raise InvalidArgumentError(f"{label}: x has rows of shape {arr.shape[1:]}, expected {self._row_shape}")
         if self._dtype is not None and arr.dtype != self._dtype:
-            raise InvalidArgumentError(f"{label}: x has dtype {arr.dtype}, expected {self._dtype} (dtype)")
+            raise InvalidArgumentError(f"{label}: x has dtype {arr.dtype}, expected {self._dtype}")
         return arr
 
     def _flush(self, key: tuple[Any, ...], group: _Group) -> None:
-        """At the loop iteration after the first caller: pack the callers still waiting into batches."""
+        """One loop iteration after the group's first call: its callers still waiting, in batches."""
         if self._pending.get(key) is group:
             del self._pending[key]
         live = [c for c in group.callers if not c.future.done()]
-        cancelled = len(group.callers) - len(live)
-        if cancelled:
-            self._counts["cancelled"] += cancelled
+        self._counts["cancelled"] += len(group.callers) - len(live)
         batch: list[_Caller] = []
         rows = 0
         limit = self._max
-        for c in live:  # in arrival order; a caller with more rows than the limit runs alone
+        for c in live:  # in arrival order; a call with more rows than the limit runs alone
             n = c.x.shape[0]
             if batch and rows + n > limit:
-                self._start(group, batch)
+                self._start(group, batch, rows)
                 batch, rows = [], 0
             batch.append(c)
             rows += n
         if batch:
-            self._start(group, batch)
+            self._start(group, batch, rows)
 
-    def _start(self, group: _Group, callers: list[_Caller]) -> None:
-        task = asyncio.get_running_loop().create_task(self._run(group, callers))
-        self._running.add(task)
+    def _start(self, group: _Group, callers: list[_Caller], rows: int) -> None:
+        counts = self._counts
+        counts["calls"] += len(callers)
+        counts["batches"] += 1
+        counts["rows"] += rows
+        counts["max_rows"] = max(counts["max_rows"], rows)
+        task = _get_loop().create_task(self._run(group, callers, rows))
+        self._running.add(task)  # the loop keeps only a weak reference to tasks
         task.add_done_callback(self._running.discard)
 
-    async def _run(self, group: _Group, callers: list[_Caller]) -> None:
-        """Run one batch and hand each caller its rows (or the batch's error)."""
+    async def _run(self, group: _Group, callers: list[_Caller], rows: int) -> None:
+        """Run one batch as one kernel call and hand each caller its rows, or the batch's error."""
         engine, label = group.engine, self._label
-        counts = [c.x.shape[0] for c in callers]
-        rows = sum(counts)
-        counters = self._counts
-        counters["calls"] += len(callers)
-        counters["batches"] += 1
-        counters["rows"] += rows
-        counters["max_rows"] = max(counters["max_rows"], rows)
         try:
             if not engine.backend.in_process:
+                # The batch's bookkeeping (and the callers' rows) live in this process.
                 raise InvalidArgumentError(f"{label}: batched functions run on local backends only")
             bufs = (tuple(c.x for c in callers), *[_buffers(engine, p, label) for p in group.params])
-            key = (rows, callers[0].x.shape[1:], callers[0].x.dtype, *[_shape_of(p) for p in bufs[1:]])
+            x0 = callers[0].x
+            key = (rows, x0.shape[1:], x0.dtype, *[_shape_of(p) for p in bufs[1:]])
             budget = Budget("a batched function")
-            kernel = _Kernel(self._fn, engine, budget, counts, label)
+            kernel = _Kernel(self._fn, engine, budget, [c.x.shape[0] for c in callers], label)
             est = self._placement.estimate(key)
-            x0 = callers[0].x  # described as the stacked rows, for error messages (a view, no copy)
+            # For error messages: the stacked rows (a broadcast view: no copy), then the params.
             described = (np.broadcast_to(x0[:1], (rows, *x0.shape[1:])), *group.params)
-            blas = self._blas.get(key, True)  # unknown before the first run: assume it calls BLAS
+            blas = self._blas.get(key, True)  # before the first run: assume it calls BLAS
             tensors, _ = await engine.call(
                 label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, blas=blas
             )
             self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us)
             self._blas[key] = kernel.blas
         except BaseException as exc:
-            counters["failed"] += 1
-            if isinstance(exc, asyncio.CancelledError):
-                error: BaseException = BackendError(f"{label}: the batch was cancelled (is the event loop closing?)")
-            else:
-                error = exc
+            self._counts["failed"] += 1
+            error: BaseException = exc
+            if isinstance(exc, asyncio.CancelledError):  # the loop is closing: the callers must not hang
+                error = BackendError(f"{label}: the batch was cancelled before it finished")
             for i, c in enumerate(callers):
                 if not c.future.done():
                     c.future.set_exception(error if i == 0 else _copy_error(error))
             if not isinstance(exc, Exception):
                 raise
             return
-        # The pieces were registered in the batch's session by engine.call: move them out.
+        # engine.call registered every caller's rows in the batch's session: each caller
+        # registers its own in its own session, so they leave this one now.
         arrays = [engine.buffer(t, label) for t in tensors]
         for t in tensors:
             engine.discard(t)
         del tensors
         k = len(arrays) // len(callers)
-        dropped = 0
         for i, c in enumerate(callers):
-            if c.future.done():  # cancelled after the batch started: its rows are dropped here
-                dropped += 1
+            if c.future.done():  # cancelled while the batch ran: its rows are dropped here
+                self._counts["cancelled"] += 1
             else:
                 c.future.set_result((arrays[i * k : (i + 1) * k], kernel.multi))
-        if dropped:
-            counters["cancelled"] += dropped
 
 
 def _shape_of(x: Any) -> Any:
