@@ -276,3 +276,261 @@ async def test_a_lone_caller_whose_x_is_returned_as_is_keeps_its_array(s: at.Asy
     x[0, 0] = 100.0
     assert np.asarray(y)[0, 0] != 100.0
     del y
+
+
+# -- bad calls fail alone ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (rows(2, width=IN + 1), "rows of shape"),
+        (rows(2).astype(np.float64), "dtype float64"),
+        (np.zeros((0, IN), np.float32), "at least one row"),
+        (np.float32(1.0), "at least one row"),
+        (np.array([["a"] * IN]), "dtype <U1"),
+        ([[1.0] * IN, [1.0]], "x:"),
+    ],
+)
+async def test_a_call_with_bad_rows_fails_alone_before_its_batch_forms(
+    s: at.AsyncEagerSession, bad: Any, message: str
+) -> None:
+    w = await weights(s)
+    f = at.batched(row_shape=(IN,), dtype=np.float32)(mlp)
+    xs = [rows(3, seed=1), rows(5, seed=2)]
+    results = await asyncio.gather(f(xs[0], *w), f(bad, *w), f(xs[1], *w), return_exceptions=True)
+    assert isinstance(results[1], at.InvalidArgumentError)
+    assert results[1].args[0].startswith("batched(mlp)")
+    assert message in str(results[1])
+    close(results[0], xs[0])
+    close(results[2], xs[1])
+    assert f.stats().calls == 2  # the bad call never joined a batch
+    assert f.stats().batches == 1
+
+
+async def test_without_a_declared_row_shape_a_wrong_width_fails_in_a_batch_of_its_own(
+    s: at.AsyncEagerSession,
+) -> None:
+    w = await weights(s)
+    f = at.batched(mlp)
+    good = rows(4)
+    results = await asyncio.gather(f(good, *w), f(rows(2, width=IN + 1), *w), f(good, *w), return_exceptions=True)
+    assert isinstance(results[1], at.InvalidArgumentError)
+    assert "matmul" in str(results[1])
+    close(results[0], good)
+    close(results[2], good)
+    stats = f.stats()
+    assert (stats.batches, stats.failed) == (2, 1)
+
+
+async def test_an_expression_as_x_is_refused(s: at.AsyncEagerSession) -> None:
+    w = await weights(s)
+    t = await s.constant(rows(2))
+    with pytest.raises(at.InvalidArgumentError, match="await it first"):
+        await at.batched(mlp)(t * 2.0, *w)
+
+
+async def test_fn_must_return_one_row_per_input_row(s: at.AsyncEagerSession) -> None:
+    k = await s.constant(1.0)
+    f = at.batched(lambda ops, x, k: ops.sum(x) * k)
+    results = await asyncio.gather(f(rows(2), k), f(rows(3), k), return_exceptions=True)
+    for r in results:
+        assert isinstance(r, at.InvalidArgumentError)
+        assert "one row per input row (5 rows" in str(r)
+
+
+# -- kernel errors ---------------------------------------------------------------------------------
+def picky(ops: at.FusedOps, x: Any, w: Any) -> Any:
+    if x.shape[0] > 4:
+        raise ZeroDivisionError(f"{x.shape[0]} rows")
+    return x @ w
+
+
+async def test_a_kernel_error_fails_every_caller_of_its_batch_with_the_error_of_a_single_call(
+    s: at.AsyncEagerSession,
+) -> None:
+    w = await s.constant(W1)
+    f = at.batched(picky)
+    with pytest.raises(at.KernelError) as single:
+        await f(rows(6), w)  # a batch of one call, of six rows
+    results = await asyncio.gather(f(rows(3), w), f(rows(3, seed=1), w), return_exceptions=True)
+    for r in results:
+        assert type(r) is type(single.value)
+        assert str(r) == str(single.value)  # six rows stacked: the same message
+        assert type(r.__cause__) is ZeroDivisionError  # type: ignore[union-attr]
+    assert results[0] is not results[1]  # each caller raises its own object
+    ok = await f(rows(2), w)  # the function still works
+    np.testing.assert_allclose(np.asarray(ok), rows(2) @ W1, rtol=1e-5)
+    assert f.stats().failed == 2
+    del ok
+
+
+async def test_a_kernel_error_leaves_other_batches_alone(s: at.AsyncEagerSession) -> None:
+    w, w_other = await s.constant(W1), await s.constant(W1)
+    f = at.batched(picky)
+    results = await asyncio.gather(f(rows(3), w), f(rows(3), w), f(rows(3), w_other), return_exceptions=True)
+    assert isinstance(results[0], at.KernelError)
+    assert isinstance(results[1], at.KernelError)
+    np.testing.assert_allclose(np.asarray(results[2]), rows(3) @ W1, rtol=1e-5)
+
+
+async def test_batched_functions_need_a_local_backend() -> None:
+    from .test_function import RemoteLike
+
+    async with at.AsyncEagerSession(backend=RemoteLike()) as s:
+        k = await s.constant(2.0)
+        with pytest.raises(at.InvalidArgumentError, match="local backends only"):
+            await at.batched(lambda ops, x, k: x * k)(await s.constant(rows(2)), k)
+
+
+# -- cancellation ----------------------------------------------------------------------------------
+async def test_a_caller_cancelled_before_its_batch_starts_is_removed_from_it(
+    strategy: at.ResourceCleanupStrategy,
+) -> None:
+    seen: list[int] = []
+
+    def recording(ops: at.FusedOps, x: Any, *params: Any) -> Any:
+        seen.append(x.shape[0])
+        return mlp(ops, x, *params)
+
+    async with at.AsyncEagerSession(cleanup=strategy) as s:
+        w = await weights(s)
+        f = at.batched(recording)
+        xs = [rows(2, seed=1), rows(7, seed=2), rows(3, seed=3)]
+        tasks = [asyncio.create_task(f(x, *w)) for x in xs]
+        await asyncio.sleep(0)  # all three joined the group; the batch starts next iteration
+        tasks[1].cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(done[1], asyncio.CancelledError)
+        close(done[0], xs[0])
+        close(done[2], xs[2])
+        assert seen == [5]  # the cancelled call's seven rows never reached the kernel
+        assert f.stats().cancelled == 1
+        del done, tasks
+        assert await held(s) == 4
+
+
+async def test_a_caller_cancelled_while_its_batch_runs_leaves_nothing_and_the_others_get_their_rows(
+    strategy: at.ResourceCleanupStrategy,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow(ops: at.FusedOps, x: Any, *params: Any) -> Any:
+        started.set()
+        release.wait(10)
+        return mlp(ops, x, *params)
+
+    async with at.AsyncEagerSession(cleanup=strategy) as s:
+        w = await weights(s)
+        f = at.batched(slow)  # a first run for these shapes: on the pool
+        xs = [rows(2, seed=1), rows(7, seed=2), rows(3, seed=3)]
+        tasks = [asyncio.create_task(f(x, *w)) for x in xs]
+        await asyncio.to_thread(started.wait, 10)
+        tasks[1].cancel()
+        await asyncio.sleep(0)
+        release.set()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(done[1], asyncio.CancelledError)
+        close(done[0], xs[0])
+        close(done[2], xs[2])
+        assert f.stats().cancelled == 1
+        del done, tasks
+        assert await held(s) == 4  # the cancelled call's rows were dropped, not kept anywhere
+    assert s.stats().live_tensors == 0
+
+
+async def test_a_session_closed_while_its_call_waits_raises_session_closed(s: at.AsyncEagerSession) -> None:
+    w = await weights(s)
+    f = at.batched(mlp)
+    child = at.AsyncEagerSession(parent=s)
+    x = await child.constant(rows(2))
+    task = asyncio.create_task(f(x, *w))
+    await asyncio.sleep(0)
+    await child.aclose()
+    with pytest.raises(at.SessionClosedError, match="waited for its batch"):
+        await task
+    assert child.stats().live_tensors == 0
+
+
+# -- memory ----------------------------------------------------------------------------------------
+async def test_each_result_counts_against_its_own_session_limit() -> None:
+    async with at.AsyncEagerSession() as app:
+        w = await weights(app)
+        f = at.batched(mlp)
+        tight_config = at.SessionConfig(memory_limit=IN * 4 * 4 + 4 * OUT * 4)  # its input and 4 result rows
+        async with (
+            at.AsyncEagerSession(parent=app, config=tight_config) as tight,
+            at.AsyncEagerSession(parent=app) as roomy,
+        ):
+            xt = await tight.constant(rows(4))
+            xs = [await tight.constant(rows(1)), xt, await roomy.constant(rows(50))]
+            del xt
+            results = await asyncio.gather(*[f(x, *w) for x in xs], return_exceptions=True)
+            assert f.stats().batches == 1
+            assert isinstance(results[0], at.Tensor)  # fits: 1 row of 4 floats
+            assert isinstance(results[1], at.ResourceExhaustedError)  # 4 rows beside 5 input rows: over
+            close(results[2], rows(50))
+            assert results[2].session is roomy  # type: ignore[union-attr]
+            assert tight.stats().live_bytes <= tight_config.memory_limit  # type: ignore[operator]
+            del results
+
+
+async def test_the_stacked_rows_and_intermediates_count_against_the_params_session() -> None:
+    weight_bytes = sum(a.nbytes for a in (W1, B1, W2, B2))
+    # Room for the weights and one small call's intermediates, not for 64 rows' worth.
+    config = at.SessionConfig(memory_limit=weight_bytes + 8 * HIDDEN * 4 * 4)
+    async with at.AsyncEagerSession(config=config) as app, at.AsyncEagerSession(parent=app) as request:
+        w = await weights(app)
+        f = at.batched(mlp)
+        before = app.stats()
+        x = await request.constant(rows(2))
+        small = await f(x, *w)
+        close(small, rows(2))
+        after = app.stats()
+        assert after.allocated > before.allocated  # the batch's intermediates, recorded ...
+        assert after.live_bytes == before.live_bytes  # ... and freed
+        assert after.peak_bytes > before.live_bytes
+        xs = [await request.constant(rows(16, seed=i)) for i in range(4)]
+        results = await asyncio.gather(*[f(x, *w) for x in xs], return_exceptions=True)
+        for r in results:
+            assert isinstance(r, at.ResourceExhaustedError)
+            assert "inside a batched function" in str(r)
+        assert app.stats().live_bytes == before.live_bytes
+        del small, results
+
+
+# -- where it runs ---------------------------------------------------------------------------------
+async def test_the_first_batch_of_a_shape_runs_on_the_pool_then_cheap_ones_inline(s: at.AsyncEagerSession) -> None:
+    threads: list[int] = []
+
+    def cheap(ops: at.FusedOps, x: Any, k: Any) -> Any:
+        threads.append(threading.get_ident())
+        return x * k + 1.0
+
+    f = at.batched(cheap)
+    k = await s.constant(np.float32(2.0))
+    x = rows(2)
+    for _ in range(3):
+        np.testing.assert_allclose(np.asarray(await f(x, k)), x * 2 + 1, rtol=1e-6)
+    loop_thread = threading.get_ident()
+    assert threads[0] != loop_thread
+    assert threads[1:] == [loop_thread, loop_thread]
+
+
+async def test_the_batch_runs_in_a_fresh_context_not_its_first_callers(s: at.AsyncEagerSession) -> None:
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    values: list[str] = []
+
+    def reads(ops: at.FusedOps, x: Any, k: Any) -> Any:
+        values.append(var.get())
+        return x * k
+
+    k = await s.constant(np.float32(1.0))
+    f = at.batched(reads)
+
+    async def call_with(value: str) -> Any:
+        var.set(value)
+        return await f(rows(1), k)
+
+    await asyncio.gather(call_with("first"), call_with("second"))
+    assert values == ["unset"]
