@@ -534,3 +534,62 @@ async def test_the_batch_runs_in_a_fresh_context_not_its_first_callers(s: at.Asy
 
     await asyncio.gather(call_with("first"), call_with("second"))
     assert values == ["unset"]
+
+
+# -- under load ------------------------------------------------------------------------------------
+async def test_hundreds_of_callers_each_get_exactly_their_rows(strategy: at.ResourceCleanupStrategy) -> None:
+    """Mixed row counts, some calls cancelled (before and while their batch runs), some invalid."""
+    rng = np.random.default_rng(7)
+    n = 300
+    async with at.AsyncEagerSession() as app:
+        w = await weights(app)
+        f = at.batched(max_batch_size=64, row_shape=(IN,))(mlp)
+        request = at.AsyncEagerSession(parent=app, cleanup=strategy)
+        await request.__aenter__()
+        xs: list[Any] = []
+        for i in range(n):
+            x = rows(int(rng.integers(1, 40)), seed=i)
+            kind = rng.random()
+            if kind < 0.05:
+                x = rows(2, width=IN + 1)  # invalid: refused before its batch forms
+            elif kind < 0.4:
+                x = await request.constant(x)  # a tensor: the result is the request session's
+            xs.append(x)
+
+        async def call(i: int, x: Any) -> Any:
+            if i % 3 == 0:
+                await asyncio.sleep(0)  # arrive an iteration later: several rounds of batches
+            return await f(x, *w)
+
+        tasks = [asyncio.create_task(call(i, x)) for i, x in enumerate(xs)]
+        cancelled = set(rng.choice(n, size=30, replace=False).tolist())
+        for i in sorted(cancelled)[:15]:
+            tasks[i].cancel()  # before it even joined a batch
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        for i in sorted(cancelled)[15:]:
+            tasks[i].cancel()  # joined, maybe running
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        ok = 0
+        for i, (x, y) in enumerate(zip(xs, done, strict=True)):
+            if isinstance(y, asyncio.CancelledError):
+                assert i in cancelled
+                continue
+            value = np.asarray(x) if not isinstance(x, at.Tensor) else await x.numpy()
+            if value.shape[1] != IN:
+                assert isinstance(y, at.InvalidArgumentError)
+                continue
+            assert isinstance(y, at.Tensor), y
+            assert y.session is (request if isinstance(x, at.Tensor) else app)
+            close(y, value)  # exactly its own rows, in its own order
+            ok += 1
+        assert ok >= n - 30 - 0.1 * n
+        stats = f.stats()
+        assert stats.batches < stats.calls  # coalesced
+        assert stats.max_rows <= 64
+        assert 0 < stats.cancelled <= 15  # those that had joined a batch when cancelled
+        assert stats.failed == 0
+        del done, tasks, xs, y, x
+        assert await held(app) == 4  # the weights: results owned by app were dropped, nothing else stayed
+        await request.aclose()
+        assert request.stats().live_tensors == 0
