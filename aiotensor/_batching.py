@@ -24,8 +24,6 @@ import asyncio
 import contextvars
 import copy
 import functools
-import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
@@ -33,13 +31,13 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from . import _defaults
+from ._batch_kernel import BatchKernel
 from ._engine import Engine, State
 from ._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
 from ._expr import Operand
-from ._function import FusedValue, Placement, _buffers, _result, _wrap_arg
+from ._function import Placement, _buffers
 from ._kernels import NUMERIC_KINDS, KernelResult, info, numeric_array
 from ._program import Budget
-from ._scratch import RecyclingOps, take
 from ._tensor import Tensor
 
 if TYPE_CHECKING:
@@ -83,73 +81,6 @@ class BatchStats:
     def calls_per_batch(self) -> float:
         """Mean calls coalesced per kernel call (0 before the first)."""
         return self.calls / self.batches if self.batches else 0.0
-
-
-class _Kernel:
-    """One batch as one kernel: stack the rows, call ``fn`` as a fused function does, split its outputs.
-
-    Runs where the kernel runs (a pool thread, or the loop when inline); the split copies
-    each caller's rows there, so the loop thread only registers finished buffers.
-    """
-
-    __slots__ = ("blas", "budget", "counts", "elapsed", "engine", "estimate", "fn", "label", "multi")
-
-    def __init__(self, fn: Callable[..., Any], engine: Engine, budget: Budget, counts: list[int], label: str) -> None:
-        self.fn = fn
-        self.engine = engine
-        self.budget = budget
-        self.counts = counts
-        self.label = label
-        self.elapsed = math.inf
-        self.estimate = math.inf
-        self.multi = False
-        self.blas = True
-
-    def __call__(self, xs: tuple[NDArray, ...], *params: Any) -> Any:
-        start = time.perf_counter()
-        ops = RecyclingOps(self.engine, self.budget)
-        # The stacked rows are made by this run: counted in its budget like an intermediate.
-        if len(xs) == 1:
-            x = FusedValue(xs[0], ops, False)
-        else:
-            x0 = xs[0]
-            stacked = take((sum(self.counts), *x0.shape[1:]), x0.dtype)
-            x = ops._made(np.concatenate(xs) if stacked is None else np.concatenate(xs, out=stacked), self.label)
-        out = self.fn(ops, x, *[_wrap_arg(p, ops) for p in params])
-        del x
-        self.multi = multi = isinstance(out, tuple | list)
-        outs = list(out) if multi else [out]
-        rows = sum(self.counts)
-        budget = self.budget
-        arrays = []
-        for i, o in enumerate(outs):
-            made = type(o) is FusedValue and o._made
-            a = _result(o, budget)
-            if type(a) is not np.ndarray or not a.ndim or a.shape[0] != rows:
-                shape = getattr(a, "shape", type(a).__name__)
-                raise InvalidArgumentError(
-                    f"{self.label}: fn must return arrays with one row per input row ({rows} rows along axis 0);"
-                    f" output {i} is {shape}"
-                )
-            if len(xs) > 1:
-                if made:
-                    budget.escaped -= 1  # split below: the whole output is an intermediate, its pieces the results
-            elif not made:
-                a = a.copy()  # the caller's own x (or a param) returned as is: never take it over
-            arrays.append(a)
-        del out, outs
-        self.blas = ops.blas
-        self.estimate = ops._estimate
-        if len(xs) == 1:
-            pieces: list[NDArray] = arrays
-        else:
-            pieces = []
-            lo = 0
-            for n in self.counts:
-                pieces.extend(a[lo : lo + n] for a in arrays)  # views: the result normalization copies them
-                lo += n
-        self.elapsed = (time.perf_counter() - start) * 1e6
-        return pieces if multi or len(xs) > 1 else pieces[0]
 
 
 class _Caller:
@@ -358,7 +289,7 @@ class BatchedFunction:
             x0 = callers[0].x
             key = (rows, x0.shape[1:], x0.dtype, *[_shape_of(p) for p in bufs[1:]])
             budget = Budget("a batched function")
-            kernel = _Kernel(self._fn, engine, budget, [c.x.shape[0] for c in callers], label)
+            kernel = BatchKernel(self._fn, engine, budget, [c.x.shape[0] for c in callers], label)
             est = self._placement.estimate(key)
             # For error messages: the stacked rows (a broadcast view: no copy), then the params.
             described = (np.broadcast_to(x0[:1], (rows, *x0.shape[1:])), *group.params)

@@ -1,4 +1,11 @@
-"""Recycled temporaries: the ops of batched kernels write into buffers of dead intermediates.
+"""The kernel of one batch: stack the callers' rows, run ``fn`` with recycled temporaries, split.
+
+:class:`BatchKernel` runs where the kernel runs (a pool thread, or the loop when inline):
+it stacks the rows, calls ``fn`` as a fused function does (its ``ops`` are
+:class:`RecyclingOps`), checks that every output has one row per input row and splits
+them per caller, so the loop thread only registers finished buffers.
+
+Recycled temporaries: the ops of batched kernels write into buffers of dead intermediates.
 
 A batch stacks many requests' rows, so its intermediates are large (a (512, 512) float32
 hidden layer is 1 MiB). glibc's malloc serves such sizes with fresh pages and gives
@@ -24,20 +31,25 @@ Values made from them are counted in the run's budget like any other intermediat
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ._function import FusedOps, FusedValue
+from ._errors import InvalidArgumentError
+from ._function import FusedOps, FusedValue, _result, _wrap_arg
 from ._opdef import OPS, OpDef
 from ._program import Budget
 
 if TYPE_CHECKING:
+    from ._engine import Engine
     from ._types import NDArray
 
-__all__ = ["CAP", "MIN_BYTES", "RecyclingOps", "take"]
+__all__ = ["CAP", "MIN_BYTES", "BatchKernel", "RecyclingOps", "take"]
 
 #: Bytes of dead intermediates kept per thread at most.
 CAP = 32 * 1024 * 1024
@@ -149,3 +161,70 @@ def _alone() -> int:
 
 
 _ALONE = _alone()
+
+
+class BatchKernel:
+    """One batch as one kernel: stack the rows, call ``fn`` as a fused function does, split its outputs.
+
+    Runs where the kernel runs (a pool thread, or the loop when inline); the split copies
+    each caller's rows there, so the loop thread only registers finished buffers.
+    """
+
+    __slots__ = ("blas", "budget", "counts", "elapsed", "engine", "estimate", "fn", "label", "multi")
+
+    def __init__(self, fn: Callable[..., Any], engine: Engine, budget: Budget, counts: list[int], label: str) -> None:
+        self.fn = fn
+        self.engine = engine
+        self.budget = budget
+        self.counts = counts
+        self.label = label
+        self.elapsed = math.inf
+        self.estimate = math.inf
+        self.multi = False
+        self.blas = True
+
+    def __call__(self, xs: tuple[NDArray, ...], *params: Any) -> Any:
+        start = time.perf_counter()
+        ops = RecyclingOps(self.engine, self.budget)
+        # The stacked rows are made by this run: counted in its budget like an intermediate.
+        if len(xs) == 1:
+            x = FusedValue(xs[0], ops, False)
+        else:
+            x0 = xs[0]
+            stacked = take((sum(self.counts), *x0.shape[1:]), x0.dtype)
+            x = ops._made(np.concatenate(xs) if stacked is None else np.concatenate(xs, out=stacked), self.label)
+        out = self.fn(ops, x, *[_wrap_arg(p, ops) for p in params])
+        del x
+        self.multi = multi = isinstance(out, tuple | list)
+        outs = list(out) if multi else [out]
+        rows = sum(self.counts)
+        budget = self.budget
+        arrays = []
+        for i, o in enumerate(outs):
+            made = type(o) is FusedValue and o._made
+            a = _result(o, budget)
+            if type(a) is not np.ndarray or not a.ndim or a.shape[0] != rows:
+                shape = getattr(a, "shape", type(a).__name__)
+                raise InvalidArgumentError(
+                    f"{self.label}: fn must return arrays with one row per input row ({rows} rows along axis 0);"
+                    f" output {i} is {shape}"
+                )
+            if len(xs) > 1:
+                if made:
+                    budget.escaped -= 1  # split below: the whole output is an intermediate, its pieces the results
+            elif not made:
+                a = a.copy()  # the caller's own x (or a param) returned as is: never take it over
+            arrays.append(a)
+        del out, outs
+        self.blas = ops.blas
+        self.estimate = ops._estimate
+        if len(xs) == 1:
+            pieces: list[NDArray] = arrays
+        else:
+            pieces = []
+            lo = 0
+            for n in self.counts:
+                pieces.extend(a[lo : lo + n] for a in arrays)  # views: the result normalization copies them
+                lo += n
+        self.elapsed = (time.perf_counter() - start) * 1e6
+        return pieces if multi or len(xs) > 1 else pieces[0]
