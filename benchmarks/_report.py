@@ -46,7 +46,7 @@ def print_console(report: Report) -> None:
                 cells.append("" if row.ratio is None else f"{row.ratio:.2f}")
             rt.add_row(*cells)
         console.print(rt)
-    rt = RichTable(title="targets (issue 5)", title_justify="left")
+    rt = RichTable(title="targets (# 1-6: issue 5; 12: issue 12)", title_justify="left")
     for col in ("#", "target", "measured", "verdict"):
         rt.add_column(col)
     for target in report.targets:
