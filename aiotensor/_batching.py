@@ -21,7 +21,6 @@ the default session, else the params' session) and counts against its ``memory_l
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import copy
 import functools
 from collections.abc import Callable
@@ -84,10 +83,11 @@ class BatchStats:
 
 
 class _Caller:
-    __slots__ = ("future", "x")
+    __slots__ = ("engine", "future", "x")
 
-    def __init__(self, x: NDArray, future: asyncio.Future[Any]) -> None:
+    def __init__(self, x: NDArray, engine: Engine, future: asyncio.Future[Any]) -> None:
         self.x = x
+        self.engine = engine  # the session of its result
         self.future = future
 
 
@@ -163,22 +163,65 @@ class BatchedFunction:
             raise engine._wrong_loop()
         arr = self._rows(x, engine)
         key = (loop, runner, *map(id, params), arr.shape[1:], arr.dtype)
+        caller = _Caller(arr, engine, loop.create_future())
         group = self._pending.get(key)
-        if group is None:
-            group = self._pending[key] = _Group(runner, params)
-            # The next loop iteration, not a timer. In a fresh context: the batch must not
-            # run under the context variables (device scope, numpy errstate) of its first caller.
-            loop.call_soon(self._flush, key, group, context=contextvars.Context())
-        future: asyncio.Future[Any] = loop.create_future()
-        group.callers.append(_Caller(arr, future))
-        pieces, multi = await future  # cancelled: _flush skips it, or _run drops its rows
-        label = self._label
-        if engine.state is not _OPEN:
-            raise SessionClosedError(f"{label}: the session was closed while the call waited for its batch")
-        device = engine.place(label)
-        if not multi and engine.registry.memory_limit is None:
-            return engine._register(pieces[0], label, None, device)
-        tensors = await engine._own(KernelResult([info(p) for p in pieces], multi), label, None, None, device)
+        if group is not None:
+            group.callers.append(caller)
+            return await self._wait(caller)
+        # The first call leads the group: one loop iteration (not a timer) lets the calls
+        # that are ready now join it, then the group is closed and its batches start.
+        group = self._pending[key] = _Group(runner, params)
+        group.callers.append(caller)
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            caller.future.cancel()
+            self._flush(key, group)  # the others' batches start anyway
+            raise
+        if len(group.callers) > 1 or self._pending.get(key) is not group:
+            self._flush(key, group)
+            return await self._wait(caller)
+        # Alone: its batch of one runs in this task, as a fused function call would.
+        del self._pending[key]
+        rows = arr.shape[0]
+        self._count(1, rows)
+        try:
+            tensors, multi = await self._execute(group, [caller], rows)
+        except asyncio.CancelledError:
+            self._counts["cancelled"] += 1
+            raise
+        except Exception:
+            self._counts["failed"] += 1
+            raise
+        return await self._deliver(caller, group.engine, tensors, multi)
+
+    async def _wait(self, caller: _Caller) -> Tensor | tuple[Tensor, ...]:
+        """Wait for the batch holding ``caller`` and take its rows."""
+        try:
+            tensors, multi, runner = await caller.future
+        except asyncio.CancelledError:
+            future = caller.future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                tensors, _, runner = future.result()
+                _discard(tensors, runner)  # handed over, but not taken: dropped now
+            raise
+        return await self._deliver(caller, runner, tensors, multi)
+
+    async def _deliver(
+        self, caller: _Caller, runner: Engine, tensors: list[Tensor], multi: bool
+    ) -> Tensor | tuple[Tensor, ...]:
+        """The caller's rows as tensors of its own session (registered in the batch's until now)."""
+        engine, label = caller.engine, self._label
+        if engine is not runner:
+            arrays = [runner.buffer(t, label) for t in tensors]
+            _discard(tensors, runner)
+            if engine.state is not _OPEN:
+                raise SessionClosedError(f"{label}: the session was closed while the call waited for its batch")
+            device = engine.place(label)
+            if not multi and engine.registry.memory_limit is None:
+                return engine._register(arrays[0], label, None, device)
+            result = KernelResult([info(a) for a in arrays], multi)
+            tensors = await engine._own(result, label, None, None, device)
         return tuple(tensors) if multi else tensors[0]
 
     def _engines(self, x: Any, params: tuple[Any, ...]) -> tuple[Engine, Engine]:
@@ -250,7 +293,7 @@ class BatchedFunction:
         return arr
 
     def _flush(self, key: tuple[Any, ...], group: _Group) -> None:
-        """One loop iteration after the group's first call: its callers still waiting, in batches."""
+        """Close the group (one loop iteration after its first call): its waiting callers, in batches."""
         if self._pending.get(key) is group:
             del self._pending[key]
         live = [c for c in group.callers if not c.future.done()]
@@ -268,60 +311,71 @@ class BatchedFunction:
         if batch:
             self._start(group, batch, rows)
 
-    def _start(self, group: _Group, callers: list[_Caller], rows: int) -> None:
+    def _count(self, calls: int, rows: int) -> None:
         counts = self._counts
-        counts["calls"] += len(callers)
+        counts["calls"] += calls
         counts["batches"] += 1
         counts["rows"] += rows
         counts["max_rows"] = max(counts["max_rows"], rows)
+
+    def _start(self, group: _Group, callers: list[_Caller], rows: int) -> None:
+        self._count(len(callers), rows)
         task = _get_loop().create_task(self._run(group, callers, rows))
         self._running.add(task)  # the loop keeps only a weak reference to tasks
         task.add_done_callback(self._running.discard)
 
     async def _run(self, group: _Group, callers: list[_Caller], rows: int) -> None:
-        """Run one batch as one kernel call and hand each caller its rows, or the batch's error."""
-        engine, label = group.engine, self._label
+        """A task running one batch of several callers: each gets its rows, or the batch's error."""
         try:
-            if not engine.backend.in_process:
-                # The batch's bookkeeping (and the callers' rows) live in this process.
-                raise InvalidArgumentError(f"{label}: batched functions run on local backends only")
-            bufs = (tuple(c.x for c in callers), *[_buffers(engine, p, label) for p in group.params])
-            x0 = callers[0].x
-            key = (rows, x0.shape[1:], x0.dtype, *[_shape_of(p) for p in bufs[1:]])
-            budget = Budget("a batched function")
-            kernel = BatchKernel(self._fn, engine, budget, [c.x.shape[0] for c in callers], label)
-            est = self._placement.estimate(key)
-            # For error messages: the stacked rows (a broadcast view: no copy), then the params.
-            described = (np.broadcast_to(x0[:1], (rows, *x0.shape[1:])), *group.params)
-            blas = self._blas.get(key, True)  # before the first run: assume it calls BLAS
-            tensors, _ = await engine.call(
-                label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, blas=blas
-            )
-            self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us)
-            self._blas[key] = kernel.blas
+            tensors, multi = await self._execute(group, callers, rows)
         except BaseException as exc:
             self._counts["failed"] += 1
             error: BaseException = exc
             if isinstance(exc, asyncio.CancelledError):  # the loop is closing: the callers must not hang
-                error = BackendError(f"{label}: the batch was cancelled before it finished")
+                error = BackendError(f"{self._label}: the batch was cancelled before it finished")
             for i, c in enumerate(callers):
                 if not c.future.done():
                     c.future.set_exception(error if i == 0 else _copy_error(error))
             if not isinstance(exc, Exception):
                 raise
             return
-        # engine.call registered every caller's rows in the batch's session: each caller
-        # registers its own in its own session, so they leave this one now.
-        arrays = [engine.buffer(t, label) for t in tensors]
-        for t in tensors:
-            engine.discard(t)
-        del tensors
-        k = len(arrays) // len(callers)
+        k = len(tensors) // len(callers)
+        runner = group.engine
         for i, c in enumerate(callers):
-            if c.future.done():  # cancelled while the batch ran: its rows are dropped here
+            mine = tensors[i * k : (i + 1) * k]
+            if c.future.done():  # cancelled while the batch ran: its rows are dropped now
                 self._counts["cancelled"] += 1
+                _discard(mine, runner)
             else:
-                c.future.set_result((arrays[i * k : (i + 1) * k], kernel.multi))
+                c.future.set_result((mine, multi, runner))
+
+    async def _execute(self, group: _Group, callers: list[_Caller], rows: int) -> tuple[list[Tensor], bool]:
+        """One kernel call on the callers' rows: per caller, its tensors, registered in the batch's session."""
+        engine, label = group.engine, self._label
+        if not engine.backend.in_process:
+            # The batch's bookkeeping (and the callers' rows) live in this process.
+            raise InvalidArgumentError(f"{label}: batched functions run on local backends only")
+        bufs = (tuple(c.x for c in callers), *[_buffers(engine, p, label) for p in group.params])
+        x0 = callers[0].x
+        key = (rows, x0.shape[1:], x0.dtype, *[_shape_of(p) for p in bufs[1:]])
+        budget = Budget("a batched function")
+        kernel = BatchKernel(self._fn, engine, budget, [c.x.shape[0] for c in callers], label)
+        est = self._placement.estimate(key)
+        # For error messages: the stacked rows (a broadcast view: no copy), then the params.
+        described = (np.broadcast_to(x0[:1], (rows, *x0.shape[1:])), *group.params)
+        blas = self._blas.get(key, True)  # before the first run: assume it calls BLAS
+        tensors, _ = await engine.call(
+            label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, blas=blas
+        )
+        self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us)
+        self._blas[key] = kernel.blas
+        return tensors, kernel.multi
+
+
+def _discard(tensors: list[Tensor], runner: Engine) -> None:
+    """Free tensors of the batch's session at once, whatever its strategy (their rows left it or are dropped)."""
+    for t in tensors:
+        runner.discard(t)
 
 
 def _shape_of(x: Any) -> Any:

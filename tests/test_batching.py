@@ -382,8 +382,9 @@ async def test_batched_functions_need_a_local_backend() -> None:
 
 
 # -- cancellation ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("which", [0, 1], ids=["the first caller", "a later caller"])
 async def test_a_caller_cancelled_before_its_batch_starts_is_removed_from_it(
-    strategy: at.ResourceCleanupStrategy,
+    strategy: at.ResourceCleanupStrategy, which: int
 ) -> None:
     seen: list[int] = []
 
@@ -397,12 +398,12 @@ async def test_a_caller_cancelled_before_its_batch_starts_is_removed_from_it(
         xs = [rows(2, seed=1), rows(7, seed=2), rows(3, seed=3)]
         tasks = [asyncio.create_task(f(x, *w)) for x in xs]
         await asyncio.sleep(0)  # all three joined the group; the batch starts next iteration
-        tasks[1].cancel()
+        tasks[which].cancel()
         done = await asyncio.gather(*tasks, return_exceptions=True)
-        assert isinstance(done[1], asyncio.CancelledError)
-        close(done[0], xs[0])
-        close(done[2], xs[2])
-        assert seen == [5]  # the cancelled call's seven rows never reached the kernel
+        assert isinstance(done[which], asyncio.CancelledError)
+        for i in {0, 1, 2} - {which}:
+            close(done[i], xs[i])
+        assert seen == [12 - len(xs[which])]  # the cancelled call's rows never reached the kernel
         assert f.stats().cancelled == 1
         del done, tasks
         assert await held(s) == 4
@@ -434,6 +435,34 @@ async def test_a_caller_cancelled_while_its_batch_runs_leaves_nothing_and_the_ot
         assert f.stats().cancelled == 1
         del done, tasks
         assert await held(s) == 4  # the cancelled call's rows were dropped, not kept anywhere
+    assert s.stats().live_tensors == 0
+
+
+async def test_a_lone_caller_cancelled_while_its_kernel_runs_leaves_nothing(
+    strategy: at.ResourceCleanupStrategy,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow(ops: at.FusedOps, x: Any, *params: Any) -> Any:
+        started.set()
+        release.wait(10)
+        return mlp(ops, x, *params)
+
+    async with at.AsyncEagerSession(cleanup=strategy) as s:
+        w = await weights(s)
+        f = at.batched(slow)
+        task = asyncio.create_task(f(rows(3), *w))
+        await asyncio.to_thread(started.wait, 10)
+        task.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert f.stats().cancelled == 1
+        for _ in range(100):  # the kernel's result comes back to the loop after the cancellation
+            await asyncio.sleep(0.001)
+            if s.stats().allocated > 4:
+                break
+        assert await held(s) == 4  # its result is owned as a dropped tensor: freed as the strategy frees those
     assert s.stats().live_tensors == 0
 
 
@@ -515,7 +544,7 @@ async def test_the_first_batch_of_a_shape_runs_on_the_pool_then_cheap_ones_inlin
     assert threads[1:] == [loop_thread, loop_thread]
 
 
-async def test_the_batch_runs_in_a_fresh_context_not_its_first_callers(s: at.AsyncEagerSession) -> None:
+async def test_the_batch_runs_in_the_context_of_its_first_caller(s: at.AsyncEagerSession) -> None:
     import contextvars
 
     var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
@@ -533,7 +562,7 @@ async def test_the_batch_runs_in_a_fresh_context_not_its_first_callers(s: at.Asy
         return await f(rows(1), k)
 
     await asyncio.gather(call_with("first"), call_with("second"))
-    assert values == ["unset"]
+    assert values == ["first"]  # one kernel call, under the first caller's context variables
 
 
 # -- under load ------------------------------------------------------------------------------------
