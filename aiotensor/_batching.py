@@ -361,8 +361,7 @@ class BatchedFunction:
         budget = Budget("a batched function")
         kernel = BatchKernel(self._fn, engine, budget, [c.x.shape[0] for c in callers], label)
         est = self._placement.estimate(key)
-        # For error messages: the stacked rows (a broadcast view: no copy), then the params.
-        described = (np.broadcast_to(x0[:1], (rows, *x0.shape[1:])), *group.params)
+        described = (_Rows((rows, *x0.shape[1:]), x0.dtype), *group.params)  # for error messages
         blas = self._blas.get(key, True)  # before the first run: assume it calls BLAS
         tensors, _ = await engine.call(
             label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, blas=blas
@@ -370,6 +369,16 @@ class BatchedFunction:
         self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us)
         self._blas[key] = kernel.blas
         return tensors, kernel.multi
+
+
+class _Rows:
+    """The stacked rows of a batch as error messages describe them (``float32[512, 64]``), without stacking."""
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+        self.shape = shape
+        self.dtype = dtype
 
 
 def _discard(tensors: list[Tensor], runner: Engine) -> None:
