@@ -76,3 +76,26 @@ def test_a_benchmark_run_changes_no_tracked_file_unless_asked(monkeypatch: pytes
     assert after == before
     assert suite.main(["--only", "overheads", "--external", "no", "--out", str(page), "--write-docs"]) == 0
     assert "nothing measured" in page.read_text()
+
+
+def test_batching_scenario_measures_every_variant_and_records_its_targets() -> None:
+    from benchmarks import bench_batching
+
+    measured, _ = run_on("asyncio", bench_batching._measure(rounds=1, n=2, n_single=3, max_batch_size=512))
+    assert set(measured["many"]) == {
+        bench_batching.NUMPY,
+        bench_batching.TO_THREAD,
+        bench_batching.OP_BY_OP,
+        bench_batching.FUSED,
+        bench_batching.BATCHED,
+    }
+    for rps, cycles in measured["many"].values():
+        assert rps[0] > 0
+        assert len(cycles) == bench_batching.CLIENTS * 2
+    calls_per_batch, rows_per_batch = measured["stats"]
+    assert calls_per_batch > 1  # 32 clients: coalesced
+    assert rows_per_batch == calls_per_batch * bench_batching.ROWS
+    report = Report(quick=True, rounds=1)
+    bench_batching._report(report, "asyncio", measured, 512, 1)
+    assert [t.number for t in report.targets] == [12, 12, 12]
+    assert all(t.met is not None for t in report.targets)
