@@ -22,7 +22,9 @@ intermediates, per thread, and hand them to later ops as ``out=``:
 * a buffer is kept only if nothing else refers to it when its value dies (no view of
   it, not a result), so no live array ever changes;
 * the output's shape and dtype are learned from a first call with the same argument
-  shapes and dtypes (the same ufunc gives the same result type for them).
+  shapes and dtypes (the same ufunc gives the same result type for them);
+* only buffers of a (shape, dtype) that such an op (or the stacking of the rows, which
+  concatenates into a kept buffer too) has asked for are kept, at most 8 per pair.
 
 Kept buffers are memory no session counts: at most :data:`CAP` bytes per thread that
 runs batched kernels (the pool's workers, and the event loop's thread for inline runs).

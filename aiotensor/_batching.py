@@ -2,20 +2,25 @@
 
 ``@at.batched`` turns ``fn(ops, x, *params)`` (the signature of a fused function, with
 ``x`` holding rows along axis 0) into a coroutine function. Calls made concurrently with
-the *same* param objects and rows of the same trailing shape and dtype join one group;
-the group is flushed at the next iteration of the event loop (``loop.call_soon``, never
-a timer: a caller alone waits for nothing but one loop iteration). The flush stacks the
-callers' rows (up to ``max_batch_size`` per kernel call) and runs ``fn`` once on them,
-as a fused function runs (:mod:`aiotensor._function`: one kernel, on the pool or inline
-as its cost says); the kernel splits every output back into each caller's rows, and
-each caller registers its own rows in its own session.
+the *same* param objects and rows of the same trailing shape and dtype join one group.
+The group's first call leads it: it lets the event loop run one more iteration (never a
+timer), so every call that was ready joins, then closes the group. A group of one runs
+its kernel in the leader's own task, exactly as a fused call would; a larger one is cut
+into batches of up to ``max_batch_size`` rows, each run by a task of its own so that no
+caller's cancellation can stop it. A batch runs ``fn`` once on the stacked rows, as a
+fused function runs (:mod:`aiotensor._function`: one kernel, on the pool or inline as
+its cost says), and its kernel (:mod:`aiotensor._batch_kernel`) splits every output
+into each caller's rows.
 
 Sessions: the batch runs in the session that owns the params (the most derived session
 among their tensors; if they hold no tensor, the callers' session, and only callers of
 one session then share a batch). Its stacked rows and intermediates are counted there,
-in a :class:`~aiotensor._program.Budget`, as a fused function's are. Each caller's
-result is registered in the caller's session (that of ``x`` if ``x`` is a tensor, else
-the default session, else the params' session) and counts against its ``memory_limit``.
+in a :class:`~aiotensor._program.Budget`, as a fused function's are, and so are the
+outputs, which ``engine.call`` registers there: a caller whose session is that one
+takes its tensors as they are; any other caller's rows leave that session at once and
+are registered in the caller's session (that of ``x`` if ``x`` is a tensor, else the
+default session, else the params' session), counting against its ``memory_limit``.
+The kernel runs under the context variables of the batch's first caller.
 """
 
 from __future__ import annotations
@@ -83,6 +88,8 @@ class BatchStats:
 
 
 class _Caller:
+    """One waiting call: its rows, the session of its result, and where its result goes."""
+
     __slots__ = ("engine", "future", "x")
 
     def __init__(self, x: NDArray, engine: Engine, future: asyncio.Future[Any]) -> None:
@@ -92,7 +99,7 @@ class _Caller:
 
 
 class _Group:
-    """Callers waiting for the next flush, all with the same params and the same kind of rows."""
+    """Calls waiting for their group to close: all with the same params and the same kind of rows."""
 
     __slots__ = ("callers", "engine", "params")
 
@@ -178,7 +185,7 @@ class BatchedFunction:
             caller.future.cancel()
             self._flush(key, group)  # the others' batches start anyway
             raise
-        if len(group.callers) > 1 or self._pending.get(key) is not group:
+        if len(group.callers) > 1:
             self._flush(key, group)
             return await self._wait(caller)
         # Alone: its batch of one runs in this task, as a fused function call would.
