@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _defaults
+from ._backend import Backend
 from ._cost import INLINE_STREAK, OVERHEAD_NS, PER_BYTE, Spec, estimate_us, out_spec
 from ._errors import (
     AioTensorError,
@@ -38,12 +39,11 @@ from ._expr import Expr
 from ._kernels import KernelResult, as_numeric, finalize, info, kernel_error, normalize
 from ._opdef import Cost, OpDef, namespace
 from ._ops._apply import label as apply_label
-from ._program import Program, Ref, Step, compile_program
+from ._program import Program, Ref, Step, compile_program, compiled
 from ._registry import Registry
 from ._tensor import Tensor, make_tensor
 
 if TYPE_CHECKING:
-    from ._backend import Backend
     from ._cleanup import CleanupPolicy
     from ._types import NDArray
 
@@ -54,6 +54,7 @@ logger = logging.getLogger("aiotensor")
 _ndarray = np.ndarray
 _UNKNOWN = Cost.UNKNOWN
 _get_loop = asyncio.get_running_loop
+_base_run_inline = Backend.run_inline
 
 
 class State(enum.Enum):
@@ -98,6 +99,8 @@ class Engine:
         self._inline_us = backend.inline_limit_us(inline_us)
         self._xp_name = backend.namespace
         self._xp = namespace(backend.namespace)
+        # A backend that keeps the base class's run_inline lets the engine call kernels itself.
+        self._plain_inline = type(backend).run_inline is _base_run_inline
         self._streak = 0
         self._log = log_placement
         self._soft = soft_placement
@@ -448,6 +451,25 @@ class Engine:
         inline = est_us <= self._inline_us and self._inline_us > 0
         if inline and policy.inline_point is not None:
             policy.inline_point()
+        if inline and nbytes is None and registry.memory_limit is None and self._plain_inline:
+            # The common inline case: nothing to reserve or fit; a fresh array is owned as it is.
+            self._streak += 1
+            try:
+                out = kernel(*bufs, **kw) if kw else kernel(*bufs)
+                fresh = type(out) is _ndarray and out.base is None and out.flags.writeable
+                result = None if fresh else normalize(out)
+            except (asyncio.CancelledError, AioTensorError):
+                raise
+            except Exception as exc:
+                error = kernel_error(label, described, exc, user)
+                raise error from error.__cause__
+            finally:
+                if budget is not None:
+                    self._settle(budget)  # before the result is registered: peak counts it once
+            if result is None:
+                out.flags.writeable = False
+                return [self._register(out, label, name, device)], False
+            return await self._own(result, label, name, nbytes, device), result.multi
         if nbytes is not None or registry.memory_limit is not None:
             await self._reserve(label, nbytes)
         if registry.memory_limit is not None and budget is not None:
@@ -479,17 +501,22 @@ class Engine:
         finally:
             if nbytes is not None:
                 registry.unreserve(nbytes)
-            if budget is not None and budget.count > budget.escaped and not registry.closed:
-                # Intermediates never reached the registry: record them as allocated and
-                # freed, and their peak in peak_bytes.
-                registry.allocated += budget.count - budget.escaped
-                registry.freed += budget.count - budget.escaped
-                registry.peak_bytes = max(registry.peak_bytes, registry.live_bytes + budget.peak)
+            if budget is not None:
+                self._settle(budget)
         if self.state is not _OPEN:
             for buf in result.buffers:
                 self.backend.release(buf.handle)
             raise SessionClosedError(f"{label}: the session was closed while the op ran")
         return await self._own(result, label, name, nbytes, device), result.multi
+
+    def _settle(self, budget: Any) -> None:
+        registry = self.registry
+        if budget.count > budget.escaped and not registry.closed:
+            # Intermediates never reached the registry: record them as allocated and
+            # freed, and their peak in peak_bytes.
+            registry.allocated += budget.count - budget.escaped
+            registry.freed += budget.count - budget.escaped
+            registry.peak_bytes = max(registry.peak_bytes, registry.live_bytes + budget.peak)
 
     async def _own(
         self, result: KernelResult, label: str, name: str | None, reserved: int | None, device: str
@@ -622,27 +649,32 @@ class Engine:
         """Evaluate expressions in one program; only their results are registered."""
         for r in roots:
             r._used = True
+        costs: dict[float, float] = {}
         if len(roots) == 1:
             r = roots[0]
-            if not any(type(x) is Expr for x in _flat(r._args, r._kwargs)):
+            if r._n == 1:
                 # One node on tensors and values: the op path, without compiling anything.
                 engine = (
                     self._engine_for([x for x in _flat(r._args, r._kwargs) if type(x) is Tensor]) if choose else self
                 )
                 return [await engine.op(r._d, r._args, r._kwargs, r._nbytes, name)]
-        program, leaves = compile_program(roots, _is_tensor, self._xp_name, Expr)
+            program, leaves, costs = compiled(r, _is_tensor, self._xp_name, Expr)
+        else:
+            program, leaves = compile_program(roots, _is_tensor, self._xp_name, Expr)
         engine = self._engine_for(leaves) if choose else self
-        return await engine._run_program(program, leaves, roots, name)
+        return await engine._run_program(program, leaves, roots, name, costs)
 
     async def _run_program(
-        self, program: Program, leaves: list[Tensor], roots: list[Expr], name: str | None
+        self, program: Program, leaves: list[Tensor], roots: list[Expr], name: str | None, costs: dict[float, float]
     ) -> list[Any]:
         if self.state is not _OPEN:
             await self.open()
         self.check_loop()
         label = roots[0]._d.name if len(roots) == 1 else "run"
-        bufs = tuple(self.buffer(t, label) for t in leaves)
-        est = self._program_cost(program, leaves)
+        bufs = tuple([self.buffer(t, label) for t in leaves])
+        est = costs.get(self._inline_us)
+        if est is None:
+            est = costs[self._inline_us] = self._program_cost(program, leaves)
         tensors, _ = await self.call(
             label,
             program,

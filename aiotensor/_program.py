@@ -12,8 +12,11 @@ them in another process.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ._errors import ResourceExhaustedError
 from ._kernels import as_numeric, kernel_error
@@ -22,7 +25,11 @@ from ._opdef import OpDef, namespace
 if TYPE_CHECKING:
     from ._expr import Expr
 
-__all__ = ["Budget", "Program", "Ref", "Step"]
+__all__ = ["Budget", "Program", "Ref", "Step", "compile_program", "compiled"]
+
+_ndarray = np.ndarray
+_new = object.__new__
+_NO_KWARGS: dict[str, Any] = {}
 
 
 class Step:
@@ -103,9 +110,13 @@ def _resolve(template: Any, vals: list[Any]) -> Any:
 
 
 class Program:
-    """The nodes of an expression, run in order as one kernel; called with the leaf buffers."""
+    """The nodes of an expression, run in order as one kernel; called with the leaf buffers.
 
-    __slots__ = ("blas", "budget", "nleaves", "roots", "steps", "xp")
+    A program is immutable once compiled (programs are cached and shared, see
+    :func:`compiled`); :meth:`fresh` gives the copy one run uses, with its own budget.
+    """
+
+    __slots__ = ("_kernels", "blas", "budget", "nleaves", "roots", "steps", "xp")
 
     def __init__(
         self,
@@ -121,28 +132,70 @@ class Program:
         self.xp = xp
         self.blas = any(s[0].blas for s in steps)
         self.budget = Budget("an expression")
+        self._kernels: list[tuple[Callable[..., Any], bool]] | None = None
+
+    def fresh(self) -> Program:
+        """This program with a budget of its own, for one run."""
+        run = _new(Program)
+        run.steps, run.roots, run.nleaves, run.xp, run.blas = self.steps, self.roots, self.nleaves, self.xp, self.blas
+        kernels = self._kernels
+        run._kernels = kernels if kernels is not None else self._resolve_kernels()
+        run.budget = Budget("an expression")
+        return run
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Kernels are functions of this process's namespace: resolved again after unpickling.
+        return {"steps": self.steps, "roots": self.roots, "nleaves": self.nleaves, "xp": self.xp}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["steps"], state["roots"], state["nleaves"], state["xp"])  # type: ignore[misc]
 
     @property
     def __name__(self) -> str:  # how backends name the task
         return "expr_" + "_".join(dict.fromkeys(s[0].name for s in self.steps[-3:]))
 
-    def __call__(self, *leaves: Any) -> Any:
+    def _resolve_kernels(self) -> list[tuple[Callable[..., Any], bool]]:
         xp = namespace(self.xp)
+        # (kernel, whether an argument template holds Refs inside a list or tuple) per step
+        kernels = [
+            (d.kernel_for(xp), any(type(t) in (list, tuple) for t in templates)) for d, templates, _, _, _ in self.steps
+        ]
+        self._kernels = kernels
+        return kernels
+
+    def __call__(self, *leaves: Any) -> Any:
+        kernels = self._kernels
+        if kernels is None:
+            kernels = self._resolve_kernels()
         budget = self.budget
+        limit = budget.limit
         vals: list[Any] = [*leaves, *([None] * len(self.steps))]
         sizes = [0] * len(vals)
         slot = self.nleaves
-        for d, templates, kwargs, checked, drop in self.steps:
-            args = tuple([_resolve(t, vals) for t in templates])
-            kw = {k: _resolve(v, vals) for k, v in kwargs.items()} if kwargs else {}
+        ref = Ref
+        for (d, templates, kwargs, checked, drop), (kernel, nested) in zip(self.steps, kernels, strict=True):
+            if nested:
+                args = tuple([_resolve(t, vals) for t in templates])
+            else:
+                args = tuple([vals[t.slot] if type(t) is ref else t for t in templates])
             try:
                 call = (*[as_numeric(a) for a in args[:checked]], *args[checked:]) if checked else args
-                out = d.kernel_for(xp)(*call, **kw)
+                kw = {k: _resolve(v, vals) for k, v in kwargs.items()} if kwargs else _NO_KWARGS
+                out = kernel(*call, **kw)
             except Exception as exc:
                 error = kernel_error(d.name, args, exc, d.user)
                 raise error from error.__cause__
-            nbytes = getattr(out, "nbytes", 0) if getattr(out, "base", None) is None else 0
-            budget.made(nbytes, d.name)
+            if type(out) is _ndarray:
+                nbytes = out.nbytes if out.base is None else 0
+            else:  # a numpy scalar (a reduction) counts; a list (split) does not
+                nbytes = getattr(out, "nbytes", 0) if getattr(out, "base", None) is None else 0
+            live = budget.live + nbytes
+            if limit is not None and live > limit:
+                budget.made(nbytes, d.name)  # raises
+            budget.count += 1
+            budget.live = live
+            if live > budget.peak:
+                budget.peak = live
             vals[slot] = out
             sizes[slot] = nbytes
             for s in drop:  # last use: free it now, not at the end of the run
@@ -161,6 +214,25 @@ class Program:
             else:
                 results.append(v)
         return results
+
+
+def _check_constants(d: OpDef, args: tuple[Any, ...]) -> tuple[tuple[Any, ...], int]:
+    """Constant data arguments checked numeric once, at compile time: (args, 0); or, when
+    one fails (or holds values only known at run time), (args, ``d.data``) so that the run
+    checks them and raises the op's own error."""
+    n = d.data
+    out = list(args)
+    for i, a in enumerate(args[:n]):
+        ta = type(a)
+        if ta is Ref:
+            continue
+        if (ta is list or ta is tuple) and any(type(e) is Ref for e in a):
+            return args, n
+        try:
+            out[i] = as_numeric(a)
+        except Exception:
+            return args, n
+    return tuple(out), 0
 
 
 def _children(node: Expr) -> list[Any]:
@@ -207,6 +279,8 @@ def compile_program(
         # (template, CSE key) of one argument, in one pass
         tx = type(x)
         if tx in _scalars:
+            if tx is float and x == 0.0:  # 0.0 == -0.0, but they give different results
+                return x, (tx, x, math.copysign(1.0, x))
             return x, (tx, x)
         slot = slots.get(id(x))
         if slot is not None and (tx is expr_type or is_leaf(x)):
@@ -233,7 +307,9 @@ def compile_program(
         if hit is not None:  # a common subexpression: computed once
             slots[id(node)] = hit
             continue
-        checked = d.data if any(type(a) is not Ref for a in args[: d.data]) else 0
+        checked = 0
+        if d.data:
+            args, checked = _check_constants(d, args)
         index = len(steps)
         for a in (*args, *kwargs.values()) if kwargs else args:
             if type(a) is Ref:
@@ -254,3 +330,62 @@ def compile_program(
 
 
 _SCALAR_TYPES = frozenset({int, float, bool, complex, str, type(None)})
+
+
+class _Entry:
+    __slots__ = ("costs", "perm", "program")
+
+    def __init__(self, program: Program, perm: tuple[int, ...]) -> None:
+        self.program = program
+        self.perm = perm  # the leaves in program order, as indices into the distinct tensors
+        self.costs: dict[float, float] = {}  # the engine's inline threshold -> estimate (µs)
+
+
+#: Compiled programs by expression signature (``Expr._sig``) with where its tensors go,
+#: their shapes and dtypes, and the array namespace. Bounded; the oldest entry goes first.
+_CACHE: dict[Any, _Entry] = {}
+_CACHE_ENTRIES = 512
+
+
+def compiled(
+    root: Expr, is_leaf: Callable[[Any], bool], xp: str, expr_type: type[Expr]
+) -> tuple[Program, list[Any], dict[float, float]]:
+    """The program of ``root`` (for one run), its leaves, and the cache of its cost estimates.
+
+    A formula evaluated again on tensors of the same shapes (a loop, a request handler)
+    is compiled once: the second time costs a dictionary lookup on its signature. The
+    signature has every constant by value and type (``-0.0`` apart from ``0.0``), so a
+    cached program computes exactly what compiling anew would.
+    """
+    sig = root._sig
+    if sig is None:
+        program, leaves = compile_program([root], is_leaf, xp, expr_type)
+        return program, leaves, {}
+    lv = root._lv
+    distinct: list[Any]
+    if len(lv) == 1:
+        distinct = [lv[0]]
+        key: Any = (sig, xp, lv[0]._shape, lv[0]._dtype)
+    else:
+        index: dict[int, int] = {}
+        distinct = []
+        pattern = []
+        for t in lv:
+            i = index.get(id(t))
+            if i is None:
+                i = index[id(t)] = len(distinct)
+                distinct.append(t)
+            pattern.append(i)
+        key = (sig, xp, tuple(pattern), *[(t._shape, t._dtype) for t in distinct])
+    entry = _CACHE.get(key)
+    if entry is None:
+        program, leaves = compile_program([root], is_leaf, xp, expr_type)
+        where = {id(t): i for i, t in enumerate(distinct)}
+        perm = tuple(where.get(id(t), -1) for t in leaves)
+        if len(leaves) != len(distinct) or -1 in perm:  # tensors nested deeper than compiling looks
+            return program, leaves, {}
+        if len(_CACHE) >= _CACHE_ENTRIES:
+            del _CACHE[next(iter(_CACHE))]
+        entry = _CACHE[key] = _Entry(program, perm)
+        return program.fresh(), leaves, entry.costs
+    return entry.program.fresh(), [distinct[i] for i in entry.perm], entry.costs
