@@ -37,7 +37,7 @@ from ._errors import (
 )
 from ._expr import Expr
 from ._kernels import KernelResult, as_numeric, finalize, info, kernel_error, normalize
-from ._opdef import Cost, OpDef, namespace
+from ._opdef import OPS, Cost, OpDef, namespace
 from ._ops._apply import label as apply_label
 from ._program import Program, Ref, Step, compile_program, compiled
 from ._registry import Registry
@@ -55,6 +55,20 @@ _ndarray = np.ndarray
 _UNKNOWN = Cost.UNKNOWN
 _get_loop = asyncio.get_running_loop
 _base_run_inline = Backend.run_inline
+# Ops the lean path of Engine.op takes: plain element-wise ops of one output, kernels of numpy's.
+_ELEMENTWISE = frozenset(
+    d
+    for d in OPS.values()
+    if d.plain
+    and not d.user
+    and d.returns == "one"
+    and d.cost in (Cost.MEMORY, Cost.MATH)
+    and d.spec.__code__.co_argcount == d.data
+    and not d.spec.__code__.co_kwonlyargcount
+    and d.kernel_for(np) is not None  # resolves the numpy kernel once
+)
+# Their cost model's ns per byte, by op (an enum's hash is a Python call: too slow here).
+_PER_BYTE_OF = {d: PER_BYTE[d.cost] for d in _ELEMENTWISE}
 
 
 class State(enum.Enum):
@@ -103,6 +117,19 @@ class Engine:
         self._plain_inline = type(backend).run_inline is _base_run_inline
         self._streak = 0
         self._log = log_placement
+        # Whether op() may take its lean path (see there): kernels inline, numpy, no limit to check.
+        self._lean = (
+            self._inline_us > 0
+            and self._plain_inline
+            and self._xp is np
+            and registry.memory_limit is None
+            and not log_placement
+        )
+        # The cost model's estimate (``_cost``) of an element-wise op is OVERHEAD_NS plus
+        # bytes touched x ns per byte: it runs inline when the second term fits in this.
+        self._inline_ns = self._inline_us * 1000.0 - OVERHEAD_NS
+        # The lean path's device (a remote backend may know its devices only once started).
+        self._device = backend.default_device if self._lean else ""
         self._soft = soft_placement
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -288,6 +315,76 @@ class Engine:
         self, d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, nbytes: int | None, name: str | None
     ) -> Any:
         """Run op ``d`` on prepared arguments; its tensor (a list for ``split``, a tuple for multi-output ``apply``)."""
+        if (
+            d in _ELEMENTWISE
+            and kwargs is None
+            and self._lean
+            and self.state is _OPEN
+            and self._streak < INLINE_STREAK
+            and (name is None or type(name) is str)
+            and _get_loop() is self._loop
+            and self.device_var.get() is None
+        ):
+            # The hottest path: an element-wise op on tensors of one shape and numbers, cheap
+            # enough to run inline, in a session without a memory limit. Each step is the
+            # general path's below, without its calls; anything unusual falls through to it.
+            bufs = []
+            shape = None
+            total = largest = 0
+            for a in args:
+                ta = type(a)
+                if ta is Tensor:
+                    owner = a._engine
+                    if owner is not self and owner not in self.ancestors:
+                        break
+                    entry = a._registry._buffers.get(a._rid)
+                    if entry is None or (shape is not None and a._shape != shape):
+                        break
+                    shape = a._shape
+                    n = a._nbytes
+                    total += n
+                    if n > largest:
+                        largest = n
+                    bufs.append(entry[0])
+                elif ta is float or ta is int:
+                    bufs.append(a)
+                else:
+                    break
+            else:
+                if shape is not None and (total + largest) * _PER_BYTE_OF[d] <= self._inline_ns:
+                    policy = self.policy
+                    safe_point = policy.safe_point
+                    if safe_point is not None:
+                        safe_point()
+                    if policy.inline_point is not None:
+                        policy.inline_point()
+                    self._streak += 1
+                    try:
+                        out = d._np_kernel(*bufs)  # type: ignore[misc]
+                    except Exception as exc:
+                        error = kernel_error(d.name, args, exc, False)
+                        raise error from error.__cause__
+                    if type(out) is _ndarray and out.base is None:
+                        flags = out.flags
+                        if flags.writeable:
+                            flags.writeable = False
+                            registry = self.registry
+                            nbytes = out.nbytes
+                            t = make_tensor(
+                                self,
+                                registry,
+                                registry.add(out, nbytes),
+                                out.shape,
+                                out.dtype,
+                                nbytes,
+                                name or (d.name, -1),
+                                self._device,
+                            )
+                            if safe_point is not None:
+                                safe_point()
+                            return t
+                    result = normalize(out)  # a numpy scalar (0-d inputs), an input returned as it is
+                    return (await self._own(result, d.name, name, None, self._device))[0]
         if self._streak >= INLINE_STREAK:
             # Inline ops never suspend: after a run of them, let other tasks (and the
             # cleanup task) have the loop once. Before anything is reserved or run.
