@@ -170,19 +170,17 @@ class Engine:
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._loop_thread = threading.get_ident()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._closed_event = asyncio.Event()
+        # The events close() waits on are made when it has to wait: most sessions never do.
 
     async def _start(self) -> None:
         loop = _get_loop()
         self._bind(loop)
-        assert self._closed_event is not None
         try:
             await self.backend.start()
         except BaseException:
             self.state = State.CLOSED
-            self._closed_event.set()
+            if self._closed_event is not None:
+                self._closed_event.set()
             raise
         self.policy.start(self.registry, loop)
         if self.state is State.OPENING:
@@ -203,19 +201,21 @@ class Engine:
         if loop is not self._loop:
             raise self._wrong_loop()
 
-    async def close(self, close_backend: Callable[[], Any]) -> None:
+    async def close(self, close_backend: Callable[[], Any] | None) -> None:
         """Refuse new ops, let in-flight ops settle, stop cleanup and free every buffer (idempotent)."""
         state = self.state
         if state is State.CLOSED:
             return
         if state is State.CLOSING:
-            assert self._closed_event is not None
+            if self._closed_event is None:
+                self._closed_event = asyncio.Event()
             await self._closed_event.wait()
             return
         if state is State.UNOPENED:
             self.state = State.CLOSED
             _defaults.replace_interactive(self.session, None)
-            await close_backend()
+            if close_backend is not None:
+                await close_backend()
             return
         if state is State.OPENING:
             assert self._opening is not None
@@ -227,7 +227,7 @@ class Engine:
         self.state = State.CLOSING
         try:
             if self.inflight:
-                assert self._idle is not None
+                self._idle = asyncio.Event()  # set by the last kernel to settle
                 await self._idle.wait()
         finally:
             stopping = self.policy.stop()
@@ -240,7 +240,8 @@ class Engine:
                 if stopping is not None:
                     await asyncio.wait([stopping])
             finally:  # also when that wait is cancelled (anyio cancels every await in a scope)
-                await close_backend()
+                if close_backend is not None:
+                    await close_backend()
 
     def finalize_unclosed(self) -> bool:
         """The session was dropped open: free everything on its loop. False if it was not open."""
@@ -647,9 +648,6 @@ class Engine:
             registry.reserve(nbytes, label, reclaim=self.policy.reclaims)
 
     async def _await_kernel(self, pending: Any) -> KernelResult:
-        if not self.inflight:
-            assert self._idle is not None
-            self._idle.clear()
         self.inflight += 1
         try:
             result: KernelResult = await pending
@@ -665,8 +663,7 @@ class Engine:
             raise
         finally:
             self.inflight -= 1
-            if not self.inflight:
-                assert self._idle is not None
+            if not self.inflight and self._idle is not None:
                 self._idle.set()
 
     def _wrap(

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["AsyncEagerSession", "get_default_session"]
 
 _shared_local = LocalBackend()
+_DEFAULT_CONFIG = SessionConfig()  # frozen: one instance serves every session made without config=
 
 
 def _is_fetch(x: Any) -> bool:
@@ -75,7 +76,7 @@ class AsyncEagerSession(SessionOps):
                 f"cleanup must be a ResourceCleanupStrategy"
                 f" ({', '.join(s.name for s in ResourceCleanupStrategy)}), got {cleanup!r}"
             )
-        config = SessionConfig() if config is None else config
+        config = _DEFAULT_CONFIG if config is None else config
         if not isinstance(config, SessionConfig):
             raise InvalidArgumentError(f"config must be a SessionConfig, got {type(config).__name__}")
         if executor is not None and backend is not None:
@@ -157,7 +158,7 @@ class AsyncEagerSession(SessionOps):
         be interrupted; close waits for those with a caller still awaiting them). If
         ``close`` itself is cancelled, everything is still freed before it re-raises.
         """
-        await self._engine.close(self._close_backend)
+        await self._engine.close(self._close_backend if self._owns_backend else None)
 
     async def aclose(self) -> None:
         """The same as :meth:`close` (for ``contextlib.aclosing`` and anyio's resources)."""
