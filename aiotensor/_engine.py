@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _defaults
+from ._allocator import out_for
 from ._backend import Backend
 from ._cost import INLINE_STREAK, OVERHEAD_NS, PER_BYTE, Spec, estimate_us, out_spec
 from ._errors import (
@@ -52,6 +53,7 @@ __all__ = ["Engine", "State", "engine_of"]
 logger = logging.getLogger("aiotensor")
 
 _ndarray = np.ndarray
+_ufunc = np.ufunc
 _UNKNOWN = Cost.UNKNOWN
 _get_loop = asyncio.get_running_loop
 _base_run_inline = Backend.run_inline
@@ -360,8 +362,14 @@ class Engine:
                     if policy.inline_point is not None:
                         policy.inline_point()
                     self._streak += 1
+                    kernel = d._np_kernel
+                    cache = self.registry.cache
                     try:
-                        out = d._np_kernel(*bufs)  # type: ignore[misc]
+                        if cache is not None and largest >= cache.min_bytes and cache.cached_bytes:
+                            recycled = out_for(cache, kernel, bufs) if type(kernel) is _ufunc else None
+                            out = kernel(*bufs) if recycled is None else kernel(*bufs, out=recycled)  # type: ignore[misc]
+                        else:
+                            out = kernel(*bufs)  # type: ignore[misc]
                     except Exception as exc:
                         error = kernel_error(d.name, args, exc, False)
                         raise error from error.__cause__
@@ -432,12 +440,26 @@ class Engine:
                     return self._register(out, label, name, device)
                 return (await self._own(out, label, name, None, device))[0]
             return await self._inline(d, label, bufs, kw, nbytes, name, checked, args, device)
+        if not kw and d in _ELEMENTWISE and self.registry.cache is not None:
+            kw = self._recycled_out(d, bufs)
         step = Step(d, checked, self._xp_name, getattr(args[0], "__name__", None) if d.user else None)
         described = args[1:] if d.user else args  # apply: the function is in the label
         tensors, multi = await self.call(
             label, step, tuple(bufs), kw, described, user=d.user, nbytes=nbytes, name=name, blas=d.blas
         )
         return _shape_result(d, tensors, multi)
+
+    def _recycled_out(self, d: OpDef, bufs: list[Any]) -> dict[str, Any]:
+        # A large element-wise ufunc on the pool writes into a buffer the session freed
+        # (``out=``): no page faults, and the resident set stays flat (see ``_allocator``).
+        cache = self.registry.cache
+        kernel = d._np_kernel
+        if cache is None or not cache.cached_bytes or type(kernel) is not _ufunc or self._xp is not np:
+            return {}
+        if max((b.nbytes for b in bufs if type(b) is _ndarray), default=0) < cache.min_bytes:
+            return {}
+        recycled = out_for(cache, kernel, bufs)
+        return {} if recycled is None else {"out": recycled}
 
     def _value(self, v: Any, op: str) -> Any:
         tv = type(v)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Self, cast
 
 from . import _defaults
+from ._allocator import BufferCache, malloc_trim
 from ._backend import Backend, LocalBackend
 from ._cleanup import make_policy
 from ._config import ResourceCleanupStrategy, SessionConfig
@@ -100,11 +101,24 @@ class AsyncEagerSession(SessionOps):
                 backend = _shared_local
         self._cleanup = cleanup
         self._config = config
+        cache: BufferCache | None
+        if parent is not None:
+            cache = parent._engine.registry.cache  # request sessions recycle into the app's
+        elif backend.in_process and config.buffer_cache_bytes:
+            cache = BufferCache(config.buffer_cache_bytes)
+        else:
+            cache = None
         self._engine = Engine(
             self,
             backend,
             make_policy(cleanup),
-            Registry(backend.release, config.memory_limit, config.memory_wait),
+            Registry(
+                backend.release,
+                config.memory_limit,
+                config.memory_wait,
+                cache,
+                owns_cache=parent is None,
+            ),
             inline_us=config.inline_threshold_us,
             log_placement=config.log_device_placement,
             soft_placement=config.allow_soft_placement,
@@ -187,6 +201,18 @@ class AsyncEagerSession(SessionOps):
         """An immutable snapshot of the buffers this session holds (see :class:`SessionStats`)."""
         engine = self._engine
         return engine.registry.stats(engine.inflight, engine.policy.failures)
+
+    def trim(self) -> int:
+        """Let go of the buffers the buffer cache keeps for reuse; return how many bytes that was.
+
+        The cache is shared with child sessions (a root session's). Afterwards the C
+        allocator is asked to return free memory to the system (glibc's
+        ``malloc_trim``, where available), so a service can shrink after a burst.
+        """
+        cache = self._engine.registry.cache
+        released = 0 if cache is None else cache.clear()
+        malloc_trim()
+        return released
 
     def list_devices(self) -> list[str]:
         """The devices ops may be placed on, e.g. ``["/cpu:0"]``; the first is the default."""
