@@ -454,7 +454,9 @@ class Engine:
         # (``out=``): no page faults, and the resident set stays flat (see ``_allocator``).
         cache = self.registry.cache
         kernel = d._np_kernel
-        if cache is None or not cache.cached_bytes or type(kernel) is not _ufunc or self._xp is not np:
+        if cache is None or type(kernel) is not _ufunc or self._xp is not np:
+            return {}
+        if not cache.cached_bytes:
             return {}
         if max((b.nbytes for b in bufs if type(b) is _ndarray), default=0) < cache.min_bytes:
             return {}
