@@ -237,8 +237,11 @@ class _Kernel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         ops = FusedOps(self.engine, self.budget, self.measure)
-        wrap = functools.partial(_wrap_arg, ops=ops)
-        out = self.fn(ops, *[wrap(a) for a in args], **{k: wrap(v) for k, v in kwargs.items()})
+        wrapped = [FusedValue(a, ops, False) if type(a) is _ndarray else _wrap_arg(a, ops) for a in args]
+        if kwargs:
+            out = self.fn(ops, *wrapped, **{k: _wrap_arg(v, ops) for k, v in kwargs.items()})
+        else:
+            out = self.fn(ops, *wrapped)
         out = [_result(o, self.budget) for o in out] if isinstance(out, tuple | list) else _result(out, self.budget)
         self.elapsed = (time.perf_counter() - start) * 1e6
         if ops._estimate is not None:
@@ -256,7 +259,7 @@ def _wrap_arg(x: Any, ops: FusedOps) -> Any:
 
 def _shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(
-        (a._shape, a._dtype.str) if type(a) is Tensor else (type(a), getattr(a, "shape", None))
+        (a._shape, a._dtype) if type(a) is Tensor else (type(a), getattr(a, "shape", None))
         for a in (*args, *kwargs.values())
     )
 
