@@ -197,6 +197,8 @@ class BufferCache:
         max_bytes: The most bytes held; 0 turns the cache off (``give`` keeps
             nothing, ``take`` returns ``None``).
         min_bytes: Smaller buffers are not cached (see :data:`DEFAULT_MIN_BYTES`).
+        per_key: The most buffers kept of one shape and dtype (``None``: no bound
+            but ``max_bytes``); the least recently given goes first.
     """
 
     __slots__ = (
@@ -210,15 +212,19 @@ class BufferCache:
         "max_bytes",
         "min_bytes",
         "misses",
+        "per_key",
         "refused",
         "trimmed_bytes",
     )
 
-    def __init__(self, max_bytes: int, *, min_bytes: int = DEFAULT_MIN_BYTES) -> None:
+    def __init__(self, max_bytes: int, *, min_bytes: int = DEFAULT_MIN_BYTES, per_key: int | None = None) -> None:
         if max_bytes < 0 or min_bytes < 0:
             raise ValueError(f"max_bytes and min_bytes must be >= 0, got {max_bytes} and {min_bytes}")
         self.max_bytes = max_bytes
         self.min_bytes = min_bytes
+        # Buffers kept per (shape, dtype) at most: a loop needs one or two; without a cap,
+        # each allocation made while the list was empty would stay cached for good.
+        self.per_key = per_key
         # token -> (key, array), oldest first: the eviction order.
         self._lru: collections.OrderedDict[int, tuple[Key, NDArray]] = collections.OrderedDict()
         # key -> {token: array}; take pops the newest (its pages are the most likely resident).
@@ -250,9 +256,15 @@ class BufferCache:
         token = self._next
         self._next = token + 1
         self._lru[token] = (key, arr)
-        self._by_key.setdefault(key, {})[token] = arr
+        entries = self._by_key.setdefault(key, {})
+        entries[token] = arr
         self.cached_bytes += nbytes
         self.kept += 1
+        if self.per_key is not None and len(entries) > self.per_key:
+            oldest = next(iter(entries))  # the least recently given of this key
+            self.cached_bytes -= entries.pop(oldest).nbytes
+            del self._lru[oldest]
+            self.evictions += 1
         if self.cached_bytes > self.max_bytes:
             self.evictions += self._drop_until(self.max_bytes)[0]
         return True

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 __all__ = ["AsyncEagerSession", "get_default_session"]
 
 _shared_local = LocalBackend()
+# Below 1 MiB glibc reuses freed memory without faults once its mmap threshold has
+# adapted, and the cache's bookkeeping (a few µs) would cost more than it saves.
+_CACHE_MIN_BYTES = 1 << 20
+_CACHE_PER_KEY = 4
 _DEFAULT_CONFIG = SessionConfig()  # frozen: one instance serves every session made without config=
 
 
@@ -105,7 +109,7 @@ class AsyncEagerSession(SessionOps):
         if parent is not None:
             cache = parent._engine.registry.cache  # request sessions recycle into the app's
         elif backend.in_process and config.buffer_cache_bytes:
-            cache = BufferCache(config.buffer_cache_bytes)
+            cache = BufferCache(config.buffer_cache_bytes, min_bytes=_CACHE_MIN_BYTES, per_key=_CACHE_PER_KEY)
         else:
             cache = None
         self._engine = Engine(
