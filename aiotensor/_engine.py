@@ -760,8 +760,14 @@ class Engine:
 
     async def evaluate_expr(self, expr: Expr) -> Tensor:
         """``await expr``: its tensor, in the session that may read all its tensors."""
-        (t,) = await self.evaluate([expr], None, choose=True)
-        return t  # type: ignore[no-any-return]
+        if expr._n == 1:  # one node: the op path (see evaluate)
+            (t,) = await self.evaluate([expr], None, choose=True)
+            return t  # type: ignore[no-any-return]
+        expr._used = True
+        program, leaves, costs = compiled(expr, _is_tensor, self._xp_name, Expr)
+        engine = self._engine_for(leaves)
+        tensors = await engine._run_program(program, leaves, [expr], None, costs)
+        return tensors[0]  # type: ignore[no-any-return]
 
     async def evaluate(self, roots: list[Expr], name: str | None = None, *, choose: bool = False) -> list[Any]:
         """Evaluate expressions in one program; only their results are registered."""

@@ -244,7 +244,7 @@ class Expr(Operand):
                     else:
                         sig.append(s)
                         lv += a._lv
-            elif ta is _tensor_type[0]:
+            elif ta is _Tensor:
                 if sig is not None:
                     sig.append(_LEAF)
                     lv += (a,)
@@ -340,8 +340,8 @@ class Expr(Operand):
 _MAX_SIG_NODES = 256
 #: Where a tensor goes in a signature (which tensor is told apart at evaluation).
 _LEAF = ("T",)
-#: Set by ``_tensor`` (a layer above) to ``[Tensor]``.
-_tensor_type: list[type] = [type(None)]
+#: Set by ``_tensor`` (a layer above) to ``Tensor``.
+_Tensor: type = type(None)
 _HASHED_BY_VALUE = frozenset({bool, str, type(None), complex, type(Ellipsis)})
 
 
@@ -360,7 +360,7 @@ def _value_key(x: Any) -> tuple[Any, tuple[Any, ...], int]:
     if tx is Expr:
         x._used = True
         return x._sig, x._lv, x._n
-    if tx is _tensor_type[0]:
+    if tx is _Tensor:
         return _LEAF, (x,), 0
     if tx is float:
         if x != x:  # NaN: never equal to itself, so never found in the cache

@@ -29,7 +29,10 @@ __all__ = ["Budget", "Program", "Ref", "Step", "compile_program", "compiled"]
 
 _ndarray = np.ndarray
 _new = object.__new__
-_NO_KWARGS: dict[str, Any] = {}
+_PlanStep = tuple[
+    OpDef, Callable[..., Any], "tuple[int, ...] | None", tuple[Any, ...], "dict[str, Any] | None", int, tuple[int, ...]
+]
+_Plan = tuple[list[_PlanStep], list[Any]]
 
 
 class Step:
@@ -132,7 +135,7 @@ class Program:
         self.xp = xp
         self.blas = any(s[0].blas for s in steps)
         self.budget = Budget("an expression")
-        self._kernels: list[tuple[Callable[..., Any], bool]] | None = None
+        self._kernels: _Plan | None = None
 
     def fresh(self) -> Program:
         """This program with a budget of its own, for one run."""
@@ -154,54 +157,71 @@ class Program:
     def __name__(self) -> str:  # how backends name the task
         return "expr_" + "_".join(dict.fromkeys(s[0].name for s in self.steps[-3:]))
 
-    def _resolve_kernels(self) -> list[tuple[Callable[..., Any], bool]]:
+    def _resolve_kernels(self) -> _Plan:
+        # Per step: (op, kernel, slots of its arguments or None, templates, kwargs, checked,
+        # drops). Constants get slots after the steps' outputs, so that the arguments of a
+        # step whose templates hold no list of Refs are one indexing each.
         xp = namespace(self.xp)
-        # (kernel, whether an argument template holds Refs inside a list or tuple) per step
-        kernels = [
-            (d.kernel_for(xp), any(type(t) in (list, tuple) for t in templates)) for d, templates, _, _, _ in self.steps
-        ]
-        self._kernels = kernels
-        return kernels
+        first_const = self.nleaves + len(self.steps)
+        consts: list[Any] = []
+        steps: list[_PlanStep] = []
+        for d, templates, kwargs, checked, drop in self.steps:
+            idx: tuple[int, ...] | None = None
+            if not any(type(t) in (list, tuple) for t in templates):
+                slots = []
+                for t in templates:
+                    if type(t) is Ref:
+                        slots.append(t.slot)
+                    else:
+                        slots.append(first_const + len(consts))
+                        consts.append(t)
+                idx = tuple(slots)
+            steps.append((d, d.kernel_for(xp), idx, templates, kwargs, checked, drop))
+        plan = (steps, consts)
+        self._kernels = plan
+        return plan
 
     def __call__(self, *leaves: Any) -> Any:
-        kernels = self._kernels
-        if kernels is None:
-            kernels = self._resolve_kernels()
+        plan = self._kernels
+        if plan is None:
+            plan = self._resolve_kernels()
+        steps, consts = plan
         budget = self.budget
         limit = budget.limit
-        vals: list[Any] = [*leaves, *([None] * len(self.steps))]
+        vals: list[Any] = [*leaves, *([None] * len(steps)), *consts]
         sizes = [0] * len(vals)
         slot = self.nleaves
-        ref = Ref
-        for (d, templates, kwargs, checked, drop), (kernel, nested) in zip(self.steps, kernels, strict=True):
-            if nested:
-                args = tuple([_resolve(t, vals) for t in templates])
-            else:
-                args = tuple([vals[t.slot] if type(t) is ref else t for t in templates])
+        count = 0
+        live = budget.live
+        peak = budget.peak
+        for d, kernel, idx, templates, kwargs, checked, drop in steps:
+            args = [vals[i] for i in idx] if idx is not None else [_resolve(t, vals) for t in templates]
             try:
-                call = (*[as_numeric(a) for a in args[:checked]], *args[checked:]) if checked else args
-                kw = {k: _resolve(v, vals) for k, v in kwargs.items()} if kwargs else _NO_KWARGS
-                out = kernel(*call, **kw)
+                if checked:
+                    args = [*[as_numeric(a) for a in args[:checked]], *args[checked:]]
+                out = kernel(*args, **{k: _resolve(v, vals) for k, v in kwargs.items()}) if kwargs else kernel(*args)
             except Exception as exc:
-                error = kernel_error(d.name, args, exc, d.user)
+                budget.count, budget.live, budget.peak = count, live, peak
+                error = kernel_error(d.name, tuple(args), exc, d.user)
                 raise error from error.__cause__
             if type(out) is _ndarray:
                 nbytes = out.nbytes if out.base is None else 0
             else:  # a numpy scalar (a reduction) counts; a list (split) does not
                 nbytes = getattr(out, "nbytes", 0) if getattr(out, "base", None) is None else 0
-            live = budget.live + nbytes
+            live += nbytes
             if limit is not None and live > limit:
+                budget.count, budget.live, budget.peak = count, live - nbytes, peak
                 budget.made(nbytes, d.name)  # raises
-            budget.count += 1
-            budget.live = live
-            if live > budget.peak:
-                budget.peak = live
+            count += 1
+            if live > peak:
+                peak = live
             vals[slot] = out
             sizes[slot] = nbytes
             for s in drop:  # last use: free it now, not at the end of the run
                 vals[s] = None
-                budget.live -= sizes[s]
+                live -= sizes[s]
             slot += 1
+        budget.count, budget.live, budget.peak = count, live, peak
         if len(self.roots) == 1 and not isinstance(vals[self.roots[0]], list | tuple):
             budget.escaped = 1 if sizes[self.roots[0]] else 0
             return vals[self.roots[0]]  # one buffer: a backend keeps it as it is (one Dask task)

@@ -193,4 +193,4 @@ def make_tensor(
 
 
 _new = object.__new__
-_expr._tensor_type[0] = Tensor  # expressions tell tensors apart from values by exact type
+_expr._Tensor = Tensor  # expressions tell tensors apart from values by exact type
