@@ -97,8 +97,8 @@ class RecyclingOps(FusedOps):
 
     __slots__ = ("blas",)
 
-    def __init__(self, engine: Any, budget: Budget) -> None:  # an Engine
-        super().__init__(engine, budget)
+    def __init__(self, engine: Engine, budget: Budget, measure: bool = True) -> None:
+        super().__init__(engine, budget, measure)
         self.blas = False
 
     def _run(self, d: OpDef, *args: Any, **kwargs: Any) -> Any:
@@ -106,11 +106,10 @@ class RecyclingOps(FusedOps):
             self.blas = True
         return super()._run(d, *args, **kwargs)
 
-    def _call(self, d: OpDef, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-        kernel = d.kernel_for(np)
+    def _call(self, d: OpDef, kernel: Callable[..., Any], args: tuple[Any, ...], kw: dict[str, Any] | None) -> Any:
         relu = d is _RELU
         if kw or self._engine._xp is not np or not (relu or (type(kernel) is _ufunc and kernel.nout == 1)):
-            return kernel(*args, **kw)
+            return kernel(*args, **kw) if kw else kernel(*args)
         key: tuple[Any, ...] = (d.name,)
         for a in args:
             if type(a) is not _ndarray or not a.ndim:
@@ -172,10 +171,19 @@ class BatchKernel:
     each caller's rows there, so the loop thread only registers finished buffers.
     """
 
-    __slots__ = ("blas", "budget", "counts", "elapsed", "engine", "estimate", "fn", "label", "multi")
+    __slots__ = ("blas", "budget", "counts", "elapsed", "engine", "estimate", "fn", "label", "measure", "multi")
 
-    def __init__(self, fn: Callable[..., Any], engine: Engine, budget: Budget, counts: list[int], label: str) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        engine: Engine,
+        budget: Budget,
+        counts: list[int],
+        label: str,
+        measure: bool = True,
+    ) -> None:
         self.fn = fn
+        self.measure = measure  # sum the cost model over the ops (the first run for these shapes)
         self.engine = engine
         self.budget = budget
         self.counts = counts
@@ -187,7 +195,7 @@ class BatchKernel:
 
     def __call__(self, xs: tuple[NDArray, ...], *params: Any) -> Any:
         start = time.perf_counter()
-        ops = RecyclingOps(self.engine, self.budget)
+        ops = RecyclingOps(self.engine, self.budget, self.measure)
         # The stacked rows are made by this run: counted in its budget like an intermediate.
         if len(xs) == 1:
             x = FusedValue(xs[0], ops, False)
@@ -219,7 +227,8 @@ class BatchKernel:
             arrays.append(a)
         del out, outs
         self.blas = ops.blas
-        self.estimate = ops._estimate
+        if ops._estimate is not None:
+            self.estimate = ops._estimate
         if len(xs) == 1:
             pieces: list[NDArray] = arrays
         else:

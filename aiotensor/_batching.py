@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
@@ -366,8 +367,10 @@ class BatchedFunction:
         x0 = callers[0].x
         key = (rows, x0.shape[1:], x0.dtype, *[_shape_of(p) for p in bufs[1:]])
         budget = Budget("a batched function")
-        kernel = BatchKernel(self._fn, engine, budget, [c.x.shape[0] for c in callers], label)
         est = self._placement.estimate(key)
+        kernel = BatchKernel(self._fn, engine, budget, [c.x.shape[0] for c in callers], label, measure=est is None)
+        if est is None:
+            est = math.inf
         described = (_Rows((rows, *x0.shape[1:]), x0.dtype), *group.params)  # for error messages
         blas = self._blas.get(key, True)  # before the first run: assume it calls BLAS
         tensors, _ = await engine.call(
