@@ -58,17 +58,7 @@ _UNKNOWN = Cost.UNKNOWN
 _get_loop = asyncio.get_running_loop
 _base_run_inline = Backend.run_inline
 # Ops the lean path of Engine.op takes: plain element-wise ops of one output, kernels of numpy's.
-_ELEMENTWISE = frozenset(
-    d
-    for d in OPS.values()
-    if d.plain
-    and not d.user
-    and d.returns == "one"
-    and d.cost in (Cost.MEMORY, Cost.MATH)
-    and d.spec.__code__.co_argcount == d.data
-    and not d.spec.__code__.co_kwonlyargcount
-    and d.kernel_for(np) is not None  # resolves the numpy kernel once
-)
+_ELEMENTWISE = frozenset(d for d in OPS.values() if d.elementwise and d.kernel_for(np) is not None)
 # Their cost model's ns per byte, by op (an enum's hash is a Python call: too slow here).
 _PER_BYTE_OF = {d: PER_BYTE[d.cost] for d in _ELEMENTWISE}
 
@@ -318,82 +308,10 @@ class Engine:
         self, d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, nbytes: int | None, name: str | None
     ) -> Any:
         """Run op ``d`` on prepared arguments; its tensor (a list for ``split``, a tuple for multi-output ``apply``)."""
-        if (
-            d in _ELEMENTWISE
-            and kwargs is None
-            and self._lean
-            and self.state is _OPEN
-            and self._streak < INLINE_STREAK
-            and (name is None or type(name) is str)
-            and _get_loop() is self._loop
-            and self.device_var.get() is None
-        ):
-            # The hottest path: an element-wise op on tensors of one shape and numbers, cheap
-            # enough to run inline, in a session without a memory limit. Each step is the
-            # general path's below, without its calls; anything unusual falls through to it.
-            bufs = []
-            shape = None
-            total = largest = 0
-            for a in args:
-                ta = type(a)
-                if ta is Tensor:
-                    owner = a._engine
-                    if owner is not self and owner not in self.ancestors:
-                        break
-                    entry = a._registry._buffers.get(a._rid)
-                    if entry is None or (shape is not None and a._shape != shape):
-                        break
-                    shape = a._shape
-                    n = a._nbytes
-                    total += n
-                    if n > largest:
-                        largest = n
-                    bufs.append(entry[0])
-                elif ta is float or ta is int:
-                    bufs.append(a)
-                else:
-                    break
-            else:
-                if shape is not None and (total + largest) * _PER_BYTE_OF[d] <= self._inline_ns:
-                    policy = self.policy
-                    safe_point = policy.safe_point
-                    if safe_point is not None:
-                        safe_point()
-                    if policy.inline_point is not None:
-                        policy.inline_point()
-                    self._streak += 1
-                    kernel = d._np_kernel
-                    cache = self.registry.cache
-                    try:
-                        if cache is not None and largest >= cache.min_bytes and cache.cached_bytes:
-                            recycled = out_for(cache, kernel, bufs) if type(kernel) is _ufunc else None
-                            out = kernel(*bufs) if recycled is None else kernel(*bufs, out=recycled)  # type: ignore[misc]
-                        else:
-                            out = kernel(*bufs)  # type: ignore[misc]
-                    except Exception as exc:
-                        error = kernel_error(d.name, args, exc, False)
-                        raise error from error.__cause__
-                    if type(out) is _ndarray and out.base is None:
-                        flags = out.flags
-                        if flags.writeable:
-                            flags.writeable = False
-                            registry = self.registry
-                            nbytes = out.nbytes
-                            t = make_tensor(
-                                self,
-                                registry,
-                                registry.add(out, nbytes),
-                                out.shape,
-                                out.dtype,
-                                nbytes,
-                                name or (d.name, -1),
-                                self._device,
-                            )
-                            if safe_point is not None:
-                                safe_point()
-                            return t
-                    result = normalize(out)  # a numpy scalar (0-d inputs), an input returned as it is
-                    return (await self._own(result, d.name, name, None, self._device))[0]
+        if kwargs is None and d in _ELEMENTWISE:
+            t = self.lean(d, args, name)
+            if t is not None:
+                return t
         if self._streak >= INLINE_STREAK:
             # Inline ops never suspend: after a run of them, let other tasks (and the
             # cleanup task) have the loop once. Before anything is reserved or run.
@@ -448,6 +366,97 @@ class Engine:
             label, step, tuple(bufs), kw, described, user=d.user, nbytes=nbytes, name=name, blas=d.blas
         )
         return _shape_result(d, tensors, multi)
+
+    def lean(self, d: OpDef, args: tuple[Any, ...], name: str | None) -> Tensor | None:
+        """The lean path of an element-wise op (``d`` in ``_ELEMENTWISE``), synchronously; None to take :meth:`op`.
+
+        Session methods and module-level functions of such ops call it before
+        :meth:`op`, saving a coroutine frame on the hottest path.
+        """
+        if not (
+            self._lean
+            and self.state is _OPEN
+            and self._streak < INLINE_STREAK
+            and (name is None or type(name) is str)
+            and _get_loop() is self._loop
+            and self.device_var.get() is None
+        ):
+            return None
+        # The hottest path: an element-wise op on tensors of one shape and numbers, cheap
+        # enough to run inline, in a session without a memory limit. Each step is the
+        # general path's below, without its calls; anything unusual falls through to it.
+        bufs = []
+        shape = None
+        total = largest = 0
+        for a in args:
+            ta = type(a)
+            if ta is Tensor:
+                owner = a._engine
+                if owner is not self and owner not in self.ancestors:
+                    break
+                entry = a._registry._buffers.get(a._rid)
+                if entry is None or (shape is not None and a._shape != shape):
+                    break
+                shape = a._shape
+                n = a._nbytes
+                total += n
+                if n > largest:
+                    largest = n
+                bufs.append(entry[0])
+            elif ta is float or ta is int:
+                bufs.append(a)
+            else:
+                break
+        else:
+            if shape is not None and (total + largest) * _PER_BYTE_OF[d] <= self._inline_ns:
+                policy = self.policy
+                safe_point = policy.safe_point
+                if safe_point is not None:
+                    safe_point()
+                if policy.inline_point is not None:
+                    policy.inline_point()
+                self._streak += 1
+                kernel = d._np_kernel
+                cache = self.registry.cache
+                try:
+                    if cache is not None and largest >= cache.min_bytes and cache.cached_bytes:
+                        recycled = out_for(cache, kernel, bufs) if type(kernel) is _ufunc else None
+                        out = kernel(*bufs) if recycled is None else kernel(*bufs, out=recycled)  # type: ignore[misc]
+                    else:
+                        out = kernel(*bufs)  # type: ignore[misc]
+                except Exception as exc:
+                    error = kernel_error(d.name, args, exc, False)
+                    raise error from error.__cause__
+                if type(out) is _ndarray and out.base is None:
+                    flags = out.flags
+                    if flags.writeable:
+                        flags.writeable = False
+                        registry = self.registry
+                        nbytes = out.nbytes
+                        t = make_tensor(
+                            self,
+                            registry,
+                            registry.add(out, nbytes),
+                            out.shape,
+                            out.dtype,
+                            nbytes,
+                            name or (d.name, -1),
+                            self._device,
+                        )
+                        if safe_point is not None:
+                            safe_point()
+                        return t
+                # A numpy scalar (0-d inputs), an input returned as it is: owned as _own would
+                # (no memory limit to fit here), as the op's one result.
+                result = normalize(out)
+                tensors = [
+                    self._wrap(b.handle, b.shape, b.dtype, b.nbytes, d.name, name, i, result.multi, self._device)
+                    for i, b in enumerate(result.buffers)
+                ]
+                if safe_point is not None:
+                    safe_point()
+                return tensors[0]
+        return None
 
     def _recycled_out(self, d: OpDef, bufs: list[Any]) -> dict[str, Any]:
         # A large element-wise ufunc on the pool writes into a buffer the session freed

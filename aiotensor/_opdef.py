@@ -111,6 +111,19 @@ class OpDef:
             return fn
         return functools.partial(kernel, xp)
 
+    @property
+    def elementwise(self) -> bool:
+        """A plain element-wise op of one output whose args are all data (the engine's lean path)."""
+        code = self.spec.__code__
+        return (
+            self.plain
+            and not self.user
+            and self.returns == "one"
+            and self.cost in (Cost.MEMORY, Cost.MATH)
+            and code.co_argcount == self.data
+            and not code.co_kwonlyargcount
+        )
+
     def __reduce__(self) -> tuple[Callable[[str], OpDef], tuple[str]]:
         # Pickled by name (backends that ship kernels to other processes find it there).
         return op_named, (self.name,)
