@@ -24,6 +24,7 @@ from ._engine import Engine, State
 from ._errors import InvalidArgumentError
 from ._expr import Expr
 from ._function import FusedFunction
+from ._pool import WorkerPool
 from ._registry import Registry, SessionStats
 from ._session_ops import SessionOps
 from ._structure import flatten, unflatten
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AsyncEagerSession", "get_default_session"]
 
-_shared_local = LocalBackend()
+#: The backend of sessions on the shared pool, one per worker priority.
+_shared_local: dict[object, LocalBackend] = {}
 
 
 def _is_fetch(x: Any) -> bool:
@@ -92,11 +94,14 @@ class AsyncEagerSession(SessionOps):
             if executor is not None:
                 backend = LocalBackend(executor)
             elif config.max_workers is not None:
-                pool = concurrent.futures.ThreadPoolExecutor(config.max_workers, thread_name_prefix="aiotensor")
+                pool = WorkerPool(config.max_workers, priority=config.worker_priority)
                 backend = LocalBackend(pool, owns_executor=True)
                 self._owns_backend = True
             else:
-                backend = _shared_local
+                priority = config.worker_priority
+                backend = _shared_local.get(priority)
+                if backend is None:
+                    backend = _shared_local.setdefault(priority, LocalBackend(priority=priority))
         self._cleanup = cleanup
         self._config = config
         self._engine = Engine(

@@ -1,0 +1,64 @@
+"""Large element-wise ops split in row chunks across the pool's workers, into one output.
+
+The local backend wraps the kernel of an element-wise op (an op whose ``OpDef.ufunc``
+is set: one ufunc over its data arguments, no keyword arguments) in :class:`Split`
+when one of its inputs is large. On the worker, :class:`Split` learns the output's
+shape and dtype (``_ufuncs.ufunc_result``) and, above :data:`~aiotensor._chunked.CHUNK_MIN_BYTES`,
+runs :func:`~aiotensor._chunked.chunked_ufunc` with the pool's ``spawn``; below it,
+the one ufunc call it always was. The result is element for element numpy's own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._chunked import CHUNK_MIN_BYTES, Spawn, chunked_ufunc, should_chunk
+from ._kernels import as_numeric
+from ._ufuncs import ufunc_result
+
+__all__ = ["Split", "large_enough"]
+
+_ndarray = np.ndarray
+
+#: An input this large may give an output worth splitting: a float64 comparison's bool
+#: output has 1/8 of its input's bytes (outputs larger than every input, by
+#: broadcasting, are not looked for).
+_INPUT_MIN_BYTES = CHUNK_MIN_BYTES // 8
+
+
+def large_enough(args: tuple[Any, ...]) -> bool:
+    """Whether an element-wise op on ``args`` may be worth splitting (cheap: on the loop thread)."""
+    return any(type(a) is _ndarray and a.nbytes >= _INPUT_MIN_BYTES for a in args)
+
+
+class Split:
+    """An element-wise op's kernel (a ``Step``), split across workers when its output is large."""
+
+    __slots__ = ("spawn", "step", "ufunc", "workers")
+
+    def __init__(self, step: Callable[..., Any], ufunc: Any, spawn: Spawn, workers: int) -> None:
+        self.step = step
+        self.ufunc = ufunc
+        self.spawn = spawn
+        self.workers = workers
+
+    def __call__(self, *args: Any) -> Any:
+        checked: int = getattr(self.step, "checked", 0)
+        if checked:  # what the Step checks: its data arguments are numbers or numeric arrays
+            args = (*[as_numeric(a) for a in args[:checked]], *args[checked:])
+        ufunc = self.ufunc
+        spec = ufunc_result(ufunc, args)
+        if spec is not None:
+            shape, dtype = spec
+            if should_chunk(math.prod(shape) * dtype.itemsize, shape, self.workers):
+                out = np.empty(shape, dtype)
+                return chunked_ufunc(ufunc, *args, spawn=self.spawn, workers=self.workers, out=out)
+        return ufunc(*args)
+
+    @property
+    def __name__(self) -> str:  # how backends name the task
+        return str(getattr(self.step, "__name__", "split"))
