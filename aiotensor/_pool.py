@@ -127,7 +127,7 @@ class _Job:
         self.fn: Any = fn
         self.args: Any = args
         self.ctx: Any = ctx
-        self.future = future
+        self.future: Any = future
         self.inbox = inbox
         self.token = [None]
         self.outcome: Any = None
@@ -166,9 +166,11 @@ class _Job:
             self.inbox.post(self)
 
     def settle(self) -> None:
-        # The loop thread.
+        # The loop thread. The job lets go of the future: a worker that has not yet
+        # dropped the job must not keep the result alive through it.
         self.settled = True
         future, outcome = self.future, self.outcome
+        self.future = None
         if outcome is _CANCELLED:
             self.outcome = None
             future.cancel()
@@ -187,13 +189,14 @@ class _Job:
 class Pending:
     """A call on the pool: ``await`` it for its result (see :class:`~aiotensor._backend.PendingKernel`)."""
 
-    __slots__ = ("_job",)
+    __slots__ = ("_future", "_job")
 
     def __init__(self, job: _Job) -> None:
         self._job = job
+        self._future: asyncio.Future[Any] = job.future
 
     def __await__(self) -> Generator[Any, None, Any]:
-        outcome = yield from self._job.future.__await__()
+        outcome = yield from self._future.__await__()
         if type(outcome) is Failed:
             raise outcome.exc
         return outcome
@@ -209,7 +212,7 @@ class Pending:
         if not job.settled:
             job.adopt = adopt  # settle() hands the result over when it arrives
             return
-        future = job.future
+        future = self._future
         outcome = job.outcome
         job.outcome = None
         if not future.cancelled():  # the result arrived before the cancellation reached the caller
