@@ -156,30 +156,31 @@ async def _lag(rounds: int, n: int) -> dict[str, tuple[Stat, Stat]]:
 
 
 async def _large_add(rounds: int, n: int, sides: tuple[int, ...]) -> dict[int, dict[str, Stat]]:
-    out: dict[int, dict[str, Stat]] = {}
-    for side in sides:
-        a = np.random.default_rng(0).random((side, side), dtype=np.float32)
-        times: dict[str, list[float]] = {}
-        async with (
-            at.AsyncEagerSession(config=at.SessionConfig(max_workers=CORES)) as split,
-            at.AsyncEagerSession(config=at.SessionConfig(max_workers=1)) as single,
-        ):
-            xs, x1 = await split.constant(a), await single.constant(a)
-            variants: dict[str, Callable[[], Awaitable[object]]] = {
-                "numpy on the loop thread": lambda: _sync(np.add, a, a),
-                f"aiotensor add, {CORES} workers (split when large)": lambda: split.add(xs, xs),
-                "aiotensor add, 1 worker (never split)": lambda: single.add(x1, x1),
-            }
-            for call in variants.values():
-                await call()
-            for _ in range(rounds):
-                for label, call in variants.items():
-                    start = time.perf_counter()
-                    for _ in range(n):
-                        await call()
-                    times.setdefault(label, []).append((time.perf_counter() - start) / n * 1e6)
-        out[side] = {k: Stat(tuple(v)) for k, v in times.items()}
-    return out
+    return {side: await _one_add(rounds, n, side) for side in sides}
+
+
+async def _one_add(rounds: int, n: int, side: int) -> dict[str, Stat]:
+    a = np.random.default_rng(0).random((side, side), dtype=np.float32)
+    times: dict[str, list[float]] = {}
+    async with (
+        at.AsyncEagerSession(config=at.SessionConfig(max_workers=CORES)) as split,
+        at.AsyncEagerSession(config=at.SessionConfig(max_workers=1)) as single,
+    ):
+        xs, x1 = await split.constant(a), await single.constant(a)
+        variants: dict[str, Callable[[], Awaitable[object]]] = {
+            "numpy on the loop thread": lambda: _sync(np.add, a, a),
+            f"aiotensor add, {CORES} workers (split when large)": lambda: split.add(xs, xs),
+            "aiotensor add, 1 worker (never split)": lambda: single.add(x1, x1),
+        }
+        for call in variants.values():
+            await call()
+        for _ in range(rounds):
+            for label, call in variants.items():
+                start = time.perf_counter()
+                for _ in range(n):
+                    await call()
+                times.setdefault(label, []).append((time.perf_counter() - start) / n * 1e6)
+    return {k: Stat(tuple(v)) for k, v in times.items()}
 
 
 async def _sync(fn: Callable[..., Any], *args: Any) -> Any:

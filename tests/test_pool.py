@@ -63,9 +63,8 @@ async def test_kernels_see_the_callers_context_and_cannot_change_it(pool: Worker
     try:
         assert await pool.run(read_and_write) == "abcd"
         assert request_id.get() == "abcd"
-        with np.errstate(divide="raise"):  # numpy's errstate is a context variable too
-            with pytest.raises(FloatingPointError):
-                await pool.run(np.divide, np.ones(1), np.zeros(1))
+        with np.errstate(divide="raise"), pytest.raises(FloatingPointError):  # errstate is a context variable
+            await pool.run(np.divide, np.ones(1), np.zeros(1))
     finally:
         request_id.reset(token)
 
@@ -199,7 +198,7 @@ async def test_a_caller_cancelled_while_the_result_is_on_its_way_gets_it_adopted
     deadline = time.monotonic() + 5
     while not pending._job.inbox.done:  # blocks the loop: the completion waits in the inbox
         assert time.monotonic() < deadline
-        time.sleep(0.001)
+        time.sleep(0.001)  # noqa: ASYNC251 -- blocking the loop is the point
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
