@@ -146,7 +146,7 @@ def describe(priority: Priority) -> str:
     what = "SCHED_IDLE" if priority == "idle" else f"nice {_nice_of(priority)}"
     if not supported():
         return f"{priority} ({what}: not supported on {sys.platform}, unchanged)"
-    return f"{priority} ({what})"
+    return f"{priority} ({what} for pool workers and BLAS threads)"
 
 
 # -- BLAS helper threads: process-wide, lowered while any lowered pool lives ------------------

@@ -24,15 +24,19 @@ __all__ = ["Split", "large_enough"]
 
 _ndarray = np.ndarray
 
-#: An input this large may give an output worth splitting: a float64 comparison's bool
-#: output has 1/8 of its input's bytes (outputs larger than every input, by
-#: broadcasting, are not looked for).
-_INPUT_MIN_BYTES = CHUNK_MIN_BYTES // 8
+#: Output bytes from which an op is split (read at each call, so that tests can lower it).
+MIN_BYTES = CHUNK_MIN_BYTES
 
 
 def large_enough(args: tuple[Any, ...]) -> bool:
-    """Whether an element-wise op on ``args`` may be worth splitting (cheap: on the loop thread)."""
-    return any(type(a) is _ndarray and a.nbytes >= _INPUT_MIN_BYTES for a in args)
+    """Whether an element-wise op on ``args`` may be worth splitting (cheap: on the loop thread).
+
+    An input of ``MIN_BYTES / 8`` may give an output worth splitting: a float64
+    comparison's bool output has 1/8 of its input's bytes (outputs larger than every
+    input, by broadcasting, are not looked for).
+    """
+    least = MIN_BYTES >> 3
+    return any(type(a) is _ndarray and a.nbytes >= least for a in args)
 
 
 class Split:
@@ -54,7 +58,7 @@ class Split:
         spec = ufunc_result(ufunc, args)
         if spec is not None:
             shape, dtype = spec
-            if should_chunk(math.prod(shape) * dtype.itemsize, shape, self.workers):
+            if should_chunk(math.prod(shape) * dtype.itemsize, shape, self.workers, MIN_BYTES):
                 out = np.empty(shape, dtype)
                 return chunked_ufunc(ufunc, *args, spawn=self.spawn, workers=self.workers, out=out)
         return ufunc(*args)
