@@ -41,6 +41,7 @@ CORES = os.cpu_count() or 1
 IN_FLIGHT = 32
 TO_THREAD = "asyncio.to_thread(np.add)"
 OWN = "aiotensor op, own pool"
+OWN_NORMAL = "aiotensor op, own pool, worker_priority='normal'"
 OLD = "aiotensor op, concurrent.futures (executor=)"
 BARE = "WorkerPool.run(np.add) (the bare hop)"
 PRIORITIES: tuple[at.SessionConfig, ...] = tuple(
@@ -74,15 +75,21 @@ async def _interleave(variants: dict[str, Measure], rounds: int) -> dict[str, tu
 async def _hop(rounds: int, n: int) -> dict[str, dict[str, tuple[Stat, Stat]]]:
     a = np.ones(16, np.float32)
     forced = at.SessionConfig(inline_threshold_us=0, max_workers=CORES)
+    forced_normal = at.SessionConfig(inline_threshold_us=0, max_workers=CORES, worker_priority="normal")
     old_pool = concurrent.futures.ThreadPoolExecutor(CORES, thread_name_prefix="old")
     bare = WorkerPool(CORES)
     out: dict[str, dict[str, tuple[Stat, Stat]]] = {}
     try:
-        async with at.AsyncEagerSession(config=forced) as own, at.AsyncEagerSession(executor=old_pool) as old:
-            x_own, x_old = await own.constant(a), await old.constant(a)
+        async with (
+            at.AsyncEagerSession(config=forced) as own,
+            at.AsyncEagerSession(config=forced_normal) as own_normal,
+            at.AsyncEagerSession(executor=old_pool) as old,
+        ):
+            x_own, x_normal, x_old = await own.constant(a), await own_normal.constant(a), await old.constant(a)
             calls: dict[str, Callable[[], Awaitable[object]]] = {
                 TO_THREAD: lambda: asyncio.to_thread(np.add, a, 1.0),
                 OWN: lambda: own.add(x_own, 1.0),
+                OWN_NORMAL: lambda: own_normal.add(x_normal, 1.0),
                 OLD: lambda: old.add(x_old, 1.0),
                 BARE: lambda: bare.run(np.add, a, 1.0),
             }
@@ -206,7 +213,8 @@ def run(report: Report, *, hop_n: int | None = None, side: int | None = None) ->
             limit = 0.6 if mode == "one at a time" else 0.3
             r = ratio(results[OWN][0], base_wall)
             report.target(11, f"pooled tiny op, {mode}: <= {limit}x asyncio.to_thread ({loop_name})",
-                          f"{r:.2f}x (old path {ratio(results[OLD][0], base_wall):.2f}x)", r <= limit)  # fmt: skip
+                          f"{r:.2f}x (priority normal {ratio(results[OWN_NORMAL][0], base_wall):.2f}x,"
+                          f" old path {ratio(results[OLD][0], base_wall):.2f}x)", r <= limit)  # fmt: skip
     lag = run_on("asyncio", _lag(report.rounds, side))
     seq = lag["numpy, 4 sequential products"][1]
     t = report.table(f"ticker p99 lag during four {side}x{side} float32 matmuls (asyncio)", "ms", digits=2)
