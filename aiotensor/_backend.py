@@ -268,17 +268,21 @@ class LocalBackend(Backend):
         pool = self._pool
         if pool is None and self._executor is None:
             pool = self._pool = default_pool(self._priority)
+        pending = None
         try:
             if pool is not None:
                 try:
-                    copies: list[NDArray] = await pool.run(copy_all)
+                    pending = pool.run(copy_all)
                 except RuntimeError:  # the pool was shut down (a session that owns it closed)
                     return copy_all()
+                copies: list[NDArray] = await pending
                 return copies
             return await asyncio.get_running_loop().run_in_executor(self.executor, copy_all)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
+                if pending is not None:
+                    pending.abandon(_ignore)  # not started: never copies; else its copy is dropped
                 raise
             # Nobody cancelled the caller: the executor was shut down (a session that
             # owns its pool closed) before the copy started. The handles are still
@@ -294,6 +298,10 @@ class LocalBackend(Backend):
     async def aclose(self) -> None:
         if self._owns and self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _ignore(_: object) -> None:
+    pass
 
 
 class _RefreshAfter:
