@@ -131,7 +131,7 @@ async def test_a_cancelled_large_fetch_drops_its_copy_if_it_has_not_started() ->
         big = np.zeros(1 << 18)  # 2 MiB: copied on the pool
         fetching = asyncio.ensure_future(backend.fetch([big]))
         await asyncio.sleep(0.01)
-        (job,) = [j for j in _queued(pool)]
+        (job,) = _queued(pool)
         fetching.cancel()
         with pytest.raises(asyncio.CancelledError):
             await fetching
