@@ -23,9 +23,11 @@ is changed there (:func:`supported`). Going back up (:func:`restore`) needs
 **BLAS threads.** OpenBLAS (numpy's wheels) starts its helper threads when it loads,
 from the importing thread, so they do not inherit a worker's priority. They are the
 process's threads that Python's ``threading`` did not start; :func:`lower_blas_threads`
-lowers at most ``blas_threads - 1`` of them, the oldest (OpenBLAS starts them as
-numpy is imported). OpenBLAS stops them before a ``fork`` and starts new ones at the
-next product, from the thread that calls it: after a fork they are lowered again
+lowers at most ``blas_threads - 1`` of them (cores - 1 without threadpoolctl), the
+oldest (OpenBLAS starts them as numpy is imported). Another native library's threads
+started before them would be taken for BLAS threads: a heuristic, best effort.
+OpenBLAS stops them before a ``fork`` and starts new ones at the next product, from
+the thread that calls it: after a fork they are lowered again
 (:func:`blas_threads_stale`).
 """
 
@@ -48,6 +50,7 @@ __all__ = [
     "lower",
     "lower_blas_threads",
     "read",
+    "refresh_blas_threads",
     "restore",
     "restore_blas_threads",
     "supported",
@@ -158,7 +161,8 @@ _stale = False
 
 
 def _blas_helpers() -> list[int]:
-    count = (blas_threads() or 1) - 1
+    # Without threadpoolctl the count is unknown: every core, as the BLAS gate assumes.
+    count = (blas_threads() or os.cpu_count() or 1) - 1
     if count <= 0:
         return []
     python = {t.native_id for t in threading.enumerate()}
@@ -182,11 +186,7 @@ def lower_blas_threads(priority: Priority) -> None:
         if _blas_users == 1:
             _blas_priority = priority
             _stale = True
-        if _stale:
-            _stale = False
-            for tid in _blas_helpers():
-                if tid not in _blas_saved:
-                    _blas_saved[tid] = lower(_blas_priority, tid)
+    refresh_blas_threads()
 
 
 def blas_threads_stale() -> bool:
@@ -195,7 +195,7 @@ def blas_threads_stale() -> bool:
 
 
 def refresh_blas_threads() -> None:
-    """Lower BLAS helper threads started since the last look (after a fork), if any pool wants them lowered."""
+    """Lower the BLAS helper threads not lowered yet (all at first, new ones after a fork), if a pool wants them."""
     global _stale
     with _blas_lock:
         if not _stale or not _blas_users:

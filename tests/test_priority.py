@@ -195,3 +195,48 @@ def test_blas_threads_are_lowered_while_a_lowered_pool_runs_and_restored_after()
     assert got["after_second"] == [LOW_NICE] * got["helpers"]
     if _may_raise(0):
         assert got["after"] == [0] * got["helpers"]
+
+
+_FORK_BLAS_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, os
+    import numpy as np
+    import aiotensor as at
+    from aiotensor import _priority
+
+    a = np.ones((512, 512), np.float32)
+    nice = lambda: [os.getpriority(os.PRIO_PROCESS, t) for t in _priority._blas_helpers()]
+
+    async def product():
+        async with at.AsyncEagerSession(config=at.SessionConfig(inline_threshold_us=0)) as s:
+            x = await s.constant(a)
+            await (await s.matmul(x, x)).numpy()
+
+    asyncio.run(product())
+    first = (_priority._blas_helpers(), nice())
+    pid = os.fork()  # OpenBLAS stops its helpers around a fork and starts new ones later
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    a @ a  # new helpers, started by this (normal) thread
+    fresh = (_priority._blas_helpers(), nice())
+    asyncio.run(product())  # a pooled product lowers them again
+    print(json.dumps({"first": first, "fresh": fresh, "after": nice()}))
+    """
+)
+
+
+@linux_only
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_blas_threads_started_again_after_a_fork_are_lowered_again() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORK_BLAS_SCRIPT], capture_output=True, text=True, timeout=60, check=True
+    )
+    got = json.loads(proc.stdout)
+    (first_tids, first_nice), (fresh_tids, fresh_nice) = got["first"], got["fresh"]
+    if not first_tids:
+        pytest.skip("numpy's BLAS runs no helper threads here (one BLAS thread)")
+    assert first_nice == [LOW_NICE] * len(first_tids)
+    assert set(fresh_tids).isdisjoint(first_tids)  # the helpers were restarted
+    assert fresh_nice == [0] * len(fresh_tids)
+    assert got["after"] == [LOW_NICE] * len(fresh_tids)
