@@ -73,8 +73,13 @@ class _Inbox:
         # The loop thread, the only one that pops.
         self.scheduled = False
         done = self.done
-        while done:
-            done.popleft().settle()
+        try:
+            while done:
+                done.popleft().settle()
+        finally:
+            if done and not self.scheduled:  # an adopt() raised: the rest in a callback of their own
+                self.scheduled = True
+                self.loop.call_soon(self.drain)
 
 
 _local = threading.local()

@@ -390,3 +390,36 @@ def test_a_forked_child_gets_fresh_pools() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+async def test_an_adopt_that_raises_strands_no_other_completion(pool: WorkerPool) -> None:
+    loop = asyncio.get_running_loop()
+    errors: list[object] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context.get("exception")))
+    try:
+        gates = [threading.Event(), threading.Event()]
+
+        def kernel(i: int) -> int:
+            assert gates[i].wait(5)
+            return i
+
+        abandoned = pool.run(kernel, 0)
+        awaited = pool.run(kernel, 1)
+        await asyncio.sleep(0.01)  # both running (two workers)
+
+        def adopt(_: object) -> None:
+            raise RuntimeError("adopt failed")
+
+        abandoned.abandon(adopt)
+        inbox = abandoned._job.inbox
+        for n, gate in enumerate(gates, 1):  # the loop is blocked: one batch, the failing adopt first
+            gate.set()
+            deadline = time.monotonic() + 5
+            while len(inbox.done) < n:
+                assert time.monotonic() < deadline
+                time.sleep(0.001)  # noqa: ASYNC251 -- blocking the loop is the point
+        async with asyncio.timeout(5):
+            assert await awaited == 1
+    finally:
+        loop.set_exception_handler(None)
+    assert [type(e) for e in errors] == [RuntimeError]
