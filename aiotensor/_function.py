@@ -115,10 +115,12 @@ class FusedOps:
 
     __slots__ = ("_budget", "_engine", "_estimate")
 
-    def __init__(self, engine: Engine, budget: Budget) -> None:
+    def __init__(self, engine: Engine, budget: Budget, measure: bool = True) -> None:
         self._engine = engine
         self._budget = budget
-        self._estimate = 0.0  # the cost model's µs for the ops run so far (as for single ops)
+        # The cost model's µs for the ops run so far (as for single ops), when the call
+        # is measured (the first for its shapes).
+        self._estimate: float | None = 0.0 if measure else None
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         raise AttributeError(f"fused functions have no op {name!r}")
@@ -135,20 +137,31 @@ class FusedOps:
 
     def _run(self, d: OpDef, *args: Any, **kwargs: Any) -> Any:
         # The same spec and kernel as the op outside, on this thread, at once.
-        if (not d.plain and "name" not in d.spec.__code__.co_varnames) or d.plain:
-            kwargs.pop("name", None)
-        args, kw, _ = d.prepare(*args, **kwargs)
+        if kwargs and "name" in kwargs and d not in _TAKES_NAME:
+            del kwargs["name"]
+        if d.plain:
+            kw: dict[str, Any] | None = kwargs or None
+        else:
+            args, kw, _ = d.spec(*args, **kwargs)
         label = d.name
-        vals = tuple(self._arg(a, label) for a in args)
-        kw = {k: self._arg(v, label) for k, v in kw.items()} if kw else {}
-        self._estimate += estimate_us(d, vals, kw, None)
+        vals = tuple([a._arr if type(a) is FusedValue else self._arg(a, label) for a in args])
+        if kw:
+            kw = {k: self._arg(v, label) for k, v in kw.items()}
+        if self._estimate is not None:
+            self._estimate += estimate_us(d, vals, kw, None)
+        engine = self._engine
+        kernel = d._np_kernel if engine._xp is np else None
+        if kernel is None:
+            kernel = d.kernel_for(engine._xp)
         try:
             n = d.data
             call = (*[v if type(v) is _ndarray else as_numeric(v) for v in vals[:n]], *vals[n:]) if n else vals
-            out = d.kernel_for(self._engine._xp)(*call, **kw)
+            out = kernel(*call, **kw) if kw else kernel(*call)
         except Exception as exc:  # the same errors as the op would raise outside
             error = kernel_error(label, args, exc, d.user)
             raise error from error.__cause__
+        if type(out) is _ndarray:
+            return self._made(out, label)
         if isinstance(out, tuple | list):
             return [self._made(np.asarray(o), label) for o in out]
         return self._made(np.asarray(out), label)
@@ -173,6 +186,9 @@ def _fused_op(d: OpDef) -> Callable[..., Any]:
 
 for _d in OPS.values():
     setattr(FusedOps, _d.name, _fused_op(_d))
+
+# Ops whose spec takes ``name=`` (the others drop it: a fused value has no name).
+_TAKES_NAME = frozenset(d for d in OPS.values() if not d.plain and "name" in d.spec.__code__.co_varnames)
 
 
 def _operator(name: str, reflected: bool = False) -> Callable[..., Any]:
@@ -208,23 +224,28 @@ def _result(x: Any, budget: Budget) -> Any:
 class _Kernel:
     """The kernel of one call: wraps the arguments, calls ``fn``, unwraps its results, times itself."""
 
-    __slots__ = ("budget", "elapsed", "engine", "estimate", "fn")
+    __slots__ = ("budget", "elapsed", "engine", "estimate", "fn", "measure")
 
-    def __init__(self, fn: Callable[..., Any], engine: Engine, budget: Budget) -> None:
+    def __init__(self, fn: Callable[..., Any], engine: Engine, budget: Budget, measure: bool) -> None:
         self.fn = fn
         self.engine = engine
         self.budget = budget
+        self.measure = measure
         self.elapsed = math.inf
         self.estimate = math.inf
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        ops = FusedOps(self.engine, self.budget)
-        wrap = functools.partial(_wrap_arg, ops=ops)
-        out = self.fn(ops, *[wrap(a) for a in args], **{k: wrap(v) for k, v in kwargs.items()})
+        ops = FusedOps(self.engine, self.budget, self.measure)
+        wrapped = [FusedValue(a, ops, False) if type(a) is _ndarray else _wrap_arg(a, ops) for a in args]
+        if kwargs:
+            out = self.fn(ops, *wrapped, **{k: _wrap_arg(v, ops) for k, v in kwargs.items()})
+        else:
+            out = self.fn(ops, *wrapped)
         out = [_result(o, self.budget) for o in out] if isinstance(out, tuple | list) else _result(out, self.budget)
         self.elapsed = (time.perf_counter() - start) * 1e6
-        self.estimate = ops._estimate
+        if ops._estimate is not None:
+            self.estimate = ops._estimate
         return out
 
 
@@ -238,7 +259,7 @@ def _wrap_arg(x: Any, ops: FusedOps) -> Any:
 
 def _shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(
-        (a._shape, a._dtype.str) if type(a) is Tensor else (type(a), getattr(a, "shape", None))
+        (a._shape, a._dtype) if type(a) is Tensor else (type(a), getattr(a, "shape", None))
         for a in (*args, *kwargs.values())
     )
 
@@ -271,8 +292,10 @@ class FusedFunction:
         kw = {k: _buffers(engine, v, self._op) for k, v in kwargs.items()}
         key = _shape_key(args, kwargs)
         budget = Budget("a fused function")
-        kernel = _Kernel(self._fn, engine, budget)
-        est = self._timings.get(key, math.inf)
+        est = self._timings.get(key)
+        kernel = _Kernel(self._fn, engine, budget, measure=est is None)
+        if est is None:
+            est = math.inf
         tensors, multi = await engine.call(self._op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget)
         limit = engine.inline_us
         if key not in self._timings:
