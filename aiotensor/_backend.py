@@ -248,8 +248,8 @@ class LocalBackend(Backend):
             fn = Gated(fn)  # BLAS threads x pool workers <= cores (see _blas)
             if blas_threads_stale():  # new BLAS threads since a fork: lower them once this product started them
                 fn = _RefreshAfter(fn)
-        elif pool is not None and pool.max_workers > 1 and not kwargs:
-            d = getattr(fn, "d", None)  # a Step: one op
+        elif pool is not None and pool.max_workers > 1 and (not kwargs or (len(kwargs) == 1 and "out" in kwargs)):
+            d = getattr(fn, "d", None)  # a Step: one op (out=: a buffer the session recycles)
             if d is not None and d.ufunc and self.namespace == "numpy" and large_enough(args):
                 fn = Split(fn, d.kernel_for(np), pool.spawn, pool.max_workers)
         if pool is not None:

@@ -147,6 +147,9 @@ class _Blocks:
                     self.failed.append(exc)
                     finished += len(self.pending)  # the others stop at their next pop
                     self.pending.clear()
+            # Its views of the inputs and the output must not outlive the op: a buffer
+            # cache counts the references to a buffer before it recycles it.
+            block = None  # type: ignore[assignment]
             with lock:
                 self.remaining -= finished
                 if self.remaining == 0:

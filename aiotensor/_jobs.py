@@ -14,7 +14,8 @@
 - ``_Spawned``: a fire-and-forget call (chunked kernels hand blocks to other workers).
 
 A job drops its function, arguments, result and future as soon as it has handed them
-on: a buffer cache that checks reference counts must not see the pool hold a buffer.
+on, and the awaited future carries the result in a box the awaiter empties: a buffer
+cache that checks reference counts must not see the pool hold a buffer.
 """
 
 from __future__ import annotations
@@ -178,7 +179,10 @@ class Job:
                     adopt(outcome)
             return  # else kept for abandon(), which comes next
         self.outcome = None
-        future.set_result(outcome)
+        # In a box the awaiter empties: the future outlives the await (the loop's
+        # handle that wakes the awaiter holds it until its batch of callbacks ends),
+        # and must not keep the result's buffers referenced meanwhile.
+        future.set_result([outcome])
 
 
 class Pending:
@@ -191,7 +195,8 @@ class Pending:
         self._future: asyncio.Future[Any] = job.future
 
     def __await__(self) -> Generator[Any, None, Any]:
-        outcome = yield from self._future.__await__()
+        box = yield from self._future.__await__()
+        outcome = box.pop()
         if type(outcome) is Failed:
             raise outcome.exc
         return outcome
@@ -211,7 +216,8 @@ class Pending:
         outcome = job.outcome
         job.outcome = None
         if not future.cancelled():  # the result arrived before the cancellation reached the caller
-            outcome = future.result()
+            box = future.result()
+            outcome = box.pop() if box else None
         if outcome is not None and outcome is not _CANCELLED and type(outcome) is not Failed:
             job.inbox.loop.call_soon(adopt, outcome)
 

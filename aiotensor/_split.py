@@ -1,11 +1,12 @@
 """Large element-wise ops split in row chunks across the pool's workers, into one output.
 
 The local backend wraps the kernel of an element-wise op (an op whose ``OpDef.ufunc``
-is set: one ufunc over its data arguments, no keyword arguments) in :class:`Split`
-when one of its inputs is large. On the worker, :class:`Split` learns the output's
-shape and dtype (``_ufuncs.ufunc_result``) and, above :data:`~aiotensor._chunked.CHUNK_MIN_BYTES`,
-runs :func:`~aiotensor._chunked.chunked_ufunc` with the pool's ``spawn``; below it,
-the one ufunc call it always was. The result is element for element numpy's own.
+is set: one ufunc over its data arguments; no keyword argument but the ``out=`` of a
+buffer the session recycles) in :class:`Split` when one of its inputs is large. On
+the worker, :class:`Split` learns the output's shape and dtype
+(``_ufuncs.ufunc_result``) and, from :data:`MIN_BYTES` of output on, runs
+:func:`~aiotensor._chunked.chunked_ufunc` with the pool's ``spawn``; below it, the
+one ufunc call it always was. The result is element for element numpy's own.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 
 from ._chunked import CHUNK_MIN_BYTES, Spawn, chunked_ufunc, should_chunk
 from ._kernels import as_numeric
+from ._types import NDArray
 from ._ufuncs import ufunc_result
 
 __all__ = ["Split", "large_enough"]
@@ -50,17 +52,21 @@ class Split:
         self.spawn = spawn
         self.workers = workers
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, out: NDArray | None = None) -> Any:
         checked: int = getattr(self.step, "checked", 0)
         if checked:  # what the Step checks: its data arguments are numbers or numeric arrays
             args = (*[as_numeric(a) for a in args[:checked]], *args[checked:])
-        ufunc = self.ufunc
+        ufunc, workers = self.ufunc, self.workers
+        if out is not None:  # a recycled buffer of the result's shape and dtype (the engine checked)
+            if should_chunk(out.nbytes, out.shape, workers, MIN_BYTES):
+                return chunked_ufunc(ufunc, *args, spawn=self.spawn, workers=workers, out=out)
+            return ufunc(*args, out=out)
         spec = ufunc_result(ufunc, args)
         if spec is not None:
             shape, dtype = spec
-            if should_chunk(math.prod(shape) * dtype.itemsize, shape, self.workers, MIN_BYTES):
+            if should_chunk(math.prod(shape) * dtype.itemsize, shape, workers, MIN_BYTES):
                 out = np.empty(shape, dtype)
-                return chunked_ufunc(ufunc, *args, spawn=self.spawn, workers=self.workers, out=out)
+                return chunked_ufunc(ufunc, *args, spawn=self.spawn, workers=workers, out=out)
         return ufunc(*args)
 
     @property

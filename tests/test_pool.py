@@ -215,8 +215,9 @@ async def test_a_job_lets_go_of_its_arguments_and_result_once_delivered(pool: Wo
     result_ref = weakref.ref(result)
     del arg, result
     assert arg_ref() is None
-    await asyncio.sleep(0)  # the loop's wake-up handle holds the future until its batch of callbacks ends
-    assert result_ref() is None  # neither the job nor an idle worker keeps it
+    # Neither the job, nor an idle worker, nor the future (which the loop's wake-up
+    # handle still holds during this step) keeps it.
+    assert result_ref() is None
 
 
 async def test_many_in_flight_all_complete_in_order_of_their_values(pool: WorkerPool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -132,3 +133,36 @@ async def test_a_real_size_add_is_split_at_the_measured_threshold(s2: at.AsyncEa
     half = await s2.constant(a[:1024])  # 4 MiB: one call
     await s2.add(half, half)
     assert seen == [a.nbytes]
+
+
+@pytest.mark.parametrize("strategy", list(at.ResourceCleanupStrategy)[:2], ids=lambda s: s.name)
+async def test_a_recycled_output_is_split_and_written_with_numpys_values(
+    splits: list[tuple[str, int]], strategy: at.ResourceCleanupStrategy
+) -> None:
+    config = at.SessionConfig(max_workers=2, inline_threshold_us=0)
+    async with at.AsyncEagerSession(config=config, cleanup=strategy) as s:
+        a = np.random.default_rng(3).random((512, 512))  # 2 MiB: at least the cache's minimum
+        x = await s.constant(a)
+        first = await s.multiply(x, 3.0)
+        del first  # freed (now or at the next safe point): its buffer goes to the cache
+        kept = await _settled(s)
+        cache = s._engine.registry.cache
+        assert cache is not None
+        hits = cache.stats().hits
+        second = await s.add(x, x)  # written into the freed buffer, split across the workers
+        assert cache.stats().hits == hits + 1
+        np.testing.assert_array_equal(await second.numpy(), a + a, strict=True)
+        assert splits == [("multiply", 2), ("add", 2)]
+        del kept
+
+
+async def _settled(s: at.AsyncEagerSession) -> at.Tensor:
+    """Free what was dropped, whatever the strategy; a tensor to hold (its drop would be pending again)."""
+    import gc
+
+    gc.collect()
+    kept = await s.constant(0.0)  # a safe point (ON_SAFE_POINTS frees there); kept: no new drop
+    async with asyncio.timeout(5):
+        while s.stats().pending:  # IN_BACKGROUND: the cleanup task's turn
+            await asyncio.sleep(0.001)
+    return kept
