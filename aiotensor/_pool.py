@@ -11,7 +11,9 @@ on a plain asyncio future settled on the loop thread. The jobs and their semanti
 
 The pool is also a ``concurrent.futures.Executor`` (``submit``/``shutdown``), so code
 that was given the old pool keeps working. Workers start on demand up to
-``max_workers`` and run at the pool's :data:`~aiotensor._priority.Priority`. After a
+``max_workers`` and run at the pool's :data:`~aiotensor._priority.Priority`. They are
+daemon threads that hold what they share with the pool, not the pool: a pool nobody
+references is collected and its workers stop, as ThreadPoolExecutor's do. After a
 ``fork`` the child's pools start over with no thread and an empty queue.
 """
 
@@ -37,6 +39,54 @@ __all__ = ["Failed", "Pending", "WorkerPool", "default_pool", "inbox_wakeups"]
 _pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 
 
+class _Crew:
+    """What a pool's workers share with it. Workers hold this, never the pool, so that a
+    pool nobody references is collected, and its finalizer stops the workers."""
+
+    __slots__ = ("blas_lowered", "growing", "idle", "lock", "priority", "queue", "stopped", "threads")
+
+    def __init__(self, priority: Priority) -> None:
+        self.priority = priority
+        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        self.idle = 0  # workers done with a job and not yet handed another, while growing
+        self.growing = True  # fewer threads than max_workers: submissions may start one
+        self.stopped = False
+        self.blas_lowered = False
+
+
+def _work(crew: _Crew) -> None:
+    _priority.lower(crew.priority)
+    get = crew.queue.get
+    while True:
+        job = get()
+        if job is None:
+            return
+        job.run()
+        del job  # not kept while waiting for the next one
+        if crew.growing:
+            with crew.lock:
+                crew.idle += 1
+
+
+def _stop(holder: list[_Crew]) -> list[threading.Thread]:
+    # Shutdown, or the finalizer of a pool nobody references: one stop mark per worker,
+    # after what is queued; the BLAS threads' priority back if this pool lowered it.
+    crew = holder[0]
+    with crew.lock:
+        if crew.stopped:
+            return list(crew.threads)
+        crew.stopped = True
+        threads = list(crew.threads)
+        lowered, crew.blas_lowered = crew.blas_lowered, False
+    for _ in threads:
+        crew.queue.put(None)
+    if lowered:
+        _priority.restore_blas_threads()
+    return threads
+
+
 class WorkerPool(concurrent.futures.Executor):
     """Worker threads behind the local backend (see the module docstring).
 
@@ -60,17 +110,17 @@ class WorkerPool(concurrent.futures.Executor):
         self._priority = priority
         self._name = name
         self._shutdown = False
+        self._holder: list[_Crew] = []
         self._reset()
+        # Not at interpreter exit: atexit hooks may still run kernels (the workers are daemons).
+        weakref.finalize(self, _stop, self._holder).atexit = False
         _pools.add(self)
 
     def _reset(self) -> None:
         # At creation, and in a forked child (which has the pool's fields but not its threads).
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._idle = 0  # workers done with a job and not yet handed another, while growing
-        self._growing = True  # fewer threads than max_workers: submissions may start one
-        self._blas_lowered = False
+        self._crew = crew = _Crew(self._priority)
+        self._queue = crew.queue
+        self._holder[:] = [crew]
 
     @property
     def max_workers(self) -> int:
@@ -81,6 +131,11 @@ class WorkerPool(concurrent.futures.Executor):
     def priority(self) -> Priority:
         """The workers' scheduling priority."""
         return self._priority
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The worker threads started so far."""
+        return list(self._crew.threads)
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Pending:
         """Start ``fn(*args)`` on a worker, in a copy of the caller's context; await the result.
@@ -111,7 +166,7 @@ class WorkerPool(concurrent.futures.Executor):
         if self._shutdown:
             raise RuntimeError("cannot schedule new futures after shutdown")
         self._queue.put(job)
-        if self._growing:
+        if self._crew.growing:
             self._grow()
         # Shut down meanwhile by another thread, after its sweep of the queue: this job
         # would sit behind the workers' stop marks (mypy does not see the other thread).
@@ -119,35 +174,21 @@ class WorkerPool(concurrent.futures.Executor):
             self._cancel_queued()  # type: ignore[unreachable]
 
     def _grow(self) -> None:
-        with self._lock:
-            if self._idle:
-                self._idle -= 1  # an idle worker takes the job
+        crew = self._crew
+        with crew.lock:
+            if crew.idle:
+                crew.idle -= 1  # an idle worker takes the job
                 return
-            if self._shutdown or len(self._threads) >= self._max_workers:
+            if crew.stopped or len(crew.threads) >= self._max_workers:
                 return
-            if not self._blas_lowered and self._priority != "normal":
-                self._blas_lowered = True
+            if not crew.blas_lowered and self._priority != "normal":
+                crew.blas_lowered = True
                 _priority.lower_blas_threads(self._priority)
-            t = threading.Thread(
-                target=self._work, name=f"{self._name}_{len(self._threads)}", args=(self._queue,), daemon=True
-            )
+            t = threading.Thread(target=_work, name=f"{self._name}_{len(crew.threads)}", args=(crew,), daemon=True)
             t.start()
-            self._threads.append(t)
-            if len(self._threads) >= self._max_workers:
-                self._growing = False
-
-    def _work(self, jobs: queue.SimpleQueue[Any]) -> None:
-        _priority.lower(self._priority)
-        get = jobs.get
-        while True:
-            job = get()
-            if job is None:
-                return
-            job.run()
-            del job  # not kept while waiting for the next one
-            if self._growing:
-                with self._lock:
-                    self._idle += 1
+            crew.threads.append(t)
+            if len(crew.threads) >= self._max_workers:
+                crew.growing = False
 
     def _cancel_queued(self) -> None:
         stops = 0
@@ -169,17 +210,10 @@ class WorkerPool(concurrent.futures.Executor):
         A dropped awaited call raises CancelledError in its awaiter (the backend turns
         that into :class:`~aiotensor.BackendError`); later submissions raise RuntimeError.
         """
-        with self._lock:
-            first = not self._shutdown
-            self._shutdown = True
-            threads = list(self._threads)
+        self._shutdown = True
         if cancel_futures:
             self._cancel_queued()
-        if first:
-            for _ in threads:
-                self._queue.put(None)
-            if self._blas_lowered:
-                _priority.restore_blas_threads()
+        threads = _stop(self._holder)
         if wait:
             me = threading.current_thread()
             for t in threads:

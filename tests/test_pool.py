@@ -307,7 +307,7 @@ def test_shutdown_with_cancel_futures_drops_what_has_not_started() -> None:
     assert queued.cancelled()
     blocker.release.set()
     assert first.result(5) == "released"  # the running one finishes
-    for t in pool._threads:
+    for t in pool.threads:
         t.join(5)
         assert not t.is_alive()
 
@@ -335,7 +335,7 @@ async def test_a_session_that_owns_its_pool_shuts_it_down_at_close() -> None:
         np.testing.assert_array_equal(await t.numpy(), [-1.0, -2.0])
         pool = s.backend.executor  # type: ignore[attr-defined]
         assert isinstance(pool, WorkerPool)
-        threads = list(pool._threads)
+        threads = list(pool.threads)
         assert threads
     with pytest.raises(RuntimeError, match="after shutdown"):
         pool.run(int)
@@ -424,3 +424,21 @@ async def test_an_adopt_that_raises_strands_no_other_completion(pool: WorkerPool
     finally:
         loop.set_exception_handler(None)
     assert [type(e) for e in errors] == [RuntimeError]
+
+
+async def test_a_pool_nobody_references_stops_its_workers() -> None:
+    # As with ThreadPoolExecutor: workers do not keep their pool alive (a session dropped
+    # unclosed must not leave threads behind for good).
+    import gc
+
+    pool = WorkerPool(2)
+    assert await asyncio.gather(pool.run(int, "1"), pool.run(int, "2")) == [1, 2]
+    threads = pool.threads
+    assert threads
+    ref = weakref.ref(pool)
+    del pool
+    gc.collect()
+    assert ref() is None
+    for thread in threads:
+        await asyncio.to_thread(thread.join, 5)
+        assert not thread.is_alive()
