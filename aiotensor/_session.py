@@ -25,6 +25,7 @@ from ._engine import Engine, State
 from ._errors import InvalidArgumentError
 from ._expr import Expr
 from ._function import FusedFunction
+from ._pool import WorkerPool
 from ._registry import Registry, SessionStats
 from ._session_ops import SessionOps
 from ._structure import flatten, unflatten
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AsyncEagerSession", "get_default_session"]
 
-_shared_local = LocalBackend()
+#: The backend of sessions on the shared pool, one per worker priority.
+_shared_local: dict[object, LocalBackend] = {}
 # Below 1 MiB glibc reuses freed memory without faults once its mmap threshold has
 # adapted, and the cache's bookkeeping (a few µs) would cost more than it saves.
 _CACHE_MIN_BYTES = 1 << 20
@@ -98,11 +100,14 @@ class AsyncEagerSession(SessionOps):
             if executor is not None:
                 backend = LocalBackend(executor)
             elif config.max_workers is not None:
-                pool = concurrent.futures.ThreadPoolExecutor(config.max_workers, thread_name_prefix="aiotensor")
+                pool = WorkerPool(config.max_workers, priority=config.worker_priority)
                 backend = LocalBackend(pool, owns_executor=True)
                 self._owns_backend = True
             else:
-                backend = _shared_local
+                priority = config.worker_priority
+                backend = _shared_local.get(priority)
+                if backend is None:
+                    backend = _shared_local.setdefault(priority, LocalBackend(priority=priority))
         self._cleanup = cleanup
         self._config = config
         cache: BufferCache | None

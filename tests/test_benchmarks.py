@@ -61,6 +61,23 @@ async def test_engine_benchmark_measures_every_case() -> None:
         assert ratio > 0
 
 
+def test_pool_scenario_measures_every_variant() -> None:
+    from benchmarks import bench_pool
+
+    hop = run_on("asyncio", bench_pool._hop(rounds=1, n=64))
+    for mode in ("one at a time", f"{bench_pool.IN_FLIGHT} in flight"):
+        for label in (bench_pool.TO_THREAD, bench_pool.OWN, bench_pool.OWN_NORMAL, bench_pool.OLD, bench_pool.BARE):
+            wall, cpu = hop[mode][label]
+            assert wall.median > 0
+            assert cpu.median >= 0
+    lag = run_on("asyncio", bench_pool._lag(rounds=1, n=64))
+    assert set(lag) == {"numpy, 4 sequential products", "ticker alone"} | {
+        f"worker_priority={c.worker_priority!r}" for c in bench_pool.PRIORITIES
+    }
+    adds = run_on("asyncio", bench_pool._large_add(1, 1, (64,)))
+    assert len(adds[64]) == 3
+
+
 def test_a_benchmark_run_changes_no_tracked_file_unless_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     from benchmarks import __main__ as suite
 
