@@ -97,7 +97,8 @@ class _Request:
             cleanup=sessions.request_cleanup, config=sessions.request_config, parent=sessions.app_session
         )
         self.session = s
-        sessions._in_flight += 1
+        sessions._open.add(s)
+        sessions._opened += 1
         if sessions.cancel_on_disconnect and (self.body_done or _bodyless(self.scope)):
             self._watch()
         return s
@@ -109,7 +110,7 @@ class _Request:
         try:
             await self.session.close()
         finally:
-            self.sessions._in_flight -= 1
+            self.sessions._open.discard(self.session)
 
     # -- the disconnect watcher -------------------------------------------------------
     def _watch(self) -> None:

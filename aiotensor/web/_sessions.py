@@ -68,7 +68,8 @@ class Sessions:
         self.cancel_on_disconnect = cancel_on_disconnect
         self.retry_after = retry_after
         self._app_session: AsyncEagerSession | None = None
-        self._in_flight = 0
+        self._open: set[AsyncEagerSession] = set()
+        self._opened = 0
 
     @property
     def app_session(self) -> AsyncEagerSession:
@@ -81,7 +82,17 @@ class Sessions:
     @property
     def in_flight(self) -> int:
         """Request sessions open right now."""
-        return self._in_flight
+        return len(self._open)
+
+    @property
+    def request_sessions(self) -> list[AsyncEagerSession]:
+        """The request sessions open right now (for a stats endpoint: ``s.stats()`` of each)."""
+        return list(self._open)
+
+    @property
+    def opened(self) -> int:
+        """Request sessions opened since this object was made."""
+        return self._opened
 
     @contextlib.asynccontextmanager
     async def open(self) -> AsyncIterator[AsyncEagerSession]:
