@@ -19,6 +19,7 @@ aiotensor's cancellation rules free what the request held when its session close
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,6 @@ logger = logging.getLogger("aiotensor.web")
 
 #: The scope key of the per-request state (ASGI lets servers and middleware add keys).
 SCOPE_KEY = "aiotensor.request"
-_EMPTY_BODY: Message = {"type": "http.request", "body": b"", "more_body": False}
 
 
 class _Request:
@@ -46,11 +46,14 @@ class _Request:
     __slots__ = (
         "_receive",
         "_send",
+        "arrived",
         "body_done",
         "cancelled",
         "closed",
         "disconnected",
         "finished",
+        "in_receive",
+        "pending",
         "response_done",
         "scope",
         "session",
@@ -58,6 +61,7 @@ class _Request:
         "start",
         "status",
         "task",
+        "want_watch",
         "watcher",
     )
 
@@ -72,9 +76,14 @@ class _Request:
         self._send = send
         self.session: AsyncEagerSession | None = None
         self.watcher: asyncio.Task[Message] | None = None
+        # Body chunks the watcher read before the app asked for them, and their signal.
+        self.pending: collections.deque[Message] | None = None
+        self.arrived: asyncio.Event | None = None
         self.status: int | None = None
         self.start = time.perf_counter()
-        self.body_done = False
+        self.body_done = False  # the last body chunk came from the server
+        self.in_receive = False  # the app is waiting in the server's receive() right now
+        self.want_watch = False
         self.response_done = False
         self.disconnected = False
         self.cancelled = False
@@ -99,8 +108,10 @@ class _Request:
         self.session = s
         sessions._open.add(s)
         sessions._opened += 1
-        if sessions.cancel_on_disconnect and (self.body_done or _bodyless(self.scope)):
-            self._watch()
+        if sessions.cancel_on_disconnect:
+            self.want_watch = True
+            if not self.in_receive:  # else when that receive returns: one reader at a time
+                self._watch()
         return s
 
     async def close(self) -> None:
@@ -118,11 +129,23 @@ class _Request:
             self.watcher = asyncio.get_running_loop().create_task(self._wait_for_disconnect())
 
     async def _wait_for_disconnect(self) -> Message:
+        # From here on the watcher is the only reader of the server's receive(). Usually
+        # the body was read already and the next message is the disconnect; if not, the
+        # body chunks are kept for the app (a handler that never reads a body, or asks
+        # for its session first).
         while True:
             message = await self._receive()
-            # An empty body the app has not asked for yet (a request without one): keep waiting.
             if message["type"] != "http.request":
                 break
+            if not self.body_done:
+                self.body_done = not message.get("more_body", False)
+                if self.pending is None:
+                    self.pending = collections.deque()
+                self.pending.append(message)
+                if self.arrived is not None:
+                    self.arrived.set()
+        if self.arrived is not None:
+            self.arrived.set()
         if not (self.response_done or self.finished):
             self.disconnected = True
             self.cancelled = True
@@ -134,16 +157,24 @@ class _Request:
         """The app's ``receive``: the server's, until the watcher owns it."""
         watcher = self.watcher
         if watcher is None:
-            message = await self._receive()
+            self.in_receive = True
+            try:
+                message = await self._receive()
+            finally:
+                self.in_receive = False
             if message["type"] == "http.request" and not message.get("more_body", False):
                 self.body_done = True
-                if self.session is not None and self.sessions.cancel_on_disconnect:
-                    self._watch()
+            if self.want_watch:
+                self._watch()
             return message
-        if not self.body_done:  # the watcher consumed the empty body of a bodyless request
-            self.body_done = True
-            return dict(_EMPTY_BODY)
-        return await asyncio.shield(watcher)  # the disconnect, when it comes
+        while not self.pending:
+            if self.body_done or watcher.done():
+                return await asyncio.shield(watcher)  # the disconnect, when it comes
+            if self.arrived is None:
+                self.arrived = asyncio.Event()
+            await self.arrived.wait()
+            self.arrived.clear()
+        return self.pending.popleft()
 
     async def send(self, message: Message) -> None:
         """The app's ``send``: notes the status, and closes the session before the last body chunk."""
@@ -180,16 +211,6 @@ class _Request:
             hook(stats)
         except Exception:  # a logging hook must not turn a served request into a failure
             logger.exception("on_request hook failed")
-
-
-def _bodyless(scope: Scope) -> bool:
-    # No content-length and no chunked transfer: the body is empty (the watcher may take it).
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            return bool(value.strip() == b"0")
-        if name == b"transfer-encoding":
-            return False
-    return True
 
 
 class RequestSessionMiddleware:
