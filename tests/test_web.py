@@ -172,7 +172,7 @@ async def test_request_session_is_made_once_per_request() -> None:
     assert all(s.closed for s in seen)
     assert app_session.closed  # the lifespan closed it
     with pytest.raises(RuntimeError, match="not open"):
-        sessions.app_session
+        _ = sessions.app_session
 
 
 async def test_lifespan_opens_once_and_closes_the_app_session() -> None:
