@@ -108,10 +108,7 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> No
 
 # -- the package --------------------------------------------------------------------------
 def test_importing_aiotensor_does_not_import_web() -> None:
-    code = (
-        "import sys, aiotensor; "
-        "print([m for m in ('aiotensor.web', 'starlette', 'fastapi') if m in sys.modules])"
-    )
+    code = "import sys, aiotensor; print([m for m in ('aiotensor.web', 'starlette', 'fastapi') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
 
@@ -276,9 +273,7 @@ async def test_resource_exhausted_is_a_503_with_retry_after(app: Any) -> None:
     assert_closed_clean(entry)
 
 
-async def test_other_aiotensor_errors_are_a_500_without_internals(
-    app: Any, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_other_aiotensor_errors_are_a_500_without_internals(app: Any, caplog: pytest.LogCaptureFixture) -> None:
     async with client(app) as c:
         r = await c.get("/kernel-error")
     assert r.status_code == 500
@@ -417,9 +412,7 @@ async def test_a_failing_stats_hook_is_logged_not_raised(caplog: pytest.LogCaptu
 
 
 def test_request_stats_as_dict() -> None:
-    stats = web.RequestStats(
-        "GET", "/x", 200, "completed", 0.5, at.SessionStats(0, 0, 64, 0, allocated=3, freed=3)
-    )
+    stats = web.RequestStats("GET", "/x", 200, "completed", 0.5, at.SessionStats(0, 0, 64, 0, allocated=3, freed=3))
     assert stats.allocated == 3
     assert stats.peak_bytes == 64
     assert stats.as_dict() == {
