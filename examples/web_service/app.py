@@ -126,6 +126,7 @@ def create_app(
     request_cleanup: at.ResourceCleanupStrategy = at.ResourceCleanupStrategy.ON_SESSION_CLOSE,
     fused: bool = False,
     blas_threads: int | None = 1,
+    cancel_on_disconnect: bool = True,
 ) -> FastAPI:
     """The FastAPI app.
 
@@ -139,9 +140,13 @@ def create_app(
             (``at.set_blas_threads``; restored at shutdown): a server's parallelism comes
             from concurrent requests. ``None`` leaves BLAS as it is; so does a missing
             threadpoolctl.
+        cancel_on_disconnect: Cancel a prediction whose client went away (the benchmark
+            turns it off once, to measure what watching for disconnects costs).
     """
     counters = RequestCounters()
-    sessions = web.Sessions(request_cleanup=request_cleanup, on_request=counters.record)
+    sessions = web.Sessions(
+        request_cleanup=request_cleanup, on_request=counters.record, cancel_on_disconnect=cancel_on_disconnect
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
