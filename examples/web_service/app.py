@@ -109,8 +109,12 @@ class Service:
         }
 
 
-def get_service(request: Request) -> Service:
-    """The :class:`Service` the lifespan handler stored on the app."""
+async def get_service(request: Request) -> Service:
+    """The :class:`Service` the lifespan handler stored on the app.
+
+    ``async`` although it never awaits: FastAPI runs a plain ``def`` dependency in its
+    thread pool, a thread hop per request for an attribute lookup.
+    """
     service: Service = request.app.state.service
     return service
 
