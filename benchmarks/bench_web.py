@@ -42,10 +42,11 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
+if str(ROOT) not in sys.path:  # run as a script: the checkout's root, not examples/ (its distributed.py
+    sys.path.insert(0, str(ROOT))  # would shadow the dask package in processes that inherit the path)
 
-from web_service.model import IN_FEATURES  # noqa: E402 -- needs the examples directory on the path
-from web_service.server import RunningServer, serve  # noqa: E402
+from examples.web_service.model import IN_FEATURES  # noqa: E402 -- needs the checkout on the path
+from examples.web_service.server import RunningServer, serve  # noqa: E402
 
 BASELINES = ("numpy in handler", "numpy to_thread")
 #: label -> (uvicorn target, app dir)
