@@ -38,9 +38,11 @@ class Sessions:
     Args:
         cleanup: The app session's cleanup strategy.
         config: The app session's config (``memory_limit`` of the whole service, pool size).
-        request_cleanup: Each request session's strategy. ``ON_SESSION_CLOSE``, the
-            default, suits short sessions: no task and no work per op, everything freed
-            at close. Bound a long request's peak with ``ON_SAFE_POINTS``.
+        request_cleanup: Each request session's strategy. ``ON_SAFE_POINTS``, the
+            default, frees an intermediate at the next op once its handle is dropped,
+            without a task per request: a request holds about its live values, not
+            everything it computed (measured: the same loop time per request as
+            ``ON_SESSION_CLOSE``, a third of the peak for the example's 512-row requests).
         request_config: Each request session's config (e.g. a per-request ``memory_limit``).
         on_request: Called on the event loop with a :class:`RequestStats` after each
             request session closes; exceptions it raises are logged, not propagated.
@@ -54,7 +56,7 @@ class Sessions:
         *,
         cleanup: ResourceCleanupStrategy = ResourceCleanupStrategy.IN_BACKGROUND,
         config: SessionConfig | None = None,
-        request_cleanup: ResourceCleanupStrategy = ResourceCleanupStrategy.ON_SESSION_CLOSE,
+        request_cleanup: ResourceCleanupStrategy = ResourceCleanupStrategy.ON_SAFE_POINTS,
         request_config: SessionConfig | None = None,
         on_request: Callable[[RequestStats], object] | None = None,
         cancel_on_disconnect: bool = True,

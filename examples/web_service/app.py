@@ -127,7 +127,7 @@ SessionDep = RequestSession
 def create_app(
     *,
     seed: int = SEED,
-    request_cleanup: at.ResourceCleanupStrategy = at.ResourceCleanupStrategy.ON_SESSION_CLOSE,
+    request_cleanup: at.ResourceCleanupStrategy = at.ResourceCleanupStrategy.ON_SAFE_POINTS,
     fused: bool = False,
     blas_threads: int | None = 1,
     cancel_on_disconnect: bool = True,
@@ -136,8 +136,9 @@ def create_app(
 
     Args:
         seed: The seed the model weights are drawn from.
-        request_cleanup: The strategy of request sessions. The default, ``ON_SESSION_CLOSE``,
-            suits short sessions: no cleanup task per request, and close frees everything.
+        request_cleanup: The strategy of request sessions. The default, ``ON_SAFE_POINTS``,
+            frees each intermediate at the next op once ``h`` is rebound: a request holds
+            about two layers' activations rather than all ten buffers until it ends.
         fused: Run the forward pass as one ``apply`` op (:meth:`Model.predict_fused`)
             rather than op by op.
         blas_threads: BLAS threads per matrix product while the app serves
