@@ -521,3 +521,45 @@ def test_server_cancels_a_request_whose_client_left(server: RunningServer, metho
         assert_closed_clean(entry)
 
     run(main)
+
+
+async def test_requests_are_freed_without_the_garbage_collector() -> None:
+    """A request's scope, its state and the server's callables are not left in reference cycles.
+
+    (A cycle through the scope would make every request's body and server objects wait
+    for the collector: measured as ~10% more loop time per request under uvicorn.)
+    """
+    import gc
+
+    sessions = web.Sessions()
+
+    async def handler(request: Request) -> Response:
+        await request.body()
+        await web.request_session(request).ones(2)  # a session, and so a disconnect watcher
+        return Response(b"ok")
+
+    app = web.RequestSessionMiddleware(Starlette(routes=[Route("/", handler, methods=["POST"])]), sessions)
+    async with sessions.open():
+        for _ in range(3):  # warm-up: module-level caches
+            conn = Connection(b"{}")
+            await app(conn.scope("POST", "/"), conn.receive, conn.send)
+        await asyncio.sleep(0)
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for _ in range(20):
+                conn = Connection(b"{}")
+                await app(conn.scope("POST", "/"), conn.receive, conn.send)
+                assert conn.messages[-1]["body"] == b"ok"
+            del conn
+            await asyncio.sleep(0)  # the cancelled watchers finish
+            gc.collect()
+            left = {type(o).__name__ for o in gc.garbage}
+        finally:
+            gc.garbage.clear()
+            gc.set_debug(0)
+            gc.enable()
+    assert "_Request" not in left
+    assert "Connection" not in left
+    assert "Task" not in left
