@@ -18,6 +18,8 @@ keep doing so.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AioTensorError",
     "BackendError",
@@ -50,8 +52,27 @@ class WrongEventLoopError(AioTensorError, RuntimeError):
 class InvalidArgumentError(AioTensorError, ValueError):
     """Raised when an op gets a bad shape, dtype, value, ragged input or a foreign tensor.
 
-    The message names the op and the shapes and dtypes involved.
+    The message names the op and the shapes and dtypes involved. When the error comes
+    from an op's kernel refusing its arguments, the same facts are attributes too, so
+    that a service can report them without the array library's own wording.
+
+    Attributes:
+        op: The op whose kernel refused its arguments (e.g. ``"matmul"``), or ``None``
+            when the error was raised before any kernel ran.
+        inputs: The op's arguments as JSON-ready dicts: ``{"dtype": "float32",
+            "shape": [16, 3]}`` for tensors and arrays, ``{"value": "list of 5"}`` (a
+            short description) for anything else. Empty when ``op`` is ``None``.
     """
+
+    op: str | None = None
+    inputs: tuple[dict[str, Any], ...] = ()
+
+    def __init__(self, *args: object, op: str | None = None, inputs: tuple[dict[str, Any], ...] = ()) -> None:
+        super().__init__(*args)
+        if op is not None:
+            self.op = op
+        if inputs:
+            self.inputs = inputs
 
 
 class InvalidDeviceError(AioTensorError, ValueError):

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._errors import AioTensorError, InvalidArgumentError, KernelError, ResourceExhaustedError
-from ._structure import describe
+from ._structure import describe, input_specs
 from ._types import NDArray
 
 __all__ = [
@@ -172,5 +172,5 @@ def _map(op: str, args: tuple[Any, ...], exc: BaseException, user: bool) -> AioT
     if isinstance(exc, MemoryError):
         return ResourceExhaustedError(f"{where}: out of memory ({exc})")
     if isinstance(exc, BadOutputError) or (not user and isinstance(exc, _ARG_ERRORS)):
-        return InvalidArgumentError(f"{where}: {exc}")
+        return InvalidArgumentError(f"{where}: {exc}", op=op, inputs=input_specs(args))
     return KernelError(f"{where} failed: {type(exc).__name__}: {exc}")

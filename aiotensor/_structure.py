@@ -12,7 +12,7 @@ from typing import Any
 
 from ._errors import InvalidArgumentError
 
-__all__ = ["MAX_DEPTH", "describe", "flatten", "unflatten"]
+__all__ = ["MAX_DEPTH", "describe", "flatten", "input_specs", "unflatten"]
 
 #: How deeply ``run`` structures may nest (lists / tuples / dicts inside each other).
 MAX_DEPTH = 64
@@ -86,3 +86,18 @@ def _describe_one(x: Any, depth: int = 0) -> str:
 def describe(args: tuple[Any, ...]) -> str:
     """A short description of op inputs: tensors and arrays as ``dtype[shape]``."""
     return ", ".join(_describe_one(a) for a in args)
+
+
+def _spec_one(x: Any) -> dict[str, Any]:
+    try:
+        shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+        if isinstance(shape, tuple) and dtype is not None and not isinstance(x, type):
+            return {"dtype": str(dtype), "shape": [int(n) for n in shape]}
+        return {"value": _describe_one(x)}
+    except Exception:  # a user object whose shape or repr fails must not hide the op's own error
+        return {"value": type(x).__name__}
+
+
+def input_specs(args: tuple[Any, ...]) -> tuple[dict[str, Any], ...]:
+    """Op inputs as JSON-ready dicts (``InvalidArgumentError.inputs``): dtype and shape, or a description."""
+    return tuple(_spec_one(a) for a in args)

@@ -116,3 +116,65 @@ def test_batching_scenario_measures_every_variant_and_records_its_targets() -> N
     bench_batching._report(report, "asyncio", measured, 512, 1)
     assert [t.number for t in report.targets] == [12, 12, 12]
     assert all(t.met is not None for t in report.targets)
+
+
+def test_web_benchmark_without_wrk_skips_and_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import bench_web
+
+    monkeypatch.setattr(bench_web.shutil, "which", lambda name: None)
+    snippet = tmp_path / "web.md"
+    assert bench_web.main(["--quick", "--markdown", str(snippet)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped" in out
+    assert "apt-get install wrk" in out
+    assert not snippet.exists()
+
+
+def test_web_benchmark_targets_are_ratios_to_the_same_run() -> None:
+    from benchmarks.bench_web import Measured, targets
+
+    def m(variant: str, rows: int, rps: float, health_ms: float, rss_after: int, loop_us: float = 1000) -> Measured:
+        return Measured(variant, rows, requests=int(rps * 10), seconds=10.0, health=[health_ms / 1e3] * 10,
+                        rss_after=rss_after, loop_cpu=loop_us * rps * 10 / 1e6)  # fmt: skip
+
+    results = [
+        m("aiotensor (op by op)", 16, 1100, 5.0, 120, loop_us=1030),
+        m("aiotensor, no disconnect watch", 16, 1125, 5.0, 120, loop_us=1000),
+        m("numpy in handler", 16, 1000, 50.0, 80),
+        m("numpy to_thread", 16, 900, 6.0, 100),
+        m("aiotensor (op by op)", 512, 60, 30.0, 200),
+        m("numpy in handler", 512, 80, 400.0, 80),
+        m("numpy to_thread", 512, 70, 100.0, 100),
+    ]
+    verdicts = {t: (measured, met) for t, measured, met in targets(results)}
+    assert verdicts["16 rows: req/s >= 1.00x best baseline"] == ("1.10x (numpy in handler)", True)
+    assert verdicts["16 rows: /health p99 <= to_thread's"] == ("5.0 vs 6.0 ms", True)
+    assert verdicts["16 rows: RSS after <= 1.25x to_thread's"] == ("1.20x", True)
+    assert verdicts["16 rows: disconnect watch costs <= 5% (loop CPU per request)"] == ("+3.0% (req/s -2.2%)", True)
+    assert verdicts["512 rows: req/s >= 0.95x best baseline"] == ("0.75x (numpy in handler)", False)
+    assert verdicts["512 rows: /health p99 <= 0.5x numpy in handler's"] == ("30.0 vs 400.0 ms (0.07x)", True)
+    assert verdicts["512 rows: RSS after <= 1.25x to_thread's"] == ("2.00x", False)
+    assert verdicts["zero errors"] == ("0", True)
+
+
+def test_web_benchmark_quick_run_writes_only_where_asked(tmp_path: Path) -> None:
+    import shutil
+
+    from benchmarks import bench_web
+
+    if shutil.which("wrk") is None:
+        pytest.skip(f"wrk is not installed; {bench_web.INSTALL_HINT}")
+    tracked = bench_web.DEFAULT_RESULTS
+    before = tracked.stat().st_mtime_ns if tracked.exists() else None
+    snippet = tmp_path / "web.md"
+    argv = ["--quick", "--duration", "1", "--warmup", "0", "--after", "0.5", "--rows", "16"]
+    argv += ["--variants", "aiotensor (op by op)", "numpy to_thread", "--markdown", str(snippet)]
+    assert bench_web.main(argv) == 0  # 0: no request failed
+    text = snippet.read_text()
+    assert "| 16 | aiotensor (op by op) |" in text
+    assert "| 16 | numpy to_thread |" in text
+    assert "| 16 rows: req/s >= 1.00x best baseline |" in text
+    assert "| zero errors | 0 | yes |" in text
+    assert (tracked.stat().st_mtime_ns if tracked.exists() else None) == before

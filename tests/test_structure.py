@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor._structure import describe, flatten, unflatten
+from aiotensor._structure import describe, flatten, input_specs, unflatten
 
 
 def is_tensor(x: Any) -> bool:
@@ -105,3 +105,21 @@ async def test_describe_inputs(s: at.AsyncEagerSession) -> None:
     assert describe(([1, 2, 3, 4, 5],)) == "list of 5"
     assert describe(("x" * 100,)) == "str"  # long values by type only
     assert describe(()) == ""
+
+
+async def test_input_specs(s: at.AsyncEagerSession) -> None:
+    t = await s.zeros((2, 3), dtype=np.float32)
+
+    class BadShape:
+        @property
+        def shape(self) -> tuple[int, ...]:
+            raise RuntimeError("no shape")
+
+    assert input_specs((t, np.ones(4, np.int8), 2.5, [1, 2, 3, 4, 5], BadShape())) == (
+        {"dtype": "float32", "shape": [2, 3]},
+        {"dtype": "int8", "shape": [4]},
+        {"value": "2.5"},
+        {"value": "list of 5"},
+        {"value": "BadShape"},
+    )
+    assert input_specs(()) == ()

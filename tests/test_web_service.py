@@ -23,7 +23,7 @@ from fastapi import HTTPException
 
 import aiotensor as at
 from examples.web_service.app import SessionDep, create_app
-from examples.web_service.model import CLASSES, IN_FEATURES, make_weights, numpy_forward
+from examples.web_service.model import CLASSES, DTYPE, IN_FEATURES, make_weights, numpy_forward
 from examples.web_service.server import RunningServer, serve
 
 T = TypeVar("T")
@@ -37,13 +37,14 @@ HEAVY_ROWS = 2048
 HEAVY_REQUESTS = 4
 DISCONNECT_ROWS = 4096
 # Tolerances for "equal to the NumPy reference": the server runs the same NumPy kernels
-# on the same float64 values (JSON round-trips floats exactly); BLAS may still block a
-# product differently for different batch sizes.
-RTOL, ATOL = 1e-10, 1e-13
+# on the same float32 values (JSON round-trips them exactly); BLAS may still block a
+# product differently for different batch sizes and thread counts, which in float32
+# moves probabilities by up to ~6e-7 (measured over batch sizes 1 to 2048), 4e-6 relative.
+RTOL, ATOL = 2e-5, 2e-6
 
 
 def reference(rows: list[list[float]]) -> np.ndarray[Any, Any]:
-    return numpy_forward(LAYERS, np.asarray(rows, dtype=np.float64))
+    return numpy_forward(LAYERS, np.asarray(rows, dtype=DTYPE))
 
 
 # -- child sessions: reading the parent's tensors without copies ------------------------

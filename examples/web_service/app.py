@@ -1,18 +1,18 @@
-"""The aiotensor web service: an MLP behind FastAPI, one session per request.
+"""The aiotensor web service: an MLP behind FastAPI, built on :mod:`aiotensor.web`.
 
-Run it with uvicorn on uvloop::
+Run it with uvicorn on uvloop (the app sets BLAS to one thread per product itself)::
 
     uvicorn --app-dir examples web_service.app:app --loop uvloop
 
-Two kinds of session:
+Two kinds of session, both managed by :class:`aiotensor.web.Sessions`:
 
 * the **app session**, opened by the lifespan handler, owns the model weights for the
   life of the process;
-* a **request session** per request, ``AsyncEagerSession(parent=app_session)``, opened
-  by a FastAPI dependency with ``yield``. It reads the weights without copying them and
-  owns every intermediate buffer of the request; leaving the dependency closes it, so
-  everything is freed when the handler returns, raises, or is cancelled because the
-  client went away.
+* a **request session** per request, a child of the app session, made by the
+  :data:`~aiotensor.web.fastapi.RequestSession` dependency. It reads the weights without
+  copying them and owns every intermediate buffer of the request; the middleware closes
+  it when the response is ready, when the handler raises, or when the client goes away
+  (the handler is then cancelled), so everything is freed however the request ends.
 
 Endpoints: ``POST /predict`` (``{"inputs": [[...64 floats], ...]}`` in,
 ``{"probabilities": [[...10 floats], ...]}`` out), ``GET /stats``, ``GET /health``.
@@ -22,24 +22,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
 
-import anyio
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 import aiotensor as at
+from aiotensor import web
+from aiotensor.web.fastapi import RequestSession
 
 from .model import SEED, Model, make_weights
 
-__all__ = ["ClientDisconnected", "PredictRequest", "PredictResponse", "Service", "app", "create_app", "fused_app"]
-
-T = TypeVar("T")
-
-#: The status nginx logs for "client closed the request"; nobody receives it.
-CLIENT_CLOSED_REQUEST = 499
+__all__ = ["PredictRequest", "PredictResponse", "Service", "SessionDep", "app", "create_app", "fused_app"]
 
 
 class PredictRequest(BaseModel):
@@ -54,15 +49,10 @@ class PredictResponse(BaseModel):
     probabilities: list[list[float]]
 
 
-class ClientDisconnected(Exception):
-    """Raised in a handler whose client went away before the answer was ready."""
-
-
 @dataclasses.dataclass
 class RequestCounters:
     """What request sessions did, for ``GET /stats`` (totals since the app started)."""
 
-    opened: int = 0
     closed: int = 0
     failed: int = 0
     disconnected: int = 0
@@ -71,154 +61,114 @@ class RequestCounters:
     # Buffers a request session still held after close(): always 0 unless close is broken.
     left_after_close: int = 0
 
+    def record(self, stats: web.RequestStats) -> None:
+        """The ``on_request`` hook: add one closed request session."""
+        self.closed += 1
+        if stats.outcome == "disconnected":
+            self.disconnected += 1
+        elif stats.outcome == "failed" or (stats.status is not None and stats.status >= 400):
+            self.failed += 1
+        self.allocated += stats.session.allocated
+        self.freed += stats.session.freed
+        self.left_after_close += stats.session.live_tensors
+
 
 class Service:
-    """App-lifetime state: the app session, the model in it, and the request sessions.
+    """App-lifetime state: the sessions, the model in the app session, the request counters.
 
     Args:
-        session: The open app session holding the weights.
-        model: The weights, as tensors of ``session``.
-        request_cleanup: The cleanup strategy of each request session.
+        sessions: The app session (open while the app serves) and the request sessions.
+        model: The weights, as tensors of the app session.
+        counters: Totals over closed request sessions (``sessions``'s ``on_request`` hook).
     """
 
-    def __init__(
-        self, session: at.AsyncEagerSession, model: Model, request_cleanup: at.ResourceCleanupStrategy
-    ) -> None:
-        self.session = session
+    def __init__(self, sessions: web.Sessions, model: Model, counters: RequestCounters) -> None:
+        self.sessions = sessions
+        #: The app session (still readable after shutdown, closed).
+        self.session = sessions.app_session
         self.model = model
-        self.request_cleanup = request_cleanup
-        self.counters = RequestCounters()
-        self._open: set[at.AsyncEagerSession] = set()
-
-    @contextlib.asynccontextmanager
-    async def request_session(self) -> AsyncIterator[at.AsyncEagerSession]:
-        """A child of the app session that is closed, whatever happens, when the block ends."""
-        counters = self.counters
-        s = at.AsyncEagerSession(cleanup=self.request_cleanup, parent=self.session)
-        counters.opened += 1
-        self._open.add(s)
-        try:
-            async with s:
-                yield s
-        except ClientDisconnected:
-            counters.disconnected += 1
-            raise
-        except BaseException:
-            counters.failed += 1
-            raise
-        finally:
-            self._open.discard(s)
-            stats = s.stats()
-            counters.closed += 1
-            counters.allocated += stats.allocated
-            counters.freed += stats.freed
-            counters.left_after_close += stats.live_tensors
+        self.counters = counters
 
     @property
     def in_flight(self) -> int:
         """Request sessions open right now."""
-        return len(self._open)
+        return self.sessions.in_flight
 
     def stats(self) -> dict[str, Any]:
         """The app session's stats and the request counters, as JSON-ready dicts."""
-        live = [s.stats() for s in self._open]
-        requests = dataclasses.asdict(self.counters)
+        live = [s.stats() for s in self.sessions.request_sessions]
+        requests: dict[str, Any] = {"opened": self.sessions.opened, **dataclasses.asdict(self.counters)}
         requests["in_flight"] = len(live)
         requests["live_tensors"] = sum(st.live_tensors for st in live) + self.counters.left_after_close
         requests["live_bytes"] = sum(st.live_bytes for st in live)
         return {
             "app": dataclasses.asdict(self.session.stats()),
             "model_bytes": self.model.nbytes,
-            "request_cleanup": self.request_cleanup.name,
+            "request_cleanup": self.sessions.request_cleanup.name,
             "requests": requests,
         }
 
 
-def get_service(request: Request) -> Service:
-    """The :class:`Service` the lifespan handler stored on the app."""
+async def get_service(request: Request) -> Service:
+    """The :class:`Service` the lifespan handler stored on the app.
+
+    ``async`` although it never awaits: FastAPI runs a plain ``def`` dependency in its
+    thread pool, a thread hop per request for an attribute lookup.
+    """
     service: Service = request.app.state.service
     return service
 
 
-async def request_session(request: Request) -> AsyncIterator[at.AsyncEagerSession]:
-    """FastAPI dependency: this request's session, closed before the response is sent."""
-    async with get_service(request).request_session() as s:
-        yield s
-
-
 ServiceDep = Annotated[Service, Depends(get_service)]
-# scope="function": the session closes when the handler ends, before the response is
-# sent, so a client that got its answer can already see the session in /stats.
-SessionDep = Annotated[at.AsyncEagerSession, Depends(request_session, scope="function")]
-
-
-async def cancel_on_disconnect(request: Request, fn: Callable[..., Awaitable[T]], /, *args: Any) -> T:
-    """``await fn(*args)``, cancelled if the client disconnects first (then ClientDisconnected).
-
-    Starlette does not cancel a plain handler when its client goes away; without this
-    the kernels of an abandoned request would keep the pool busy to the end.
-    """
-    result: list[T] = []
-    error: Exception | None = None
-    async with anyio.create_task_group() as tg:
-
-        async def watch() -> None:
-            # The body was read before the handler ran: the next message is the disconnect.
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-            tg.cancel_scope.cancel()
-
-        tg.start_soon(watch)
-        try:
-            result.append(await fn(*args))
-        except Exception as exc:  # raised below as itself, not wrapped in an ExceptionGroup
-            error = exc
-        tg.cancel_scope.cancel()
-    if error is not None:
-        raise error
-    if not result:
-        raise ClientDisconnected
-    return result[0]
+#: The request session (kept under the name the tests and older code use).
+SessionDep = RequestSession
 
 
 def create_app(
     *,
     seed: int = SEED,
-    request_cleanup: at.ResourceCleanupStrategy = at.ResourceCleanupStrategy.ON_SESSION_CLOSE,
+    request_cleanup: at.ResourceCleanupStrategy = at.ResourceCleanupStrategy.ON_SAFE_POINTS,
     fused: bool = False,
+    blas_threads: int | None = 1,
+    cancel_on_disconnect: bool = True,
 ) -> FastAPI:
     """The FastAPI app.
 
     Args:
         seed: The seed the model weights are drawn from.
-        request_cleanup: The strategy of request sessions. The default, ``ON_SESSION_CLOSE``,
-            suits short sessions: no cleanup task per request, and close frees everything.
+        request_cleanup: The strategy of request sessions. The default, ``ON_SAFE_POINTS``,
+            frees each intermediate at the next op once ``h`` is rebound: a request holds
+            about two layers' activations rather than all ten buffers until it ends.
         fused: Run the forward pass as one ``apply`` op (:meth:`Model.predict_fused`)
             rather than op by op.
+        blas_threads: BLAS threads per matrix product while the app serves
+            (``at.set_blas_threads``; restored at shutdown): a server's parallelism comes
+            from concurrent requests. ``None`` leaves BLAS as it is; so does a missing
+            threadpoolctl.
+        cancel_on_disconnect: Cancel a prediction whose client went away (the benchmark
+            turns it off once, to measure what watching for disconnects costs).
     """
+    counters = RequestCounters()
+    sessions = web.Sessions(
+        request_cleanup=request_cleanup, on_request=counters.record, cancel_on_disconnect=cancel_on_disconnect
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with at.AsyncEagerSession() as session:
-            model = await Model.load(session, make_weights(seed))
-            app.state.service = Service(session, model, request_cleanup)
-            yield
+        with _blas_threads(blas_threads):
+            async with sessions.open() as session:
+                model = await Model.load(session, make_weights(seed))
+                app.state.service = Service(sessions, model, counters)
+                yield
 
     app = FastAPI(title="aiotensor MLP", lifespan=lifespan)
-
-    @app.exception_handler(at.InvalidArgumentError)
-    async def invalid_argument(request: Request, exc: at.InvalidArgumentError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=422)
-
-    @app.exception_handler(ClientDisconnected)
-    async def client_disconnected(request: Request, exc: ClientDisconnected) -> Response:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    sessions.install(app)  # the request-session middleware and the error handlers
 
     @app.post("/predict")
-    async def predict(body: PredictRequest, request: Request, service: ServiceDep, s: SessionDep) -> PredictResponse:
+    async def predict(body: PredictRequest, service: ServiceDep, s: SessionDep) -> PredictResponse:
         """Class probabilities for a batch of rows."""
         forward = service.model.predict_fused if fused else service.model.predict
-        probs = await cancel_on_disconnect(request, forward, s, body.inputs)
+        probs = await forward(s, body.inputs)
         return PredictResponse(probabilities=probs.tolist())
 
     @app.get("/stats")
@@ -232,6 +182,18 @@ def create_app(
         return {"status": "ok", "requests_in_flight": service.in_flight}
 
     return app
+
+
+@contextlib.contextmanager
+def _blas_threads(threads: int | None) -> Any:
+    if threads is None or at.blas_threads() is None:  # no threadpoolctl: nothing to set
+        yield
+        return
+    at.set_blas_threads(threads)
+    try:
+        yield
+    finally:
+        at.set_blas_threads(None)
 
 
 app = create_app()

@@ -7,7 +7,8 @@
   free; memory is whatever NumPy's temporaries hold until the garbage collector runs,
   with no accounting and no per-request bound.
 
-Both serve the same ``/predict`` and ``/health`` as :mod:`web_service.app`.
+Both serve the same ``/predict`` and ``/health`` as :mod:`web_service.app`, computing
+in float32 with the same weights, so that the benchmark compares like with like.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 from fastapi import FastAPI
 
 from .app import PredictRequest, PredictResponse
-from .model import SEED, Array, Layer, make_weights, numpy_forward
+from .model import DTYPE, SEED, Array, Layer, make_weights, numpy_forward
 
 __all__ = ["create_baseline_app", "numpy_app", "to_thread_app"]
 
@@ -40,7 +41,7 @@ def create_baseline_app(*, offload: bool, seed: int = SEED) -> FastAPI:
     app = FastAPI(title=f"NumPy MLP ({'to_thread' if offload else 'in handler'})", lifespan=lifespan)
 
     def forward(rows: list[list[float]]) -> Array:
-        return numpy_forward(layers, np.asarray(rows, dtype=np.float64))
+        return numpy_forward(layers, np.asarray(rows, dtype=DTYPE))
 
     run: Callable[[list[list[float]]], Any]
     if offload:

@@ -3,6 +3,9 @@
 Two forward passes live here: :func:`numpy_forward`, plain NumPy (the reference the
 tests compare against, and what the baseline apps run), and :class:`Model`, the same
 math as aiotensor ops on a request session reading weights owned by the app session.
+
+Everything is float32 (:data:`DTYPE`), as inference services compute: float64 would
+double the bytes every kernel reads and writes, for precision the model does not have.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 
 import aiotensor as at
 
-__all__ = ["CLASSES", "HIDDEN", "IN_FEATURES", "SEED", "Model", "make_weights", "numpy_forward"]
+__all__ = ["CLASSES", "DTYPE", "HIDDEN", "IN_FEATURES", "SEED", "Model", "as_inputs", "make_weights", "numpy_forward"]
 
 #: Features per input row.
 IN_FEATURES = 64
@@ -25,8 +28,10 @@ HIDDEN = (512, 512)
 CLASSES = 10
 #: The seed the served weights are drawn from.
 SEED = 1234
+#: The dtype of weights, inputs and every intermediate.
+DTYPE = np.float32
 
-Array = np.ndarray[Any, np.dtype[np.float64]]
+Array = np.ndarray[Any, np.dtype[np.float32]]
 Layer = tuple[Array, Array]
 
 
@@ -38,7 +43,7 @@ def make_weights(seed: int = SEED) -> list[Layer]:
     for fan_in, fan_out in itertools.pairwise(sizes):
         w = rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)
         b = rng.standard_normal(fan_out) * 0.01
-        layers.append((w, b))
+        layers.append((w.astype(DTYPE), b.astype(DTYPE)))
     return layers
 
 
@@ -78,7 +83,7 @@ class Model:
         Each intermediate is a buffer of ``s``; rebinding ``h`` drops the previous one,
         which ``s``'s cleanup strategy frees, and closing ``s`` frees the rest.
         """
-        h = await s.constant(_as_array(rows), name="inputs")
+        h = await s.constant(as_inputs(rows), name="inputs")
         for w, b in self.layers[:-1]:
             h = await s.relu(await s.add(await s.matmul(h, w), b))
         w, b = self.layers[-1]
@@ -88,23 +93,43 @@ class Model:
     async def predict_fused(self, s: at.AsyncEagerSession, rows: list[list[float]]) -> Array:
         """The same forward pass as one ``apply`` op: two pool round trips per request instead of ten.
 
-        The weights still reach the kernel as the app session's buffers, uncopied.
+        The weights still reach the kernel as the app session's buffers, uncopied. The
+        width is checked here, on the loop: inside ``apply`` a shape error would be the
+        user function's own failure (``KernelError``, a 500), not the client's (a 422).
         """
-        x = await s.constant(_as_array(rows), name="inputs")
-        probs = await s.apply(_forward_kernel, x, *[t for layer in self.layers for t in layer])
+        x = as_inputs(rows)
+        if x.shape[1] != IN_FEATURES:
+            raise at.InvalidArgumentError(
+                f"forward: rows of {x.shape[1]} values, expected {IN_FEATURES}",
+                inputs=({"dtype": str(x.dtype), "shape": list(x.shape)},),
+            )
+        inputs = await s.constant(x, name="inputs")
+        probs = await s.apply(_forward_kernel, inputs, *[t for layer in self.layers for t in layer])
         assert not isinstance(probs, tuple)
         return await probs.numpy()
 
 
-def _as_array(rows: list[list[float]]) -> Array:
-    # On the event loop, on purpose: building an array from Python floats holds the GIL
-    # wherever it runs, and handing the op an ndarray spares it scanning a nested list
-    # for tensors (the ops accept tensors inside lists), element by element, in Python.
-    # A ragged batch raises ValueError here, before any buffer exists.
+def as_inputs(rows: list[list[float]]) -> Array:
+    """``rows`` as a 2-d float32 array; ragged rows raise :class:`~aiotensor.InvalidArgumentError`.
+
+    On the event loop, on purpose: building an array from Python floats holds the GIL
+    wherever it runs, and handing the op an ndarray spares it scanning a nested list for
+    tensors (the ops accept tensors inside lists), element by element, in Python.
+    """
     try:
-        return np.asarray(rows, dtype=np.float64)
-    except ValueError as exc:
-        raise at.InvalidArgumentError(f"inputs: {exc}") from None
+        x = np.asarray(rows, dtype=DTYPE)
+    except ValueError:  # ragged rows (numpy speaks of an "inhomogeneous shape")
+        lengths = sorted({len(r) for r in rows})
+        raise at.InvalidArgumentError(
+            f"inputs: rows of different lengths {lengths[:4]}; every row needs {IN_FEATURES} values",
+            inputs=({"value": f"list of {len(rows)} rows"},),
+        ) from None
+    if x.ndim != 2 or not x.size:
+        raise at.InvalidArgumentError(
+            f"inputs: expected a non-empty list of rows of {IN_FEATURES} values",
+            inputs=({"dtype": str(x.dtype), "shape": list(x.shape)},),
+        )
+    return x
 
 
 def _forward_kernel(x: Array, *weights: Array) -> Array:

@@ -73,13 +73,19 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def serve(
-    app: str, *, args: Sequence[str] = (), env: dict[str, str] | None = None, startup_timeout: float = 30.0
+    app: str,
+    *,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    startup_timeout: float = 30.0,
+    app_dir: Path = EXAMPLES_DIR,
+    loop: str = "uvloop",
 ) -> Iterator[RunningServer]:
-    """Serve ``app`` (``"module:attr"`` under :data:`EXAMPLES_DIR`) with ``uvicorn --loop uvloop``.
+    """Serve ``app`` (``"module:attr"`` under ``app_dir``) with ``uvicorn --loop uvloop``.
 
     Yields once ``/health`` answers; on exit sends SIGINT and waits for the process.
     The server runs with ``-W always::ResourceWarning`` so an unclosed session shows
-    up in :attr:`RunningServer.log`.
+    up in :attr:`RunningServer.log`. ``loop="asyncio"`` serves on the default loop.
     """
     for attempt in range(3):
         port = _free_port()
@@ -87,9 +93,9 @@ def serve(
             sys.executable,
             *("-W", "always::ResourceWarning"),
             *("-m", "uvicorn", app),
-            *("--app-dir", str(EXAMPLES_DIR)),
+            *("--app-dir", str(app_dir)),
             *("--host", "127.0.0.1", "--port", str(port)),
-            *("--loop", "uvloop", "--log-level", "warning", "--no-access-log"),
+            *("--loop", loop, "--log-level", "warning", "--no-access-log"),
             *args,
         ]
         with tempfile.TemporaryFile() as log:
