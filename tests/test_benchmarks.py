@@ -148,7 +148,7 @@ def test_web_benchmark_targets_are_ratios_to_the_same_run() -> None:
         m("numpy in handler", 512, 80, 400.0, 80),
         m("numpy to_thread", 512, 70, 100.0, 100),
     ]
-    verdicts = {t: (measured, met) for t, measured, met in targets(results)}
+    verdicts = {t: (measured, met) for t, measured, met in targets(results, subject="aiotensor (op by op)")}
     assert verdicts["16 rows: req/s >= 1.00x best baseline"] == ("1.10x (numpy in handler)", True)
     assert verdicts["16 rows: /health p99 <= to_thread's"] == ("5.0 vs 6.0 ms", True)
     assert verdicts["16 rows: RSS after <= 1.25x to_thread's"] == ("1.20x", True)
@@ -170,10 +170,10 @@ def test_web_benchmark_quick_run_writes_only_where_asked(tmp_path: Path) -> None
     before = tracked.stat().st_mtime_ns if tracked.exists() else None
     snippet = tmp_path / "web.md"
     argv = ["--quick", "--duration", "1", "--warmup", "0", "--after", "0.5", "--rows", "16"]
-    argv += ["--variants", "aiotensor (op by op)", "numpy to_thread", "--markdown", str(snippet)]
+    argv += ["--variants", bench_web.EXAMPLE, "numpy to_thread", "--markdown", str(snippet)]
     assert bench_web.main(argv) == 0  # 0: no request failed
     text = snippet.read_text()
-    assert "| 16 | aiotensor (op by op) |" in text
+    assert f"| 16 | {bench_web.EXAMPLE} |" in text
     assert "| 16 | numpy to_thread |" in text
     assert "| 16 rows: req/s >= 1.00x best baseline |" in text
     assert "| zero errors | 0 | yes |" in text
