@@ -192,8 +192,11 @@ class _Request:
         """The app returned or raised: stop watching, close the session, report."""
         self.finished = True
         watcher = self.watcher
-        if watcher is not None and not watcher.done():
-            watcher.cancel()
+        if watcher is not None:
+            if not watcher.done():
+                watcher.cancel()
+            elif not watcher.cancelled():
+                watcher.exception()  # a failed server receive() reached the app, if it asked; not logged again
         session = self.session
         if session is None:
             return
