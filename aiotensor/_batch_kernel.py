@@ -55,7 +55,7 @@ __all__ = ["CAP", "MIN_BYTES", "BatchKernel", "RecyclingOps", "take"]
 
 #: Bytes of dead intermediates kept per thread at most (the loop's and each worker's:
 #: a web service's resident set after a load grows by up to this much per thread).
-CAP = 8 * 1024 * 1024
+CAP = 4 * 1024 * 1024
 #: Outputs smaller than this are never recycled.
 MIN_BYTES = 64 * 1024
 
