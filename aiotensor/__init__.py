@@ -12,6 +12,9 @@ from ._backend import Backend as Backend
 from ._backend import InlineExecutor as InlineExecutor
 from ._backend import LocalBackend as LocalBackend
 from ._backend import PendingKernel as PendingKernel
+from ._batching import BatchedFunction as BatchedFunction
+from ._batching import BatchStats as BatchStats
+from ._batching import batched as batched
 from ._blas import blas_threads as blas_threads
 from ._blas import set_blas_threads as set_blas_threads
 from ._config import ResourceCleanupStrategy as ResourceCleanupStrategy
@@ -50,6 +53,8 @@ __all__ = [
     "AsyncEagerSession",
     "Backend",
     "BackendError",
+    "BatchStats",
+    "BatchedFunction",
     "BufferInfo",
     "Expr",
     "FusedFunction",
@@ -72,6 +77,7 @@ __all__ = [
     "Tensor",
     "WrongEventLoopError",
     "__version__",
+    "batched",
     "blas_threads",
     "function",
     "get_default_session",

@@ -11,18 +11,21 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import os
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol
 
+import numpy as np
+
 from ._blas import Gated
 from ._devices import CPU0
 from ._kernels import KernelResult, run_kernel
+from ._pool import Failed, WorkerPool, default_pool
+from ._priority import Priority, blas_threads_stale, refresh_blas_threads
+from ._split import Split, large_enough
 from ._types import NDArray
 
-__all__ = ["Backend", "InlineExecutor", "LocalBackend", "PendingKernel", "default_executor"]
+__all__ = ["DEFAULT_PRIORITY", "Backend", "InlineExecutor", "LocalBackend", "PendingKernel", "default_executor"]
 
 #: Fetches of more bytes than this copy on the pool rather than on the event loop.
 _COPY_ON_POOL_BYTES = 1 << 20
@@ -132,60 +135,31 @@ class InlineExecutor(concurrent.futures.Executor):
         return future
 
 
-_default_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_default_pool_lock = threading.Lock()
+#: The worker priority of sessions that do not set ``SessionConfig.worker_priority``.
+DEFAULT_PRIORITY: Priority = "low"
 
 
-def default_executor() -> concurrent.futures.ThreadPoolExecutor:
-    """The process-wide pool shared by sessions without ``max_workers``, sized to the cores.
+def default_executor() -> WorkerPool:
+    """The process-wide pool shared by sessions without a pool of their own, sized to the cores.
 
-    Created on first use; sharing it is what lets a request-scoped session start
-    without starting a thread.
+    At the default worker priority; a ``concurrent.futures.Executor``. Created on first
+    use; sharing it is what lets a request-scoped session start without starting a thread.
     """
-    global _default_pool
-    pool = _default_pool
-    if pool is None:
-        with _default_pool_lock:
-            pool = _default_pool
-            if pool is None:
-                pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=os.cpu_count() or 1, thread_name_prefix="aiotensor"
-                )
-                _default_pool = pool
-    return pool
-
-
-def _forget_pool_after_fork() -> None:
-    # A forked child inherits the pool object but not its threads.
-    global _default_pool
-    _default_pool = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool_after_fork)
-
-
-class _Failed:
-    """A kernel's exception, carried as a result: asyncio futures refuse ``StopIteration``
-    (the awaiter hangs) and turn ``concurrent.futures.CancelledError`` into a cancellation
-    of the awaiter, so no kernel exception is ever put into a future as such."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
+    return default_pool(DEFAULT_PRIORITY)
 
 
 def _guarded(
     ctx: contextvars.Context, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> KernelResult | _Failed:
+) -> KernelResult | Failed:
     try:
         return ctx.run(run_kernel, fn, args, kwargs)
     except BaseException as exc:  # delivered to the awaiter, which re-raises it
-        return _Failed(exc)
+        return Failed(exc)
 
 
 class _LocalPending:
+    """A kernel on a caller's ``concurrent.futures`` executor (``executor=``)."""
+
     __slots__ = ("_future", "_loop")
 
     def __init__(self, future: concurrent.futures.Future[Any], loop: asyncio.AbstractEventLoop) -> None:
@@ -194,7 +168,7 @@ class _LocalPending:
 
     def __await__(self) -> Generator[Any, None, KernelResult]:
         outcome = yield from asyncio.wrap_future(self._future, loop=self._loop).__await__()
-        if type(outcome) is _Failed:
+        if type(outcome) is Failed:
             raise outcome.exc
         result: KernelResult = outcome
         return result
@@ -205,7 +179,7 @@ class _LocalPending:
         loop = self._loop
 
         def hand_over(future: concurrent.futures.Future[Any]) -> None:
-            if future.cancelled() or future.exception() is not None or type(future.result()) is _Failed:
+            if future.cancelled() or future.exception() is not None or type(future.result()) is Failed:
                 return
             try:
                 loop.call_soon_threadsafe(adopt, future.result())
@@ -216,12 +190,15 @@ class _LocalPending:
 
 
 class LocalBackend(Backend):
-    """Kernels on a ``concurrent.futures`` executor, buffers as read-only ndarrays in this process.
+    """Kernels on aiotensor's worker pool (or any ``concurrent.futures`` executor), buffers as ndarrays here.
 
     Args:
-        executor: Where kernels run; ``None`` uses the process-wide pool
-            (:func:`default_executor`).
+        executor: Where kernels run; ``None`` uses the process-wide pool of
+            ``priority`` (:func:`default_executor` at the default priority). Any
+            ``concurrent.futures.Executor`` works; aiotensor's own pool gets the cheaper hop.
         owns_executor: Shut the executor down in :meth:`aclose`.
+        priority: The scheduling priority of the shared pool's workers, when
+            ``executor`` is ``None`` (see ``SessionConfig.worker_priority``).
 
     Attributes:
         inline_small_ops: Whether sessions may run cheap kernels inline on the event
@@ -230,15 +207,24 @@ class LocalBackend(Backend):
             then goes to it.
     """
 
-    def __init__(self, executor: concurrent.futures.Executor | None = None, *, owns_executor: bool = False) -> None:
+    def __init__(
+        self,
+        executor: concurrent.futures.Executor | None = None,
+        *,
+        owns_executor: bool = False,
+        priority: Priority = DEFAULT_PRIORITY,
+    ) -> None:
         self._executor = executor
         self._owns = owns_executor
+        self._priority = priority
+        # aiotensor's own pool: the shared one is looked up at first use (no thread before).
+        self._pool: WorkerPool | None = executor if isinstance(executor, WorkerPool) else None
         self.inline_small_ops = executor is None or owns_executor
 
     @property
     def executor(self) -> concurrent.futures.Executor:
         """The executor kernels run on."""
-        return self._executor if self._executor is not None else default_executor()
+        return self._executor if self._executor is not None else default_pool(self._priority)
 
     def devices(self) -> list[str]:
         return [CPU0]
@@ -255,9 +241,20 @@ class LocalBackend(Backend):
     def submit(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, device: str, blas: bool = False
     ) -> PendingKernel:
+        pool = self._pool
+        if pool is None and self._executor is None:
+            pool = self._pool = default_pool(self._priority)
         if blas:
             fn = Gated(fn)  # BLAS threads x pool workers <= cores (see _blas)
-        # copy_context: kernels see the caller's context variables (numpy's errstate too).
+            if blas_threads_stale():  # new BLAS threads since a fork: lower them once this product started them
+                fn = _RefreshAfter(fn)
+        elif pool is not None and pool.max_workers > 1 and (not kwargs or (len(kwargs) == 1 and "out" in kwargs)):
+            d = getattr(fn, "d", None)  # a Step: one op (out=: a buffer the session recycles)
+            if d is not None and d.ufunc and self.namespace == "numpy" and large_enough(args):
+                fn = Split(fn, d.kernel_for(np), pool.spawn, pool.max_workers)
+        if pool is not None:
+            # The pool copies the context: kernels see the caller's context variables (numpy's errstate too).
+            return pool.run(run_kernel, fn, args, kwargs)
         ctx = contextvars.copy_context()
         future = self.executor.submit(_guarded, ctx, fn, args, kwargs)
         return _LocalPending(future, asyncio.get_running_loop())
@@ -268,12 +265,24 @@ class LocalBackend(Backend):
 
         if sum(h.nbytes for h in handles) <= _COPY_ON_POOL_BYTES:
             return copy_all()
-        loop = asyncio.get_running_loop()
+        pool = self._pool
+        if pool is None and self._executor is None:
+            pool = self._pool = default_pool(self._priority)
+        pending = None
         try:
-            return await loop.run_in_executor(self.executor, copy_all)
+            if pool is not None:
+                try:
+                    pending = pool.run(copy_all)
+                except RuntimeError:  # the pool was shut down (a session that owns it closed)
+                    return copy_all()
+                copies: list[NDArray] = await pending
+                return copies
+            return await asyncio.get_running_loop().run_in_executor(self.executor, copy_all)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
+                if pending is not None:
+                    pending.abandon(_ignore)  # not started: never copies; else its copy is dropped
                 raise
             # Nobody cancelled the caller: the executor was shut down (a session that
             # owns its pool closed) before the copy started. The handles are still
@@ -289,3 +298,22 @@ class LocalBackend(Backend):
     async def aclose(self) -> None:
         if self._owns and self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _ignore(_: object) -> None:
+    pass
+
+
+class _RefreshAfter:
+    """A BLAS kernel after which the BLAS helper threads are lowered again (see ``_priority``)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            refresh_blas_threads()

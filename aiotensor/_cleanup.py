@@ -99,7 +99,6 @@ class BackgroundCleanup(CleanupPolicy):
         self._registry = registry
         self._loop = loop
         self._loop_thread = threading.get_ident()
-        self._event = asyncio.Event()
         registry.on_drop = self._on_drop
         # A run of inline ops gives the task no turn: such an op frees what was already
         # dropped itself (earlier than the task would, never later).
@@ -109,6 +108,8 @@ class BackgroundCleanup(CleanupPolicy):
 
     def _spawn(self) -> None:
         assert self._loop is not None
+        if self._event is None:
+            self._event = asyncio.Event()  # with the task: a session that drops nothing needs neither
         task = self._loop.create_task(self._run(), name="aiotensor-cleanup")
         task.add_done_callback(self._supervise)
         self._task = task

@@ -238,10 +238,11 @@ def _blas() -> list[dict[str, Any]] | str:
 
 
 def collect_info() -> dict[str, Any]:
-    """What ``aiotensor info`` reports: versions, devices, pool size and BLAS threads."""
+    """What ``aiotensor info`` reports: versions, devices, pool size and priority, BLAS threads."""
     import numpy
 
-    from ._backend import default_executor
+    from ._backend import DEFAULT_PRIORITY, default_executor
+    from ._priority import describe
 
     pool = default_executor()
     return {
@@ -253,8 +254,9 @@ def collect_info() -> dict[str, Any]:
         "uvloop": _version("uvloop"),
         "devices": AsyncEagerSession().list_devices(),
         "cpu_count": os.cpu_count(),
-        # The process-wide pool's size (ThreadPoolExecutor keeps it in a private field).
-        "pool_workers": getattr(pool, "_max_workers", None),
+        "pool_workers": pool.max_workers,
+        # What SessionConfig.worker_priority does by default, on this platform.
+        "worker_priority": describe(DEFAULT_PRIORITY),
         "blas": _blas(),
         "physical_memory": PHYSICAL_MEMORY,
     }
@@ -277,6 +279,7 @@ def _info(args: argparse.Namespace) -> int:
         "uvloop": info["uvloop"] or "not installed",
         "devices": ", ".join(info["devices"]),
         "pool workers": f"{info['pool_workers']} (cpu count {info['cpu_count']})",
+        "worker priority": info["worker_priority"],
         "BLAS": blas,
         "memory": f"{info['physical_memory']:,} bytes" if info["physical_memory"] else "unknown",
     }

@@ -102,6 +102,16 @@ def _doc(d: OpDef, indent: str) -> str:
 def _body(d: OpDef, call: str, target: str, has_name: bool, indent: str) -> str:
     name = "name" if has_name else "None"
     ret = _RETURNS[d.returns]
+    if d.elementwise:
+        # The engine's synchronous lean path first: one coroutine frame fewer when it applies.
+        args = f"({call}{',' if call.count(',') == 0 and call else ''})"
+        return (
+            f"{indent}engine = {target}\n"
+            f"{indent}r = engine.lean(_{d.name}, {args}, {name})\n"
+            f"{indent}if r is None:\n"
+            f"{indent}    r = await engine.op(_{d.name}, {args}, None, None, {name})\n"
+            f"{indent}return r\n"
+        )
     if d.plain:
         prepared = f"({call}{',' if call.count(',') == 0 and call else ''}), None, None"
         return f"{indent}r: {ret} = await {target}.op(_{d.name}, {prepared}, {name})\n{indent}return r\n"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ._errors import InvalidArgumentError
 from ._memory import check_wait
+from ._priority import Priority, validate
 
 __all__ = ["ResourceCleanupStrategy", "SessionConfig"]
 
@@ -52,6 +53,20 @@ class SessionConfig:
             every ``apply`` and fused function, run on the pool. ``0`` sends every
             kernel to the pool. Only sessions on the shared pool or their own
             (``max_workers``) inline; an explicit ``executor=`` gets every kernel.
+        buffer_cache_bytes: Bytes of freed buffers (each of at least 64 KiB) the
+            session keeps to write the next results of the same shape and dtype into
+            (``out=``), saving the page faults of fresh allocations. Shared with child
+            sessions, counted in ``stats().cached_bytes`` (not ``live_bytes``) and
+            against ``memory_limit`` (the cache gives way first), released at close or
+            by :meth:`AsyncEagerSession.trim`. ``0`` turns it off. See
+            ``docs/guides/performance-tuning.md`` for sizing.
+        worker_priority: The scheduling priority of the pool workers and of the BLAS
+            threads they drive, so that kernels yield the cores to the event loop
+            (Linux; unchanged elsewhere): ``"low"`` (nice 10, the default),
+            ``"idle"`` (``SCHED_IDLE``), a nice value 0-19, or ``"normal"`` (off).
+            The trade-off: lowered threads also yield to other processes (see
+            ``docs/guides/performance-tuning.md``). Sessions on the shared pool share
+            one pool per priority; an explicit ``executor=`` is left as it is.
     """
 
     allow_soft_placement: bool = False
@@ -60,8 +75,16 @@ class SessionConfig:
     memory_limit: int | None = None
     inline_threshold_us: float = 50.0
     memory_wait: float | None = None
+    buffer_cache_bytes: int = 64 << 20
+    worker_priority: Priority = "low"
 
     def __post_init__(self) -> None:
+        cache = self.buffer_cache_bytes
+        if isinstance(cache, bool) or not isinstance(cache, int) or cache < 0:
+            raise InvalidArgumentError(f"SessionConfig.buffer_cache_bytes must be an int >= 0, got {cache!r}")
+        problem = validate(self.worker_priority)
+        if problem is not None:
+            raise InvalidArgumentError(f"SessionConfig.worker_priority {problem}")
         limit = self.inline_threshold_us
         if isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 <= limit < float("inf"):
             raise InvalidArgumentError(f"SessionConfig.inline_threshold_us must be a finite number >= 0, got {limit!r}")

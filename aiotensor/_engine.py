@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _defaults
+from ._allocator import out_for
+from ._backend import Backend
 from ._cost import INLINE_STREAK, OVERHEAD_NS, PER_BYTE, Spec, estimate_us, out_spec
 from ._errors import (
     AioTensorError,
@@ -36,14 +38,13 @@ from ._errors import (
 )
 from ._expr import Expr
 from ._kernels import KernelResult, as_numeric, finalize, info, kernel_error, normalize
-from ._opdef import Cost, OpDef, namespace
+from ._opdef import OPS, Cost, OpDef, namespace
 from ._ops._apply import label as apply_label
-from ._program import Program, Ref, Step, compile_program
+from ._program import Program, Ref, Step, compile_program, compiled
 from ._registry import Registry
 from ._tensor import Tensor, make_tensor
 
 if TYPE_CHECKING:
-    from ._backend import Backend
     from ._cleanup import CleanupPolicy
     from ._types import NDArray
 
@@ -52,8 +53,14 @@ __all__ = ["Engine", "State", "engine_of"]
 logger = logging.getLogger("aiotensor")
 
 _ndarray = np.ndarray
+_ufunc = np.ufunc
 _UNKNOWN = Cost.UNKNOWN
 _get_loop = asyncio.get_running_loop
+_base_run_inline = Backend.run_inline
+# Ops the lean path of Engine.op takes: plain element-wise ops of one output, kernels of numpy's.
+_ELEMENTWISE = frozenset(d for d in OPS.values() if d.elementwise and d.kernel_for(np) is not None)
+# Their cost model's ns per byte, by op (an enum's hash is a Python call: too slow here).
+_PER_BYTE_OF = {d: PER_BYTE[d.cost] for d in _ELEMENTWISE}
 
 
 class State(enum.Enum):
@@ -98,8 +105,23 @@ class Engine:
         self._inline_us = backend.inline_limit_us(inline_us)
         self._xp_name = backend.namespace
         self._xp = namespace(backend.namespace)
+        # A backend that keeps the base class's run_inline lets the engine call kernels itself.
+        self._plain_inline = type(backend).run_inline is _base_run_inline
         self._streak = 0
         self._log = log_placement
+        # Whether op() may take its lean path (see there): kernels inline, numpy, no limit to check.
+        self._lean = (
+            self._inline_us > 0
+            and self._plain_inline
+            and self._xp is np
+            and registry.memory_limit is None
+            and not log_placement
+        )
+        # The cost model's estimate (``_cost``) of an element-wise op is OVERHEAD_NS plus
+        # bytes touched x ns per byte: it runs inline when the second term fits in this.
+        self._inline_ns = self._inline_us * 1000.0 - OVERHEAD_NS
+        # The lean path's device (a remote backend may know its devices only once started).
+        self._device = backend.default_device if self._lean else ""
         self._soft = soft_placement
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -140,19 +162,17 @@ class Engine:
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._loop_thread = threading.get_ident()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._closed_event = asyncio.Event()
+        # The events close() waits on are made when it has to wait: most sessions never do.
 
     async def _start(self) -> None:
         loop = _get_loop()
         self._bind(loop)
-        assert self._closed_event is not None
         try:
             await self.backend.start()
         except BaseException:
             self.state = State.CLOSED
-            self._closed_event.set()
+            if self._closed_event is not None:
+                self._closed_event.set()
             raise
         self.policy.start(self.registry, loop)
         if self.state is State.OPENING:
@@ -173,19 +193,21 @@ class Engine:
         if loop is not self._loop:
             raise self._wrong_loop()
 
-    async def close(self, close_backend: Callable[[], Any]) -> None:
+    async def close(self, close_backend: Callable[[], Any] | None) -> None:
         """Refuse new ops, let in-flight ops settle, stop cleanup and free every buffer (idempotent)."""
         state = self.state
         if state is State.CLOSED:
             return
         if state is State.CLOSING:
-            assert self._closed_event is not None
+            if self._closed_event is None:
+                self._closed_event = asyncio.Event()
             await self._closed_event.wait()
             return
         if state is State.UNOPENED:
             self.state = State.CLOSED
             _defaults.replace_interactive(self.session, None)
-            await close_backend()
+            if close_backend is not None:
+                await close_backend()
             return
         if state is State.OPENING:
             assert self._opening is not None
@@ -197,7 +219,7 @@ class Engine:
         self.state = State.CLOSING
         try:
             if self.inflight:
-                assert self._idle is not None
+                self._idle = asyncio.Event()  # set by the last kernel to settle
                 await self._idle.wait()
         finally:
             stopping = self.policy.stop()
@@ -210,7 +232,8 @@ class Engine:
                 if stopping is not None:
                     await asyncio.wait([stopping])
             finally:  # also when that wait is cancelled (anyio cancels every await in a scope)
-                await close_backend()
+                if close_backend is not None:
+                    await close_backend()
 
     def finalize_unclosed(self) -> bool:
         """The session was dropped open: free everything on its loop. False if it was not open."""
@@ -285,6 +308,10 @@ class Engine:
         self, d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, nbytes: int | None, name: str | None
     ) -> Any:
         """Run op ``d`` on prepared arguments; its tensor (a list for ``split``, a tuple for multi-output ``apply``)."""
+        if kwargs is None and d in _ELEMENTWISE:
+            t = self.lean(d, args, name)
+            if t is not None:
+                return t
         if self._streak >= INLINE_STREAK:
             # Inline ops never suspend: after a run of them, let other tasks (and the
             # cleanup task) have the loop once. Before anything is reserved or run.
@@ -331,12 +358,119 @@ class Engine:
                     return self._register(out, label, name, device)
                 return (await self._own(out, label, name, None, device))[0]
             return await self._inline(d, label, bufs, kw, nbytes, name, checked, args, device)
+        if not kw and d in _ELEMENTWISE and self.registry.cache is not None:
+            kw = self._recycled_out(d, bufs)
         step = Step(d, checked, self._xp_name, getattr(args[0], "__name__", None) if d.user else None)
         described = args[1:] if d.user else args  # apply: the function is in the label
         tensors, multi = await self.call(
             label, step, tuple(bufs), kw, described, user=d.user, nbytes=nbytes, name=name, blas=d.blas
         )
         return _shape_result(d, tensors, multi)
+
+    def lean(self, d: OpDef, args: tuple[Any, ...], name: str | None) -> Tensor | None:
+        """The lean path of an element-wise op (``d`` in ``_ELEMENTWISE``), synchronously; None to take :meth:`op`.
+
+        Session methods and module-level functions of such ops call it before
+        :meth:`op`, saving a coroutine frame on the hottest path.
+        """
+        if not (
+            self._lean
+            and self.state is _OPEN
+            and self._streak < INLINE_STREAK
+            and (name is None or type(name) is str)
+            and _get_loop() is self._loop
+            and self.device_var.get() is None
+        ):
+            return None
+        # The hottest path: an element-wise op on tensors of one shape and numbers, cheap
+        # enough to run inline, in a session without a memory limit. Each step is the
+        # general path's below, without its calls; anything unusual falls through to it.
+        bufs = []
+        shape = None
+        total = largest = 0
+        for a in args:
+            ta = type(a)
+            if ta is Tensor:
+                owner = a._engine
+                if owner is not self and owner not in self.ancestors:
+                    break
+                entry = a._registry._buffers.get(a._rid)
+                if entry is None or (shape is not None and a._shape != shape):
+                    break
+                shape = a._shape
+                n = a._nbytes
+                total += n
+                if n > largest:
+                    largest = n
+                bufs.append(entry[0])
+            elif ta is float or ta is int:
+                bufs.append(a)
+            else:
+                break
+        else:
+            if shape is not None and (total + largest) * _PER_BYTE_OF[d] <= self._inline_ns:
+                policy = self.policy
+                safe_point = policy.safe_point
+                if safe_point is not None:
+                    safe_point()
+                if policy.inline_point is not None:
+                    policy.inline_point()
+                self._streak += 1
+                kernel = d._np_kernel
+                cache = self.registry.cache
+                try:
+                    if cache is not None and largest >= cache.min_bytes and cache.cached_bytes:
+                        recycled = out_for(cache, kernel, bufs) if type(kernel) is _ufunc else None
+                        out = kernel(*bufs) if recycled is None else kernel(*bufs, out=recycled)  # type: ignore[misc]
+                    else:
+                        out = kernel(*bufs)  # type: ignore[misc]
+                except Exception as exc:
+                    error = kernel_error(d.name, args, exc, False)
+                    raise error from error.__cause__
+                if type(out) is _ndarray and out.base is None:
+                    flags = out.flags
+                    if flags.writeable:
+                        flags.writeable = False
+                        registry = self.registry
+                        nbytes = out.nbytes
+                        t = make_tensor(
+                            self,
+                            registry,
+                            registry.add(out, nbytes),
+                            out.shape,
+                            out.dtype,
+                            nbytes,
+                            name or (d.name, -1),
+                            self._device,
+                        )
+                        if safe_point is not None:
+                            safe_point()
+                        return t
+                # A numpy scalar (0-d inputs), an input returned as it is: owned as _own would
+                # (no memory limit to fit here), as the op's one result.
+                result = normalize(out)
+                tensors = [
+                    self._wrap(b.handle, b.shape, b.dtype, b.nbytes, d.name, name, i, result.multi, self._device)
+                    for i, b in enumerate(result.buffers)
+                ]
+                if safe_point is not None:
+                    safe_point()
+                return tensors[0]
+        return None
+
+    def _recycled_out(self, d: OpDef, bufs: list[Any]) -> dict[str, Any]:
+        # A large element-wise ufunc on the pool writes into a buffer the session freed
+        # (``out=``): no page faults, and the resident set stays flat (see ``_allocator``).
+        cache = self.registry.cache
+        kernel = d._np_kernel
+        if cache is None or type(kernel) is not _ufunc or self._xp is not np:
+            return {}
+        if not cache.cached_bytes:
+            return {}
+        if max((b.nbytes for b in bufs if type(b) is _ndarray), default=0) < cache.min_bytes:
+            return {}
+        recycled = out_for(cache, kernel, bufs)
+        return {} if recycled is None else {"out": recycled}
 
     def _value(self, v: Any, op: str) -> Any:
         tv = type(v)
@@ -448,6 +582,25 @@ class Engine:
         inline = est_us <= self._inline_us and self._inline_us > 0
         if inline and policy.inline_point is not None:
             policy.inline_point()
+        if inline and nbytes is None and registry.memory_limit is None and self._plain_inline:
+            # The common inline case: nothing to reserve or fit; a fresh array is owned as it is.
+            self._streak += 1
+            try:
+                out = kernel(*bufs, **kw) if kw else kernel(*bufs)
+                fresh = type(out) is _ndarray and out.base is None and out.flags.writeable
+                result = None if fresh else normalize(out)
+            except (asyncio.CancelledError, AioTensorError):
+                raise
+            except Exception as exc:
+                error = kernel_error(label, described, exc, user)
+                raise error from error.__cause__
+            finally:
+                if budget is not None:
+                    self._settle(budget)  # before the result is registered: peak counts it once
+            if result is None:
+                out.flags.writeable = False
+                return [self._register(out, label, name, device)], False
+            return await self._own(result, label, name, nbytes, device), result.multi
         if nbytes is not None or registry.memory_limit is not None:
             await self._reserve(label, nbytes)
         if registry.memory_limit is not None and budget is not None:
@@ -479,17 +632,22 @@ class Engine:
         finally:
             if nbytes is not None:
                 registry.unreserve(nbytes)
-            if budget is not None and budget.count > budget.escaped and not registry.closed:
-                # Intermediates never reached the registry: record them as allocated and
-                # freed, and their peak in peak_bytes.
-                registry.allocated += budget.count - budget.escaped
-                registry.freed += budget.count - budget.escaped
-                registry.peak_bytes = max(registry.peak_bytes, registry.live_bytes + budget.peak)
+            if budget is not None:
+                self._settle(budget)
         if self.state is not _OPEN:
             for buf in result.buffers:
                 self.backend.release(buf.handle)
             raise SessionClosedError(f"{label}: the session was closed while the op ran")
         return await self._own(result, label, name, nbytes, device), result.multi
+
+    def _settle(self, budget: Any) -> None:
+        registry = self.registry
+        if budget.count > budget.escaped and not registry.closed:
+            # Intermediates never reached the registry: record them as allocated and
+            # freed, and their peak in peak_bytes.
+            registry.allocated += budget.count - budget.escaped
+            registry.freed += budget.count - budget.escaped
+            registry.peak_bytes = max(registry.peak_bytes, registry.live_bytes + budget.peak)
 
     async def _own(
         self, result: KernelResult, label: str, name: str | None, reserved: int | None, device: str
@@ -523,9 +681,6 @@ class Engine:
             registry.reserve(nbytes, label, reclaim=self.policy.reclaims)
 
     async def _await_kernel(self, pending: Any) -> KernelResult:
-        if not self.inflight:
-            assert self._idle is not None
-            self._idle.clear()
         self.inflight += 1
         try:
             result: KernelResult = await pending
@@ -541,8 +696,7 @@ class Engine:
             raise
         finally:
             self.inflight -= 1
-            if not self.inflight:
-                assert self._idle is not None
+            if not self.inflight and self._idle is not None:
                 self._idle.set()
 
     def _wrap(
@@ -615,34 +769,45 @@ class Engine:
 
     async def evaluate_expr(self, expr: Expr) -> Tensor:
         """``await expr``: its tensor, in the session that may read all its tensors."""
-        (t,) = await self.evaluate([expr], None, choose=True)
-        return t  # type: ignore[no-any-return]
+        if expr._n == 1:  # one node: the op path (see evaluate)
+            (t,) = await self.evaluate([expr], None, choose=True)
+            return t  # type: ignore[no-any-return]
+        expr._used = True
+        program, leaves, costs = compiled(expr, _is_tensor, self._xp_name, Expr)
+        engine = self._engine_for(leaves)
+        tensors = await engine._run_program(program, leaves, [expr], None, costs)
+        return tensors[0]  # type: ignore[no-any-return]
 
     async def evaluate(self, roots: list[Expr], name: str | None = None, *, choose: bool = False) -> list[Any]:
         """Evaluate expressions in one program; only their results are registered."""
         for r in roots:
             r._used = True
+        costs: dict[float, float] = {}
         if len(roots) == 1:
             r = roots[0]
-            if not any(type(x) is Expr for x in _flat(r._args, r._kwargs)):
+            if r._n == 1:
                 # One node on tensors and values: the op path, without compiling anything.
                 engine = (
                     self._engine_for([x for x in _flat(r._args, r._kwargs) if type(x) is Tensor]) if choose else self
                 )
                 return [await engine.op(r._d, r._args, r._kwargs, r._nbytes, name)]
-        program, leaves = compile_program(roots, _is_tensor, self._xp_name, Expr)
+            program, leaves, costs = compiled(r, _is_tensor, self._xp_name, Expr)
+        else:
+            program, leaves = compile_program(roots, _is_tensor, self._xp_name, Expr)
         engine = self._engine_for(leaves) if choose else self
-        return await engine._run_program(program, leaves, roots, name)
+        return await engine._run_program(program, leaves, roots, name, costs)
 
     async def _run_program(
-        self, program: Program, leaves: list[Tensor], roots: list[Expr], name: str | None
+        self, program: Program, leaves: list[Tensor], roots: list[Expr], name: str | None, costs: dict[float, float]
     ) -> list[Any]:
         if self.state is not _OPEN:
             await self.open()
         self.check_loop()
         label = roots[0]._d.name if len(roots) == 1 else "run"
-        bufs = tuple(self.buffer(t, label) for t in leaves)
-        est = self._program_cost(program, leaves)
+        bufs = tuple([self.buffer(t, label) for t in leaves])
+        est = costs.get(self._inline_us)
+        if est is None:
+            est = costs[self._inline_us] = self._program_cost(program, leaves)
         tensors, _ = await self.call(
             label,
             program,

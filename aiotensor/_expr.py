@@ -14,6 +14,7 @@ key); element-wise comparison is ``at.equal``.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -215,23 +216,72 @@ class Expr(Operand):
     never awaited does.
     """
 
-    __slots__ = ("__weakref__", "_args", "_d", "_kwargs", "_nbytes", "_used")
+    __slots__ = ("__weakref__", "_args", "_d", "_kwargs", "_lv", "_n", "_nbytes", "_sig", "_used")
     _used: bool
+    #: The structure of the expression, by value (ops, constants, where tensors go), or
+    #: None when it holds something only identity describes (an array) or is too large:
+    #: the key of the compiled-program cache (``_engine``), so a formula evaluated in a
+    #: loop compiles once.
+    _sig: tuple[Any, ...] | None
+    #: The tensors it reads, one entry per occurrence, in the order ``_sig`` meets them.
+    _lv: tuple[Any, ...]
+    #: The number of nodes, counting a shared subexpression once per use.
+    _n: int
 
     def __init__(self, d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, nbytes: int | None) -> None:
+        sig: list[Any] | None = [d]
+        lv: tuple[Any, ...] = ()
+        n = 1
         for a in args:
             ta = type(a)
             if ta is Expr:
                 a._used = True  # evaluated as part of this one (or this one warns)
+                n += a._n
+                if sig is not None:
+                    s = a._sig
+                    if s is None:
+                        sig = None
+                    else:
+                        sig.append(s)
+                        lv += a._lv
+            elif ta is _Tensor:
+                if sig is not None:
+                    sig.append(_LEAF)
+                    lv += (a,)
+            elif sig is not None:
+                if (ta is float and a == a and a != 0.0) or ta is int:
+                    sig.append((ta, a))
+                else:
+                    k, more, m = _value_key(a)
+                    n += m
+                    if k is None:
+                        sig = None
+                    else:
+                        sig.append(k)
+                        lv += more
             elif ta is list or ta is tuple:
-                for e in a:
-                    if type(e) is Expr:
-                        e._used = True
+                n += _mark_used(a)
+        if kwargs:
+            for name, v in kwargs.items():
+                k, more, m = _value_key(v)
+                n += m
+                if k is None or sig is None:
+                    sig = None
+                else:
+                    sig.append((name, k))
+                    lv += more
         self._d = d
         self._args = args
         self._kwargs = kwargs
         self._nbytes = nbytes
         self._used = False
+        self._n = n
+        if sig is not None and n <= _MAX_SIG_NODES:
+            self._sig = tuple(sig)
+            self._lv = lv
+        else:
+            self._sig = None
+            self._lv = ()
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
         if not getattr(self, "_used", True):
@@ -247,6 +297,8 @@ class Expr(Operand):
 
     def _leaf(self) -> Any:
         # The first tensor of the expression: its engine finds the one that evaluates.
+        if self._lv:
+            return self._lv[0]
         stack: list[Any] = [self]
         seen: set[int] = set()
         while stack:
@@ -281,6 +333,63 @@ class Expr(Operand):
         parts = [_short(a) for a in self._args]
         parts += [f"{k}={_short(v)}" for k, v in (self._kwargs or {}).items() if v is not None]
         return f"Expr({self._d.name}({', '.join(parts)}))"
+
+
+#: Larger expressions are compiled at each evaluation rather than cached: their keys
+#: would cost more to build and compare than compiling does.
+_MAX_SIG_NODES = 256
+#: Where a tensor goes in a signature (which tensor is told apart at evaluation).
+_LEAF = ("T",)
+#: Set by ``_tensor`` (a layer above) to ``Tensor``.
+_Tensor: type = type(None)
+_HASHED_BY_VALUE = frozenset({bool, str, type(None), complex, type(Ellipsis)})
+
+
+def _mark_used(seq: list[Any] | tuple[Any, ...]) -> int:
+    n = 0
+    for e in seq:
+        if type(e) is Expr:
+            e._used = True
+            n += e._n
+    return n
+
+
+def _value_key(x: Any) -> tuple[Any, tuple[Any, ...], int]:
+    """(key by value or None, tensors read, expression nodes) of an argument that is not a plain number."""
+    tx = type(x)
+    if tx is Expr:
+        x._used = True
+        return x._sig, x._lv, x._n
+    if tx is _Tensor:
+        return _LEAF, (x,), 0
+    if tx is float:
+        if x != x:  # NaN: never equal to itself, so never found in the cache
+            return None, (), 0
+        return (float, x, math.copysign(1.0, x)), (), 0  # 0.0 and -0.0 differ in results
+    if tx is int or tx in _HASHED_BY_VALUE:
+        return (tx, x), (), 0
+    if tx is list or tx is tuple:
+        keys: list[Any] = [tx]
+        lv: tuple[Any, ...] = ()
+        n = 0
+        for e in x:
+            k, more, m = _value_key(e)
+            n += m
+            if k is None:
+                n += _mark_used(x)
+                return None, (), n
+            keys.append(k)
+            lv += more
+        return tuple(keys), lv, n
+    if tx is slice:
+        parts = [_value_key(p)[0] for p in (x.start, x.stop, x.step)]
+        return (None if None in parts else (slice, *parts)), (), 0
+    if isinstance(x, np.dtype) or (isinstance(x, type) and issubclass(x, np.generic)):
+        return (type, x), (), 0
+    if isinstance(x, np.generic) and x.dtype.kind in "biuf":
+        k = _value_key(x.item())[0]  # NaN gives None, as above; the type stays (NEP 50: numpy scalars are strong)
+        return (None if k is None else (tx, k)), (), 0
+    return None, (), 0  # arrays, user objects: told apart only by identity
 
 
 def _numpy_method(x: Operand, method: str, args: Any, numpy_kwargs: dict[str, Any]) -> Expr:

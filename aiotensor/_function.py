@@ -66,7 +66,7 @@ class FusedValue:
 
     def __del__(self) -> None:
         if self._made:
-            self._ops._budget.live -= self._arr.nbytes
+            self._ops._dead(self._arr)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -115,10 +115,12 @@ class FusedOps:
 
     __slots__ = ("_budget", "_engine", "_estimate")
 
-    def __init__(self, engine: Engine, budget: Budget) -> None:
+    def __init__(self, engine: Engine, budget: Budget, measure: bool = True) -> None:
         self._engine = engine
         self._budget = budget
-        self._estimate = 0.0  # the cost model's µs for the ops run so far (as for single ops)
+        # The cost model's µs for the ops run so far (as for single ops), when the call
+        # is measured (the first for its shapes).
+        self._estimate: float | None = 0.0 if measure else None
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         raise AttributeError(f"fused functions have no op {name!r}")
@@ -135,23 +137,42 @@ class FusedOps:
 
     def _run(self, d: OpDef, *args: Any, **kwargs: Any) -> Any:
         # The same spec and kernel as the op outside, on this thread, at once.
-        if (not d.plain and "name" not in d.spec.__code__.co_varnames) or d.plain:
-            kwargs.pop("name", None)
-        args, kw, _ = d.prepare(*args, **kwargs)
+        if kwargs and "name" in kwargs and d not in _TAKES_NAME:
+            del kwargs["name"]
+        if d.plain:
+            kw: dict[str, Any] | None = kwargs or None
+        else:
+            args, kw, _ = d.spec(*args, **kwargs)
         label = d.name
-        vals = tuple(self._arg(a, label) for a in args)
-        kw = {k: self._arg(v, label) for k, v in kw.items()} if kw else {}
-        self._estimate += estimate_us(d, vals, kw, None)
+        vals = tuple([a._arr if type(a) is FusedValue else self._arg(a, label) for a in args])
+        if kw:
+            kw = {k: self._arg(v, label) for k, v in kw.items()}
+        if self._estimate is not None:
+            self._estimate += estimate_us(d, vals, kw, None)
+        engine = self._engine
+        kernel = d._np_kernel if engine._xp is np else None
+        if kernel is None:
+            kernel = d.kernel_for(engine._xp)
         try:
             n = d.data
             call = (*[v if type(v) is _ndarray else as_numeric(v) for v in vals[:n]], *vals[n:]) if n else vals
-            out = d.kernel_for(self._engine._xp)(*call, **kw)
+            out = self._call(d, kernel, call, kw)
         except Exception as exc:  # the same errors as the op would raise outside
             error = kernel_error(label, args, exc, d.user)
             raise error from error.__cause__
+        if type(out) is _ndarray:
+            return self._made(out, label)
         if isinstance(out, tuple | list):
             return [self._made(np.asarray(o), label) for o in out]
         return self._made(np.asarray(out), label)
+
+    def _call(self, d: OpDef, kernel: Callable[..., Any], args: tuple[Any, ...], kw: dict[str, Any] | None) -> Any:
+        # The kernel call, a method so that batched functions can give it recycled outputs.
+        return kernel(*args, **kw) if kw else kernel(*args)
+
+    def _dead(self, arr: NDArray) -> None:
+        # A value made in this run was dropped.
+        self._budget.live -= arr.nbytes
 
     def _made(self, arr: NDArray, op: str) -> FusedValue:
         if arr.base is None and arr.flags.writeable:
@@ -173,6 +194,9 @@ def _fused_op(d: OpDef) -> Callable[..., Any]:
 
 for _d in OPS.values():
     setattr(FusedOps, _d.name, _fused_op(_d))
+
+# Ops whose spec takes ``name=`` (the others drop it: a fused value has no name).
+_TAKES_NAME = frozenset(d for d in OPS.values() if not d.plain and "name" in d.spec.__code__.co_varnames)
 
 
 def _operator(name: str, reflected: bool = False) -> Callable[..., Any]:
@@ -208,23 +232,28 @@ def _result(x: Any, budget: Budget) -> Any:
 class _Kernel:
     """The kernel of one call: wraps the arguments, calls ``fn``, unwraps its results, times itself."""
 
-    __slots__ = ("budget", "elapsed", "engine", "estimate", "fn")
+    __slots__ = ("budget", "elapsed", "engine", "estimate", "fn", "measure")
 
-    def __init__(self, fn: Callable[..., Any], engine: Engine, budget: Budget) -> None:
+    def __init__(self, fn: Callable[..., Any], engine: Engine, budget: Budget, measure: bool) -> None:
         self.fn = fn
         self.engine = engine
         self.budget = budget
+        self.measure = measure
         self.elapsed = math.inf
         self.estimate = math.inf
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        ops = FusedOps(self.engine, self.budget)
-        wrap = functools.partial(_wrap_arg, ops=ops)
-        out = self.fn(ops, *[wrap(a) for a in args], **{k: wrap(v) for k, v in kwargs.items()})
+        ops = FusedOps(self.engine, self.budget, self.measure)
+        wrapped = [FusedValue(a, ops, False) if type(a) is _ndarray else _wrap_arg(a, ops) for a in args]
+        if kwargs:
+            out = self.fn(ops, *wrapped, **{k: _wrap_arg(v, ops) for k, v in kwargs.items()})
+        else:
+            out = self.fn(ops, *wrapped)
         out = [_result(o, self.budget) for o in out] if isinstance(out, tuple | list) else _result(out, self.budget)
         self.elapsed = (time.perf_counter() - start) * 1e6
-        self.estimate = ops._estimate
+        if ops._estimate is not None:
+            self.estimate = ops._estimate
         return out
 
 
@@ -238,9 +267,44 @@ def _wrap_arg(x: Any, ops: FusedOps) -> Any:
 
 def _shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(
-        (a._shape, a._dtype.str) if type(a) is Tensor else (type(a), getattr(a, "shape", None))
+        (a._shape, a._dtype) if type(a) is Tensor else (type(a), getattr(a, "shape", None))
         for a in (*args, *kwargs.values())
     )
+
+
+class Placement:
+    """Where the runs of one function go, per key of argument shapes (see the module docstring).
+
+    Shared by fused and batched functions: :meth:`estimate` is the ``est_us`` to run
+    with (``None`` until a run has been measured: run on the pool, and measure the run),
+    :meth:`record` learns from a run.
+    """
+
+    __slots__ = ("_strikes", "_timings")
+
+    def __init__(self) -> None:
+        self._timings: dict[tuple[Any, ...], float] = {}
+        self._strikes: dict[tuple[Any, ...], int] = {}
+
+    def estimate(self, key: tuple[Any, ...]) -> float | None:
+        """The estimated µs of a run with these shapes (``inf``: never inline), ``None`` before the first."""
+        return self._timings.get(key)
+
+    def record(self, key: tuple[Any, ...], est: float, estimate: float, elapsed: float, limit: float) -> None:
+        """Learn from a run made with ``est``: the cost model's ``estimate`` of it and its ``elapsed`` µs."""
+        if key not in self._timings:
+            # First call for these shapes ran on the pool: from now on the cost model's sum
+            # over the ops it ran decides, as for single ops.
+            self._timings[key] = estimate
+        elif est <= limit and elapsed > 4 * limit:
+            # It ran inline and took far longer than the model said: a first run on this
+            # thread may be cold once (BLAS warming up), but twice means the function does
+            # work of its own between ops: never inline it again for these shapes.
+            strikes = self._strikes[key] = self._strikes.get(key, 0) + 1
+            if strikes >= 2:
+                self._timings[key] = math.inf
+        elif est <= limit:
+            self._strikes.pop(key, None)  # only consecutive slow runs count (a GC pause is one)
 
 
 class FusedFunction:
@@ -258,8 +322,7 @@ class FusedFunction:
         self._fn = fn
         self._session = session
         self._op = f"function({getattr(fn, '__name__', type(fn).__name__)})"
-        self._timings: dict[tuple[Any, ...], float] = {}
-        self._strikes: dict[tuple[Any, ...], int] = {}
+        self._placement = Placement()
         functools.update_wrapper(self, fn)
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Tensor | tuple[Tensor, ...]:
@@ -271,23 +334,12 @@ class FusedFunction:
         kw = {k: _buffers(engine, v, self._op) for k, v in kwargs.items()}
         key = _shape_key(args, kwargs)
         budget = Budget("a fused function")
-        kernel = _Kernel(self._fn, engine, budget)
-        est = self._timings.get(key, math.inf)
+        est = self._placement.estimate(key)
+        kernel = _Kernel(self._fn, engine, budget, measure=est is None)
+        if est is None:
+            est = math.inf
         tensors, multi = await engine.call(self._op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget)
-        limit = engine.inline_us
-        if key not in self._timings:
-            # First call for these shapes ran on the pool: from now on the cost model's sum
-            # over the ops it ran decides, as for single ops.
-            self._timings[key] = kernel.estimate
-        elif est <= limit and kernel.elapsed > 4 * limit:
-            # It ran inline and took far longer than the model said: a first run on this
-            # thread may be cold once (BLAS warming up), but twice means the function does
-            # work of its own between ops: never inline it again for these shapes.
-            strikes = self._strikes[key] = self._strikes.get(key, 0) + 1
-            if strikes >= 2:
-                self._timings[key] = math.inf
-        elif est <= limit:
-            self._strikes.pop(key, None)  # only consecutive slow runs count (a GC pause is one)
+        self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us)
         return tuple(tensors) if multi else tensors[0]
 
 

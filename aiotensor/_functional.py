@@ -278,211 +278,316 @@ async def random_normal(shape: ShapeLike, mean: float = 0.0, stddev: float = 1.0
 
 async def add(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 + x2``."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_add, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_add, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_add, (x1, x2), None, None, name)
     return r
 
 
 async def subtract(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 - x2``."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_subtract, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_subtract, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_subtract, (x1, x2), None, None, name)
     return r
 
 
 async def multiply(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 * x2``."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_multiply, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_multiply, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_multiply, (x1, x2), None, None, name)
     return r
 
 
 async def divide(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 / x2`` (true division)."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_divide, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_divide, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_divide, (x1, x2), None, None, name)
     return r
 
 
 async def floor_divide(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 // x2``."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_floor_divide, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_floor_divide, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_floor_divide, (x1, x2), None, None, name)
     return r
 
 
 async def remainder(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 % x2`` (sign of the divisor, as python)."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_remainder, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_remainder, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_remainder, (x1, x2), None, None, name)
     return r
 
 
 async def pow(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 ** x2``."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_pow, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_pow, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_pow, (x1, x2), None, None, name)
     return r
 
 
 async def maximum(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise maximum (NaN propagates)."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_maximum, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_maximum, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_maximum, (x1, x2), None, None, name)
     return r
 
 
 async def minimum(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise minimum (NaN propagates)."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_minimum, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_minimum, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_minimum, (x1, x2), None, None, name)
     return r
 
 
 async def equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 == x2`` (bool)."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_equal, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_equal, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_equal, (x1, x2), None, None, name)
     return r
 
 
 async def not_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 != x2`` (bool)."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_not_equal, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_not_equal, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_not_equal, (x1, x2), None, None, name)
     return r
 
 
 async def less(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 < x2`` (bool)."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_less, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_less, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_less, (x1, x2), None, None, name)
     return r
 
 
 async def less_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 <= x2`` (bool)."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_less_equal, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_less_equal, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_less_equal, (x1, x2), None, None, name)
     return r
 
 
 async def greater(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 > x2`` (bool)."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_greater, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_greater, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_greater, (x1, x2), None, None, name)
     return r
 
 
 async def greater_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 >= x2`` (bool)."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_greater_equal, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_greater_equal, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_greater_equal, (x1, x2), None, None, name)
     return r
 
 
 async def logical_and(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise logical and (bool)."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_logical_and, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_logical_and, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_logical_and, (x1, x2), None, None, name)
     return r
 
 
 async def logical_or(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise logical or (bool)."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_logical_or, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_logical_or, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_logical_or, (x1, x2), None, None, name)
     return r
 
 
 async def negative(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``-x``."""
-    r: Tensor = await engine_of((x,), None).op(_negative, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_negative, (x,), name)
+    if r is None:
+        r = await engine.op(_negative, (x,), None, None, name)
     return r
 
 
 async def abs(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise absolute value."""
-    r: Tensor = await engine_of((x,), None).op(_abs, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_abs, (x,), name)
+    if r is None:
+        r = await engine.op(_abs, (x,), None, None, name)
     return r
 
 
 async def sign(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise sign (-1, 0 or 1)."""
-    r: Tensor = await engine_of((x,), None).op(_sign, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_sign, (x,), name)
+    if r is None:
+        r = await engine.op(_sign, (x,), None, None, name)
     return r
 
 
 async def exp(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``e ** x``."""
-    r: Tensor = await engine_of((x,), None).op(_exp, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_exp, (x,), name)
+    if r is None:
+        r = await engine.op(_exp, (x,), None, None, name)
     return r
 
 
 async def log(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise natural logarithm."""
-    r: Tensor = await engine_of((x,), None).op(_log, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_log, (x,), name)
+    if r is None:
+        r = await engine.op(_log, (x,), None, None, name)
     return r
 
 
 async def log1p(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``log(1 + x)``, exact for small x."""
-    r: Tensor = await engine_of((x,), None).op(_log1p, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_log1p, (x,), name)
+    if r is None:
+        r = await engine.op(_log1p, (x,), None, None, name)
     return r
 
 
 async def sqrt(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise square root."""
-    r: Tensor = await engine_of((x,), None).op(_sqrt, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_sqrt, (x,), name)
+    if r is None:
+        r = await engine.op(_sqrt, (x,), None, None, name)
     return r
 
 
 async def square(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x * x``."""
-    r: Tensor = await engine_of((x,), None).op(_square, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_square, (x,), name)
+    if r is None:
+        r = await engine.op(_square, (x,), None, None, name)
     return r
 
 
 async def sin(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise sine."""
-    r: Tensor = await engine_of((x,), None).op(_sin, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_sin, (x,), name)
+    if r is None:
+        r = await engine.op(_sin, (x,), None, None, name)
     return r
 
 
 async def cos(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise cosine."""
-    r: Tensor = await engine_of((x,), None).op(_cos, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_cos, (x,), name)
+    if r is None:
+        r = await engine.op(_cos, (x,), None, None, name)
     return r
 
 
 async def tanh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise hyperbolic tangent."""
-    r: Tensor = await engine_of((x,), None).op(_tanh, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_tanh, (x,), name)
+    if r is None:
+        r = await engine.op(_tanh, (x,), None, None, name)
     return r
 
 
 async def sigmoid(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise logistic sigmoid ``1 / (1 + e ** -x)``, without overflow."""
-    r: Tensor = await engine_of((x,), None).op(_sigmoid, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_sigmoid, (x,), name)
+    if r is None:
+        r = await engine.op(_sigmoid, (x,), None, None, name)
     return r
 
 
 async def relu(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``max(x, 0)``."""
-    r: Tensor = await engine_of((x,), None).op(_relu, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_relu, (x,), name)
+    if r is None:
+        r = await engine.op(_relu, (x,), None, None, name)
     return r
 
 
 async def floor(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise floor."""
-    r: Tensor = await engine_of((x,), None).op(_floor, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_floor, (x,), name)
+    if r is None:
+        r = await engine.op(_floor, (x,), None, None, name)
     return r
 
 
 async def ceil(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ceiling."""
-    r: Tensor = await engine_of((x,), None).op(_ceil, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_ceil, (x,), name)
+    if r is None:
+        r = await engine.op(_ceil, (x,), None, None, name)
     return r
 
 
 async def logical_not(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise logical not (bool)."""
-    r: Tensor = await engine_of((x,), None).op(_logical_not, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_logical_not, (x,), name)
+    if r is None:
+        r = await engine.op(_logical_not, (x,), None, None, name)
     return r
 
 
 async def isnan(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise whether NaN (bool)."""
-    r: Tensor = await engine_of((x,), None).op(_isnan, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_isnan, (x,), name)
+    if r is None:
+        r = await engine.op(_isnan, (x,), None, None, name)
     return r
 
 
 async def isfinite(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise whether finite (bool)."""
-    r: Tensor = await engine_of((x,), None).op(_isfinite, (x,), None, None, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_isfinite, (x,), name)
+    if r is None:
+        r = await engine.op(_isfinite, (x,), None, None, name)
     return r
 
 
@@ -502,7 +607,10 @@ async def clip(x: TensorLike, /, min: TensorLike | None = None, max: TensorLike 
 
 async def where(condition: TensorLike, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1`` where ``condition`` is true, else ``x2``."""
-    r: Tensor = await engine_of((condition, x1, x2,), None).op(_where, (condition, x1, x2), None, None, name)
+    engine = engine_of((condition, x1, x2,), None)
+    r = engine.lean(_where, (condition, x1, x2), name)
+    if r is None:
+        r = await engine.op(_where, (condition, x1, x2), None, None, name)
     return r
 
 

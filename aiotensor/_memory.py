@@ -108,6 +108,7 @@ class MemoryGate:
         registry = self._registry
         limit = registry.memory_limit
         assert limit is not None
+        registry.make_room(need)
         fits: bool = registry.live_bytes + registry.reserved + need <= limit
         return fits
 

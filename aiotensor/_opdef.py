@@ -54,6 +54,7 @@ class OpDef:
         "plain",
         "returns",
         "spec",
+        "ufunc",
         "user",
     )
 
@@ -68,6 +69,7 @@ class OpDef:
         returns: Literal["one", "list", "any"],
         blas: bool,
         user: bool,
+        ufunc: bool = False,
     ) -> None:
         self.name: str = spec.__name__.rstrip("_")
         self.spec = spec
@@ -82,6 +84,9 @@ class OpDef:
         self.blas = blas
         #: The kernel is the user's (``apply``): its errors are KernelError, not InvalidArgumentError.
         self.user = user
+        #: The kernel is one element-wise ufunc over the data args, called without keyword
+        #: args: a backend may split a large one across workers (``_split``).
+        self.ufunc = ufunc
         self._np_kernel: Callable[..., Any] | None = None
 
     @property
@@ -110,6 +115,19 @@ class OpDef:
             fn: Callable[..., Any] = getattr(xp, kernel)
             return fn
         return functools.partial(kernel, xp)
+
+    @property
+    def elementwise(self) -> bool:
+        """A plain element-wise op of one output whose args are all data (the engine's lean path)."""
+        code = self.spec.__code__
+        return (
+            self.plain
+            and not self.user
+            and self.returns == "one"
+            and self.cost in (Cost.MEMORY, Cost.MATH)
+            and code.co_argcount == self.data
+            and not code.co_kwonlyargcount
+        )
 
     def __reduce__(self) -> tuple[Callable[[str], OpDef], tuple[str]]:
         # Pickled by name (backends that ship kernels to other processes find it there).
@@ -154,6 +172,7 @@ def op(
     returns: Literal["one", "list", "any"] = "one",
     blas: bool = False,
     user: bool = False,
+    ufunc: bool = False,
 ) -> Callable[[Callable[..., Prepared | None]], OpDef]:
     """Define an op from its spec function (see the module docstring)."""
 
@@ -168,6 +187,7 @@ def op(
             returns=returns,
             blas=blas,
             user=user,
+            ufunc=ufunc,
         )
         if d.name in OPS:
             raise RuntimeError(f"op {d.name!r} is defined twice")

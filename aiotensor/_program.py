@@ -12,8 +12,11 @@ them in another process.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ._errors import ResourceExhaustedError
 from ._kernels import as_numeric, kernel_error
@@ -22,7 +25,14 @@ from ._opdef import OpDef, namespace
 if TYPE_CHECKING:
     from ._expr import Expr
 
-__all__ = ["Budget", "Program", "Ref", "Step"]
+__all__ = ["Budget", "Program", "Ref", "Step", "compile_program", "compiled"]
+
+_ndarray = np.ndarray
+_new = object.__new__
+_PlanStep = tuple[
+    OpDef, Callable[..., Any], "tuple[int, ...] | None", tuple[Any, ...], "dict[str, Any] | None", int, tuple[int, ...]
+]
+_Plan = tuple[list[_PlanStep], list[Any]]
 
 
 class Step:
@@ -103,9 +113,13 @@ def _resolve(template: Any, vals: list[Any]) -> Any:
 
 
 class Program:
-    """The nodes of an expression, run in order as one kernel; called with the leaf buffers."""
+    """The nodes of an expression, run in order as one kernel; called with the leaf buffers.
 
-    __slots__ = ("blas", "budget", "nleaves", "roots", "steps", "xp")
+    A program is immutable once compiled (programs are cached and shared, see
+    :func:`compiled`); :meth:`fresh` gives the copy one run uses, with its own budget.
+    """
+
+    __slots__ = ("_kernels", "blas", "budget", "nleaves", "roots", "steps", "xp")
 
     def __init__(
         self,
@@ -121,34 +135,93 @@ class Program:
         self.xp = xp
         self.blas = any(s[0].blas for s in steps)
         self.budget = Budget("an expression")
+        self._kernels: _Plan | None = None
+
+    def fresh(self) -> Program:
+        """This program with a budget of its own, for one run."""
+        run = _new(Program)
+        run.steps, run.roots, run.nleaves, run.xp, run.blas = self.steps, self.roots, self.nleaves, self.xp, self.blas
+        kernels = self._kernels
+        run._kernels = kernels if kernels is not None else self._resolve_kernels()
+        run.budget = Budget("an expression")
+        return run
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Kernels are functions of this process's namespace: resolved again after unpickling.
+        return {"steps": self.steps, "roots": self.roots, "nleaves": self.nleaves, "xp": self.xp}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["steps"], state["roots"], state["nleaves"], state["xp"])  # type: ignore[misc]
 
     @property
     def __name__(self) -> str:  # how backends name the task
         return "expr_" + "_".join(dict.fromkeys(s[0].name for s in self.steps[-3:]))
 
-    def __call__(self, *leaves: Any) -> Any:
+    def _resolve_kernels(self) -> _Plan:
+        # Per step: (op, kernel, slots of its arguments or None, templates, kwargs, checked,
+        # drops). Constants get slots after the steps' outputs, so that the arguments of a
+        # step whose templates hold no list of Refs are one indexing each.
         xp = namespace(self.xp)
+        first_const = self.nleaves + len(self.steps)
+        consts: list[Any] = []
+        steps: list[_PlanStep] = []
+        for d, templates, kwargs, checked, drop in self.steps:
+            idx: tuple[int, ...] | None = None
+            if not any(type(t) in (list, tuple) for t in templates):
+                slots = []
+                for t in templates:
+                    if type(t) is Ref:
+                        slots.append(t.slot)
+                    else:
+                        slots.append(first_const + len(consts))
+                        consts.append(t)
+                idx = tuple(slots)
+            steps.append((d, d.kernel_for(xp), idx, templates, kwargs, checked, drop))
+        plan = (steps, consts)
+        self._kernels = plan
+        return plan
+
+    def __call__(self, *leaves: Any) -> Any:
+        plan = self._kernels
+        if plan is None:
+            plan = self._resolve_kernels()
+        steps, consts = plan
         budget = self.budget
-        vals: list[Any] = [*leaves, *([None] * len(self.steps))]
+        limit = budget.limit
+        vals: list[Any] = [*leaves, *([None] * len(steps)), *consts]
         sizes = [0] * len(vals)
         slot = self.nleaves
-        for d, templates, kwargs, checked, drop in self.steps:
-            args = tuple([_resolve(t, vals) for t in templates])
-            kw = {k: _resolve(v, vals) for k, v in kwargs.items()} if kwargs else {}
+        count = 0
+        live = budget.live
+        peak = budget.peak
+        for d, kernel, idx, templates, kwargs, checked, drop in steps:
+            args = [vals[i] for i in idx] if idx is not None else [_resolve(t, vals) for t in templates]
             try:
-                call = (*[as_numeric(a) for a in args[:checked]], *args[checked:]) if checked else args
-                out = d.kernel_for(xp)(*call, **kw)
+                if checked:
+                    args = [*[as_numeric(a) for a in args[:checked]], *args[checked:]]
+                out = kernel(*args, **{k: _resolve(v, vals) for k, v in kwargs.items()}) if kwargs else kernel(*args)
             except Exception as exc:
-                error = kernel_error(d.name, args, exc, d.user)
+                budget.count, budget.live, budget.peak = count, live, peak
+                error = kernel_error(d.name, tuple(args), exc, d.user)
                 raise error from error.__cause__
-            nbytes = getattr(out, "nbytes", 0) if getattr(out, "base", None) is None else 0
-            budget.made(nbytes, d.name)
+            if type(out) is _ndarray:
+                nbytes = out.nbytes if out.base is None else 0
+            else:  # a numpy scalar (a reduction) counts; a list (split) does not
+                nbytes = getattr(out, "nbytes", 0) if getattr(out, "base", None) is None else 0
+            live += nbytes
+            if limit is not None and live > limit:
+                budget.count, budget.live, budget.peak = count, live - nbytes, peak
+                budget.made(nbytes, d.name)  # raises
+            count += 1
+            if live > peak:
+                peak = live
             vals[slot] = out
             sizes[slot] = nbytes
             for s in drop:  # last use: free it now, not at the end of the run
                 vals[s] = None
-                budget.live -= sizes[s]
+                live -= sizes[s]
             slot += 1
+        budget.count, budget.live, budget.peak = count, live, peak
         if len(self.roots) == 1 and not isinstance(vals[self.roots[0]], list | tuple):
             budget.escaped = 1 if sizes[self.roots[0]] else 0
             return vals[self.roots[0]]  # one buffer: a backend keeps it as it is (one Dask task)
@@ -161,6 +234,25 @@ class Program:
             else:
                 results.append(v)
         return results
+
+
+def _check_constants(d: OpDef, args: tuple[Any, ...]) -> tuple[tuple[Any, ...], int]:
+    """Constant data arguments checked numeric once, at compile time: (args, 0); or, when
+    one fails (or holds values only known at run time), (args, ``d.data``) so that the run
+    checks them and raises the op's own error."""
+    n = d.data
+    out = list(args)
+    for i, a in enumerate(args[:n]):
+        ta = type(a)
+        if ta is Ref:
+            continue
+        if (ta is list or ta is tuple) and any(type(e) is Ref for e in a):
+            return args, n
+        try:
+            out[i] = as_numeric(a)
+        except Exception:
+            return args, n
+    return tuple(out), 0
 
 
 def _children(node: Expr) -> list[Any]:
@@ -207,6 +299,8 @@ def compile_program(
         # (template, CSE key) of one argument, in one pass
         tx = type(x)
         if tx in _scalars:
+            if tx is float and x == 0.0:  # 0.0 == -0.0, but they give different results
+                return x, (tx, x, math.copysign(1.0, x))
             return x, (tx, x)
         slot = slots.get(id(x))
         if slot is not None and (tx is expr_type or is_leaf(x)):
@@ -233,7 +327,9 @@ def compile_program(
         if hit is not None:  # a common subexpression: computed once
             slots[id(node)] = hit
             continue
-        checked = d.data if any(type(a) is not Ref for a in args[: d.data]) else 0
+        checked = 0
+        if d.data:
+            args, checked = _check_constants(d, args)
         index = len(steps)
         for a in (*args, *kwargs.values()) if kwargs else args:
             if type(a) is Ref:
@@ -254,3 +350,62 @@ def compile_program(
 
 
 _SCALAR_TYPES = frozenset({int, float, bool, complex, str, type(None)})
+
+
+class _Entry:
+    __slots__ = ("costs", "perm", "program")
+
+    def __init__(self, program: Program, perm: tuple[int, ...]) -> None:
+        self.program = program
+        self.perm = perm  # the leaves in program order, as indices into the distinct tensors
+        self.costs: dict[float, float] = {}  # the engine's inline threshold -> estimate (µs)
+
+
+#: Compiled programs by expression signature (``Expr._sig``) with where its tensors go,
+#: their shapes and dtypes, and the array namespace. Bounded; the oldest entry goes first.
+_CACHE: dict[Any, _Entry] = {}
+_CACHE_ENTRIES = 512
+
+
+def compiled(
+    root: Expr, is_leaf: Callable[[Any], bool], xp: str, expr_type: type[Expr]
+) -> tuple[Program, list[Any], dict[float, float]]:
+    """The program of ``root`` (for one run), its leaves, and the cache of its cost estimates.
+
+    A formula evaluated again on tensors of the same shapes (a loop, a request handler)
+    is compiled once: the second time costs a dictionary lookup on its signature. The
+    signature has every constant by value and type (``-0.0`` apart from ``0.0``), so a
+    cached program computes exactly what compiling anew would.
+    """
+    sig = root._sig
+    if sig is None:
+        program, leaves = compile_program([root], is_leaf, xp, expr_type)
+        return program, leaves, {}
+    lv = root._lv
+    distinct: list[Any]
+    if len(lv) == 1:
+        distinct = [lv[0]]
+        key: Any = (sig, xp, lv[0]._shape, lv[0]._dtype)
+    else:
+        index: dict[int, int] = {}
+        distinct = []
+        pattern = []
+        for t in lv:
+            i = index.get(id(t))
+            if i is None:
+                i = index[id(t)] = len(distinct)
+                distinct.append(t)
+            pattern.append(i)
+        key = (sig, xp, tuple(pattern), *[(t._shape, t._dtype) for t in distinct])
+    entry = _CACHE.get(key)
+    if entry is None:
+        program, leaves = compile_program([root], is_leaf, xp, expr_type)
+        where = {id(t): i for i, t in enumerate(distinct)}
+        perm = tuple(where.get(id(t), -1) for t in leaves)
+        if len(leaves) != len(distinct) or -1 in perm:  # tensors nested deeper than compiling looks
+            return program, leaves, {}
+        if len(_CACHE) >= _CACHE_ENTRIES:
+            del _CACHE[next(iter(_CACHE))]
+        entry = _CACHE[key] = _Entry(program, perm)
+        return program.fresh(), leaves, entry.costs
+    return entry.program.fresh(), [distinct[i] for i in entry.perm], entry.costs

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._allocator import BufferCache
 from ._errors import ResourceExhaustedError
 from ._memory import MemoryGate
 
@@ -49,6 +50,9 @@ class SessionStats:
             (``allocated - freed == live_tensors``).
         in_flight: Kernels submitted and not finished yet.
         cleanup_failures: Times the background cleanup task failed and was restarted.
+        cached_bytes: Bytes of freed buffers kept by the buffer cache for reuse
+            (``SessionConfig.buffer_cache_bytes``; shared with child sessions). Not
+            part of ``live_bytes``; counted against ``memory_limit``.
     """
 
     live_tensors: int
@@ -59,6 +63,7 @@ class SessionStats:
     freed: int
     in_flight: int = 0
     cleanup_failures: int = 0
+    cached_bytes: int = 0
 
 
 class Registry:
@@ -68,8 +73,10 @@ class Registry:
         "_buffers",
         "_dropped",
         "_next_id",
+        "_owns_cache",
         "_release",
         "allocated",
+        "cache",
         "closed",
         "freed",
         "gate",
@@ -81,8 +88,17 @@ class Registry:
     )
 
     def __init__(
-        self, release: Callable[[Any], None], memory_limit: int | None = None, memory_wait: float | None = None
+        self,
+        release: Callable[[Any], None],
+        memory_limit: int | None = None,
+        memory_wait: float | None = None,
+        cache: BufferCache | None = None,
+        *,
+        owns_cache: bool = False,
     ) -> None:
+        #: Where freed buffers go for reuse (see ``_allocator``); the root session's, shared by its children.
+        self.cache = cache
+        self._owns_cache = owns_cache  # cleared when this registry closes
         # rid -> (backend buffer, nbytes)
         self._buffers: dict[int, tuple[Any, int]] = {}
         self._dropped: collections.deque[int] = collections.deque()
@@ -144,6 +160,8 @@ class Registry:
         """
         self.check_physical(nbytes, what)
         limit = self.memory_limit
+        if limit is not None and self.cache is not None:
+            self.make_room(nbytes)
         if limit is not None and self.live_bytes + self.reserved + nbytes > limit:
             if reclaim:
                 self.collect()
@@ -153,6 +171,19 @@ class Registry:
                     f" and {self.reserved} reserved would exceed memory_limit={limit}"
                 )
         self.reserved += nbytes
+
+    def make_room(self, nbytes: int) -> None:
+        """Trim the buffer cache so that it and ``nbytes`` more fit under ``memory_limit`` with what is live.
+
+        The cache counts against the limit but gives way first: its bytes never make
+        an allocation fail.
+        """
+        cache, limit = self.cache, self.memory_limit
+        if cache is None or limit is None or not cache.cached_bytes:
+            return
+        excess = self.live_bytes + self.reserved + cache.cached_bytes + nbytes - limit
+        if excess > 0:
+            cache.trim(cache.cached_bytes - excess)
 
     def check_physical(self, nbytes: int, what: str) -> None:
         """Raise ResourceExhaustedError if ``nbytes`` is more than this machine's memory."""
@@ -176,7 +207,11 @@ class Registry:
         """
         # Bytes reserved by other ops in flight count: they were promised first.
         limit = self.memory_limit
-        if limit is None or self.live_bytes + self.reserved + nbytes <= limit:
+        if limit is None:
+            return
+        if self.cache is not None:
+            self.make_room(nbytes)
+        if self.live_bytes + self.reserved + nbytes <= limit:
             return
         if reclaim:
             self.collect()
@@ -192,10 +227,14 @@ class Registry:
         if entry is None:
             return False
         buffer, nbytes = entry
+        del entry  # the cache counts references: only ``buffer`` may hold it here
         self.live_bytes -= nbytes
         self.freed += 1
         if self.gate is not None:
             self.gate.poke()
+        cache = self.cache
+        if cache is not None and nbytes >= cache.min_bytes and cache.give(buffer):
+            return True  # kept for reuse: not released
         try:
             self._release(buffer)
         except Exception:  # the accounting is settled; a backend hiccup must not undo it
@@ -226,6 +265,8 @@ class Registry:
         # A finalizer on another thread may have read ``closed`` as False just before
         # it was set and appended since: nothing is left to free, so drop such ids.
         self._dropped.clear()
+        if self._owns_cache and self.cache is not None:
+            self.cache.clear()
         return n
 
     def stats(self, in_flight: int = 0, cleanup_failures: int = 0) -> SessionStats:
@@ -239,4 +280,5 @@ class Registry:
             freed=self.freed,
             in_flight=in_flight,
             cleanup_failures=cleanup_failures,
+            cached_bytes=0 if self.cache is None else self.cache.cached_bytes,
         )

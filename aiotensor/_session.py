@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Self, cast
 
 from . import _defaults
+from ._allocator import BufferCache, malloc_trim
 from ._backend import Backend, LocalBackend
 from ._cleanup import make_policy
 from ._config import ResourceCleanupStrategy, SessionConfig
@@ -24,6 +25,7 @@ from ._engine import Engine, State
 from ._errors import InvalidArgumentError
 from ._expr import Expr
 from ._function import FusedFunction
+from ._pool import WorkerPool
 from ._registry import Registry, SessionStats
 from ._session_ops import SessionOps
 from ._structure import flatten, unflatten
@@ -34,7 +36,13 @@ if TYPE_CHECKING:
 
 __all__ = ["AsyncEagerSession", "get_default_session"]
 
-_shared_local = LocalBackend()
+#: The backend of sessions on the shared pool, one per worker priority.
+_shared_local: dict[object, LocalBackend] = {}
+# Below 1 MiB glibc reuses freed memory without faults once its mmap threshold has
+# adapted, and the cache's bookkeeping (a few µs) would cost more than it saves.
+_CACHE_MIN_BYTES = 1 << 20
+_CACHE_PER_KEY = 4
+_DEFAULT_CONFIG = SessionConfig()  # frozen: one instance serves every session made without config=
 
 
 def _is_fetch(x: Any) -> bool:
@@ -75,7 +83,7 @@ class AsyncEagerSession(SessionOps):
                 f"cleanup must be a ResourceCleanupStrategy"
                 f" ({', '.join(s.name for s in ResourceCleanupStrategy)}), got {cleanup!r}"
             )
-        config = SessionConfig() if config is None else config
+        config = _DEFAULT_CONFIG if config is None else config
         if not isinstance(config, SessionConfig):
             raise InvalidArgumentError(f"config must be a SessionConfig, got {type(config).__name__}")
         if executor is not None and backend is not None:
@@ -92,18 +100,34 @@ class AsyncEagerSession(SessionOps):
             if executor is not None:
                 backend = LocalBackend(executor)
             elif config.max_workers is not None:
-                pool = concurrent.futures.ThreadPoolExecutor(config.max_workers, thread_name_prefix="aiotensor")
+                pool = WorkerPool(config.max_workers, priority=config.worker_priority)
                 backend = LocalBackend(pool, owns_executor=True)
                 self._owns_backend = True
             else:
-                backend = _shared_local
+                priority = config.worker_priority
+                backend = _shared_local.get(priority)
+                if backend is None:
+                    backend = _shared_local.setdefault(priority, LocalBackend(priority=priority))
         self._cleanup = cleanup
         self._config = config
+        cache: BufferCache | None
+        if parent is not None:
+            cache = parent._engine.registry.cache  # request sessions recycle into the app's
+        elif backend.in_process and config.buffer_cache_bytes:
+            cache = BufferCache(config.buffer_cache_bytes, min_bytes=_CACHE_MIN_BYTES, per_key=_CACHE_PER_KEY)
+        else:
+            cache = None
         self._engine = Engine(
             self,
             backend,
             make_policy(cleanup),
-            Registry(backend.release, config.memory_limit, config.memory_wait),
+            Registry(
+                backend.release,
+                config.memory_limit,
+                config.memory_wait,
+                cache,
+                owns_cache=parent is None,
+            ),
             inline_us=config.inline_threshold_us,
             log_placement=config.log_device_placement,
             soft_placement=config.allow_soft_placement,
@@ -157,7 +181,7 @@ class AsyncEagerSession(SessionOps):
         be interrupted; close waits for those with a caller still awaiting them). If
         ``close`` itself is cancelled, everything is still freed before it re-raises.
         """
-        await self._engine.close(self._close_backend)
+        await self._engine.close(self._close_backend if self._owns_backend else None)
 
     async def aclose(self) -> None:
         """The same as :meth:`close` (for ``contextlib.aclosing`` and anyio's resources)."""
@@ -186,6 +210,18 @@ class AsyncEagerSession(SessionOps):
         """An immutable snapshot of the buffers this session holds (see :class:`SessionStats`)."""
         engine = self._engine
         return engine.registry.stats(engine.inflight, engine.policy.failures)
+
+    def trim(self) -> int:
+        """Let go of the buffers the buffer cache keeps for reuse; return how many bytes that was.
+
+        The cache is shared with child sessions (a root session's). Afterwards the C
+        allocator is asked to return free memory to the system (glibc's
+        ``malloc_trim``, where available), so a service can shrink after a burst.
+        """
+        cache = self._engine.registry.cache
+        released = 0 if cache is None else cache.clear()
+        malloc_trim()
+        return released
 
     def list_devices(self) -> list[str]:
         """The devices ops may be placed on, e.g. ``["/cpu:0"]``; the first is the default."""

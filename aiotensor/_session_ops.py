@@ -187,177 +187,282 @@ class SessionOps:
 
     async def add(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``x1 + x2``."""
-        r: Tensor = await self._engine.op(_add, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_add, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_add, (x1, x2), None, None, name)
         return r
 
     async def subtract(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``x1 - x2``."""
-        r: Tensor = await self._engine.op(_subtract, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_subtract, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_subtract, (x1, x2), None, None, name)
         return r
 
     async def multiply(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``x1 * x2``."""
-        r: Tensor = await self._engine.op(_multiply, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_multiply, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_multiply, (x1, x2), None, None, name)
         return r
 
     async def divide(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``x1 / x2`` (true division)."""
-        r: Tensor = await self._engine.op(_divide, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_divide, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_divide, (x1, x2), None, None, name)
         return r
 
     async def floor_divide(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``x1 // x2``."""
-        r: Tensor = await self._engine.op(_floor_divide, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_floor_divide, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_floor_divide, (x1, x2), None, None, name)
         return r
 
     async def remainder(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``x1 % x2`` (sign of the divisor, as python)."""
-        r: Tensor = await self._engine.op(_remainder, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_remainder, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_remainder, (x1, x2), None, None, name)
         return r
 
     async def pow(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``x1 ** x2``."""
-        r: Tensor = await self._engine.op(_pow, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_pow, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_pow, (x1, x2), None, None, name)
         return r
 
     async def maximum(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise maximum (NaN propagates)."""
-        r: Tensor = await self._engine.op(_maximum, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_maximum, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_maximum, (x1, x2), None, None, name)
         return r
 
     async def minimum(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise minimum (NaN propagates)."""
-        r: Tensor = await self._engine.op(_minimum, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_minimum, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_minimum, (x1, x2), None, None, name)
         return r
 
     async def equal(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``x1 == x2`` (bool)."""
-        r: Tensor = await self._engine.op(_equal, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_equal, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_equal, (x1, x2), None, None, name)
         return r
 
     async def not_equal(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``x1 != x2`` (bool)."""
-        r: Tensor = await self._engine.op(_not_equal, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_not_equal, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_not_equal, (x1, x2), None, None, name)
         return r
 
     async def less(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``x1 < x2`` (bool)."""
-        r: Tensor = await self._engine.op(_less, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_less, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_less, (x1, x2), None, None, name)
         return r
 
     async def less_equal(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``x1 <= x2`` (bool)."""
-        r: Tensor = await self._engine.op(_less_equal, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_less_equal, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_less_equal, (x1, x2), None, None, name)
         return r
 
     async def greater(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``x1 > x2`` (bool)."""
-        r: Tensor = await self._engine.op(_greater, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_greater, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_greater, (x1, x2), None, None, name)
         return r
 
     async def greater_equal(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``x1 >= x2`` (bool)."""
-        r: Tensor = await self._engine.op(_greater_equal, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_greater_equal, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_greater_equal, (x1, x2), None, None, name)
         return r
 
     async def logical_and(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise logical and (bool)."""
-        r: Tensor = await self._engine.op(_logical_and, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_logical_and, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_logical_and, (x1, x2), None, None, name)
         return r
 
     async def logical_or(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise logical or (bool)."""
-        r: Tensor = await self._engine.op(_logical_or, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_logical_or, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_logical_or, (x1, x2), None, None, name)
         return r
 
     async def negative(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``-x``."""
-        r: Tensor = await self._engine.op(_negative, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_negative, (x,), name)
+        if r is None:
+            r = await engine.op(_negative, (x,), None, None, name)
         return r
 
     async def abs(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise absolute value."""
-        r: Tensor = await self._engine.op(_abs, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_abs, (x,), name)
+        if r is None:
+            r = await engine.op(_abs, (x,), None, None, name)
         return r
 
     async def sign(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise sign (-1, 0 or 1)."""
-        r: Tensor = await self._engine.op(_sign, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_sign, (x,), name)
+        if r is None:
+            r = await engine.op(_sign, (x,), None, None, name)
         return r
 
     async def exp(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``e ** x``."""
-        r: Tensor = await self._engine.op(_exp, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_exp, (x,), name)
+        if r is None:
+            r = await engine.op(_exp, (x,), None, None, name)
         return r
 
     async def log(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise natural logarithm."""
-        r: Tensor = await self._engine.op(_log, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_log, (x,), name)
+        if r is None:
+            r = await engine.op(_log, (x,), None, None, name)
         return r
 
     async def log1p(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``log(1 + x)``, exact for small x."""
-        r: Tensor = await self._engine.op(_log1p, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_log1p, (x,), name)
+        if r is None:
+            r = await engine.op(_log1p, (x,), None, None, name)
         return r
 
     async def sqrt(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise square root."""
-        r: Tensor = await self._engine.op(_sqrt, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_sqrt, (x,), name)
+        if r is None:
+            r = await engine.op(_sqrt, (x,), None, None, name)
         return r
 
     async def square(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``x * x``."""
-        r: Tensor = await self._engine.op(_square, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_square, (x,), name)
+        if r is None:
+            r = await engine.op(_square, (x,), None, None, name)
         return r
 
     async def sin(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise sine."""
-        r: Tensor = await self._engine.op(_sin, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_sin, (x,), name)
+        if r is None:
+            r = await engine.op(_sin, (x,), None, None, name)
         return r
 
     async def cos(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise cosine."""
-        r: Tensor = await self._engine.op(_cos, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_cos, (x,), name)
+        if r is None:
+            r = await engine.op(_cos, (x,), None, None, name)
         return r
 
     async def tanh(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise hyperbolic tangent."""
-        r: Tensor = await self._engine.op(_tanh, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_tanh, (x,), name)
+        if r is None:
+            r = await engine.op(_tanh, (x,), None, None, name)
         return r
 
     async def sigmoid(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise logistic sigmoid ``1 / (1 + e ** -x)``, without overflow."""
-        r: Tensor = await self._engine.op(_sigmoid, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_sigmoid, (x,), name)
+        if r is None:
+            r = await engine.op(_sigmoid, (x,), None, None, name)
         return r
 
     async def relu(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``max(x, 0)``."""
-        r: Tensor = await self._engine.op(_relu, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_relu, (x,), name)
+        if r is None:
+            r = await engine.op(_relu, (x,), None, None, name)
         return r
 
     async def floor(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise floor."""
-        r: Tensor = await self._engine.op(_floor, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_floor, (x,), name)
+        if r is None:
+            r = await engine.op(_floor, (x,), None, None, name)
         return r
 
     async def ceil(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ceiling."""
-        r: Tensor = await self._engine.op(_ceil, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_ceil, (x,), name)
+        if r is None:
+            r = await engine.op(_ceil, (x,), None, None, name)
         return r
 
     async def logical_not(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise logical not (bool)."""
-        r: Tensor = await self._engine.op(_logical_not, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_logical_not, (x,), name)
+        if r is None:
+            r = await engine.op(_logical_not, (x,), None, None, name)
         return r
 
     async def isnan(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise whether NaN (bool)."""
-        r: Tensor = await self._engine.op(_isnan, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_isnan, (x,), name)
+        if r is None:
+            r = await engine.op(_isnan, (x,), None, None, name)
         return r
 
     async def isfinite(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise whether finite (bool)."""
-        r: Tensor = await self._engine.op(_isfinite, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_isfinite, (x,), name)
+        if r is None:
+            r = await engine.op(_isfinite, (x,), None, None, name)
         return r
 
     async def round(self, x: TensorLike, /, decimals: int = 0, *, name: str | None = None) -> Tensor:
@@ -374,7 +479,10 @@ class SessionOps:
 
     async def where(self, condition: TensorLike, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Element-wise ``x1`` where ``condition`` is true, else ``x2``."""
-        r: Tensor = await self._engine.op(_where, (condition, x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_where, (condition, x1, x2), name)
+        if r is None:
+            r = await engine.op(_where, (condition, x1, x2), None, None, name)
         return r
 
     async def sum(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
+from . import _expr
 from ._errors import SessionClosedError
 from ._expr import Operand
 
@@ -192,3 +193,4 @@ def make_tensor(
 
 
 _new = object.__new__
+_expr._Tensor = Tensor  # expressions tell tensors apart from values by exact type

@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from . import bench_dispatch, bench_kernels, bench_memory, bench_overheads
+from . import bench_batching, bench_dispatch, bench_kernels, bench_memory, bench_overheads, bench_pool
 from ._harness import Report
 from ._report import markdown, plot, print_console
 
@@ -30,6 +30,8 @@ SCENARIOS: dict[str, Callable[[Report], None]] = {
     "overheads": bench_overheads.run,
     "memory": bench_memory.run,
     "kernels": bench_kernels.run,
+    "batching": bench_batching.run,
+    "pool": bench_pool.run,
 }
 EXTERNAL: dict[str, tuple[str, list[str], list[str]]] = {
     "web": ("bench_web.py", ["--quick"], []),

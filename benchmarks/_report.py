@@ -31,6 +31,7 @@ def machine() -> str:
 def print_console(report: Report) -> None:
     """Every table and the targets, on the terminal."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table as RichTable
 
     console = Console()
@@ -41,12 +42,12 @@ def print_console(report: Report) -> None:
         if t.ratio_label:
             rt.add_column(t.ratio_label, justify="right")
         for row in t.rows:
-            cells = [row.label + (f"  [{row.note}]" if row.note else ""), row.stat.fmt(t.digits)]
+            cells = [row.label + (escape(f"  [{row.note}]") if row.note else ""), row.stat.fmt(t.digits)]
             if t.ratio_label:
                 cells.append("" if row.ratio is None else f"{row.ratio:.2f}")
             rt.add_row(*cells)
         console.print(rt)
-    rt = RichTable(title="targets (issue 5)", title_justify="left")
+    rt = RichTable(title="targets (# 1-6: issue 5; 12: issue 12)", title_justify="left")
     for col in ("#", "target", "measured", "verdict"):
         rt.add_column(col)
     for target in report.targets:

@@ -13,6 +13,7 @@ import pytest
 import aiotensor as at
 from aiotensor._backend import default_executor
 from aiotensor._kernels import KernelResult
+from aiotensor._pool import WorkerPool
 
 
 def test_the_default_pool_is_one_per_process_and_sized_to_the_cores() -> None:
@@ -118,3 +119,34 @@ async def test_an_owned_executor_is_shut_down_by_aclose() -> None:
     await at.LocalBackend(other).aclose()  # not owned: left running
     assert other.submit(lambda: 2).result() == 2
     other.shutdown()
+
+
+async def test_a_cancelled_large_fetch_drops_its_copy_if_it_has_not_started() -> None:
+    pool = WorkerPool(1)
+    backend = at.LocalBackend(pool)
+    started, release = threading.Event(), threading.Event()
+    try:
+        pool.spawn(lambda: (started.set(), release.wait(5)))  # occupies the only worker
+        assert await asyncio.to_thread(started.wait, 5)
+        big = np.zeros(1 << 18)  # 2 MiB: copied on the pool
+        fetching = asyncio.ensure_future(backend.fetch([big]))
+        await asyncio.sleep(0.01)
+        (job,) = _queued(pool)
+        fetching.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await fetching
+        assert job.token == []  # dropped: the worker will skip it
+        assert job.fn is None  # and it let go of the handles already
+    finally:
+        release.set()
+        pool.shutdown()
+
+
+def _queued(pool: WorkerPool) -> list[Any]:
+    # The pool's queue, read without taking anything off it for good.
+    items = []
+    while not pool._queue.empty():
+        items.append(pool._queue.get_nowait())
+    for item in items:
+        pool._queue.put(item)
+    return items

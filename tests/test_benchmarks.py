@@ -61,6 +61,23 @@ async def test_engine_benchmark_measures_every_case() -> None:
         assert ratio > 0
 
 
+def test_pool_scenario_measures_every_variant() -> None:
+    from benchmarks import bench_pool
+
+    hop = run_on("asyncio", bench_pool._hop(rounds=1, n=64))
+    for mode in ("one at a time", f"{bench_pool.IN_FLIGHT} in flight"):
+        for label in (bench_pool.TO_THREAD, bench_pool.OWN, bench_pool.OWN_NORMAL, bench_pool.OLD, bench_pool.BARE):
+            wall, cpu = hop[mode][label]
+            assert wall.median > 0
+            assert cpu.median >= 0
+    lag = run_on("asyncio", bench_pool._lag(rounds=1, n=64))
+    assert set(lag) == {"numpy, 4 sequential products", "ticker alone"} | {
+        f"worker_priority={c.worker_priority!r}" for c in bench_pool.PRIORITIES
+    }
+    adds = run_on("asyncio", bench_pool._large_add(1, 1, (64,)))
+    assert len(adds[64]) == 3
+
+
 def test_a_benchmark_run_changes_no_tracked_file_unless_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     from benchmarks import __main__ as suite
 
@@ -76,6 +93,29 @@ def test_a_benchmark_run_changes_no_tracked_file_unless_asked(monkeypatch: pytes
     assert after == before
     assert suite.main(["--only", "overheads", "--external", "no", "--out", str(page), "--write-docs"]) == 0
     assert "nothing measured" in page.read_text()
+
+
+def test_batching_scenario_measures_every_variant_and_records_its_targets() -> None:
+    from benchmarks import bench_batching
+
+    measured, _ = run_on("asyncio", bench_batching._measure(rounds=1, n=2, n_single=3, max_batch_size=512))
+    assert set(measured["many"]) == {
+        bench_batching.NUMPY,
+        bench_batching.TO_THREAD,
+        bench_batching.OP_BY_OP,
+        bench_batching.FUSED,
+        bench_batching.BATCHED,
+    }
+    for rps, cycles in measured["many"].values():
+        assert rps[0] > 0
+        assert len(cycles) == bench_batching.CLIENTS * 2
+    calls_per_batch, rows_per_batch = measured["stats"]
+    assert calls_per_batch > 1  # 32 clients: coalesced
+    assert rows_per_batch == calls_per_batch * bench_batching.ROWS
+    report = Report(quick=True, rounds=1)
+    bench_batching._report(report, "asyncio", measured, 512, 1)
+    assert [t.number for t in report.targets] == [12, 12, 12]
+    assert all(t.met is not None for t in report.targets)
 
 
 def test_web_benchmark_without_wrk_skips_and_says_how_to_install(
@@ -108,7 +148,7 @@ def test_web_benchmark_targets_are_ratios_to_the_same_run() -> None:
         m("numpy in handler", 512, 80, 400.0, 80),
         m("numpy to_thread", 512, 70, 100.0, 100),
     ]
-    verdicts = {t: (measured, met) for t, measured, met in targets(results)}
+    verdicts = {t: (measured, met) for t, measured, met in targets(results, subject="aiotensor (op by op)")}
     assert verdicts["16 rows: req/s >= 1.00x best baseline"] == ("1.10x (numpy in handler)", True)
     assert verdicts["16 rows: /health p99 <= to_thread's"] == ("5.0 vs 6.0 ms", True)
     assert verdicts["16 rows: RSS after <= 1.25x to_thread's"] == ("1.20x", True)
@@ -130,10 +170,10 @@ def test_web_benchmark_quick_run_writes_only_where_asked(tmp_path: Path) -> None
     before = tracked.stat().st_mtime_ns if tracked.exists() else None
     snippet = tmp_path / "web.md"
     argv = ["--quick", "--duration", "1", "--warmup", "0", "--after", "0.5", "--rows", "16"]
-    argv += ["--variants", "aiotensor (op by op)", "numpy to_thread", "--markdown", str(snippet)]
+    argv += ["--variants", bench_web.EXAMPLE, "numpy to_thread", "--markdown", str(snippet)]
     assert bench_web.main(argv) == 0  # 0: no request failed
     text = snippet.read_text()
-    assert "| 16 | aiotensor (op by op) |" in text
+    assert f"| 16 | {bench_web.EXAMPLE} |" in text
     assert "| 16 | numpy to_thread |" in text
     assert "| 16 rows: req/s >= 1.00x best baseline |" in text
     assert "| zero errors | 0 | yes |" in text

@@ -150,6 +150,7 @@ def test_info_reports_versions_devices_pool_and_blas() -> None:
     assert info["devices"] == ["/cpu:0"]
     assert isinstance(info["pool_workers"], int)
     assert info["pool_workers"] >= 1
+    assert info["worker_priority"].startswith("low (")  # SessionConfig's default, as the platform applies it
     assert isinstance(info["blas"], list)  # threadpoolctl is a test extra
     assert all(b["threads"] >= 1 for b in info["blas"])
 
@@ -163,6 +164,7 @@ def test_info_text_and_without_threadpoolctl(
     lines = dict(line.split(":", 1) for line in out.splitlines())
     assert lines["aiotensor"].strip() == at.__version__
     assert lines["devices"].strip() == "/cpu:0"
+    assert lines["worker priority"].strip().startswith("low (")
     assert "threadpoolctl is not installed" in lines["BLAS"]
 
 

@@ -90,7 +90,7 @@ async def test_sibling_session_cannot_read_tensors() -> None:
 
 # -- the app in process: error paths, every strategy -----------------------------------
 async def test_request_sessions_freed_when_handler_raises(strategy: at.ResourceCleanupStrategy) -> None:
-    app = create_app(request_cleanup=strategy)
+    app = create_app(request_cleanup=strategy, forward="ops")
 
     @app.post("/boom")
     async def boom(s: SessionDep) -> None:
@@ -132,7 +132,7 @@ async def test_request_sessions_freed_when_handler_raises(strategy: at.ResourceC
 
 
 async def test_fused_forward_matches_numpy() -> None:
-    app = create_app(fused=True)
+    app = create_app(forward="fused")
     rows = np.random.default_rng(2).standard_normal((7, IN_FEATURES)).tolist()
     transport = httpx.ASGITransport(app)
     async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://app") as c:
@@ -147,6 +147,35 @@ async def test_fused_forward_matches_numpy() -> None:
     assert stats["requests"]["live_tensors"] == 0
 
 
+@pytest.mark.parametrize("strategy", list(at.ResourceCleanupStrategy))
+async def test_batched_forward_coalesces_concurrent_requests(strategy: at.ResourceCleanupStrategy) -> None:
+    app = create_app(request_cleanup=strategy)  # the default: batched
+    rng = np.random.default_rng(3)
+    batches = [rng.standard_normal((int(rng.integers(1, 17)), IN_FEATURES)).tolist() for _ in range(24)]
+    transport = httpx.ASGITransport(app)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://app") as c:
+        service = app.state.service
+        before = (await c.get("/stats")).json()
+        responses = await asyncio.gather(*(c.post("/predict", json={"inputs": rows}) for rows in batches))
+        wrong_width = await c.post("/predict", json={"inputs": [[1.0, 2.0, 3.0]]})
+        after = (await c.get("/stats")).json()
+        app_live = service.session.stats().live_bytes
+    for rows, response in zip(batches, responses, strict=True):
+        assert response.status_code == 200, response.text
+        np.testing.assert_allclose(response.json()["probabilities"], reference(rows), rtol=RTOL, atol=ATOL)
+    assert wrong_width.status_code == 422
+    assert "64" in wrong_width.json()["detail"]
+    calls = after["batching"]["calls"] - before["batching"]["calls"]
+    kernels = after["batching"]["batches"] - before["batching"]["batches"]
+    assert calls == len(batches)
+    assert kernels < calls  # concurrent requests shared kernel calls
+    requests = after["requests"]
+    assert requests["in_flight"] == requests["live_tensors"] == requests["live_bytes"] == 0
+    assert requests["allocated"] == requests["freed"]
+    # Batches run in the app session; what they made is freed: only the weights stay.
+    assert app_live == after["model_bytes"]
+
+
 # -- the real server ---------------------------------------------------------------------
 def run(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run the client side on a fresh uvloop loop."""
@@ -159,7 +188,7 @@ def server() -> Iterator[RunningServer]:
     """``uvicorn --loop uvloop`` serving the example app; checked for a clean shutdown."""
     # One BLAS thread per server, as in production: concurrency comes from requests.
     blas = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    with serve("web_service.app:app", env=blas) as srv:
+    with serve("web_service.app:ops_app", env=blas) as srv:  # op by op: every buffer is counted below
         yield srv
     assert srv.process.returncode == 0, srv.log
     for bad in ("Traceback", "unclosed", "Error"):
@@ -295,3 +324,28 @@ def test_disconnects_and_errors_leak_nothing(server: RunningServer) -> None:
             assert_clean(before, after)
 
     run(main)
+
+
+@pytest.mark.slow
+def test_the_default_app_serves_batched_predictions() -> None:
+    blas = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    rng = np.random.default_rng(5)
+    batches = [rng.standard_normal((int(rng.integers(1, 17)), IN_FEATURES)).tolist() for _ in range(128)]
+
+    async def main(url: str) -> tuple[dict[str, Any], dict[str, Any], list[httpx.Response]]:
+        async with httpx.AsyncClient(base_url=url, limits=httpx.Limits(max_connections=CONCURRENCY), timeout=30) as c:
+            before = await stats_of(c)
+            responses = await asyncio.gather(*(c.post("/predict", json={"inputs": rows}) for rows in batches))
+            return before, await stats_of(c), list(responses)
+
+    with serve("web_service.app:app", env=blas) as srv:
+        before, after, responses = run(lambda: main(srv.url))
+    assert srv.process.returncode == 0, srv.log
+    for rows, response in zip(batches, responses, strict=True):
+        assert response.status_code == 200, response.text
+        np.testing.assert_allclose(response.json()["probabilities"], reference(rows), rtol=RTOL, atol=ATOL)
+    assert after["batching"]["calls"] - before["batching"]["calls"] == len(batches)
+    requests = after["requests"]
+    assert requests["opened"] == requests["closed"]
+    assert requests["in_flight"] == requests["live_tensors"] == requests["live_bytes"] == 0
+    assert after["app"]["live_bytes"] == after["model_bytes"]

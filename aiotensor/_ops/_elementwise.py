@@ -40,115 +40,115 @@ def _k_clip(xp: Any, x: Any, lo: Any, hi: Any) -> Any:
 
 
 # fmt: off
-@op("add", data=2, cost=M, plain=True)
+@op("add", data=2, cost=M, plain=True, ufunc=True)
 def add(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 + x2``."""
 
-@op("subtract", data=2, cost=M, plain=True)
+@op("subtract", data=2, cost=M, plain=True, ufunc=True)
 def subtract(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 - x2``."""
 
-@op("multiply", data=2, cost=M, plain=True)
+@op("multiply", data=2, cost=M, plain=True, ufunc=True)
 def multiply(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 * x2``."""
 
-@op("true_divide", data=2, cost=F, plain=True)
+@op("true_divide", data=2, cost=F, plain=True, ufunc=True)
 def divide(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 / x2`` (true division)."""
 
-@op("floor_divide", data=2, cost=F, plain=True)
+@op("floor_divide", data=2, cost=F, plain=True, ufunc=True)
 def floor_divide(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 // x2``."""
 
-@op("remainder", data=2, cost=F, plain=True)
+@op("remainder", data=2, cost=F, plain=True, ufunc=True)
 def remainder(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 % x2`` (sign of the divisor, as python)."""
 
-@op("power", data=2, cost=F, plain=True)
+@op("power", data=2, cost=F, plain=True, ufunc=True)
 def pow(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 ** x2``."""
 
-@op("maximum", data=2, cost=M, plain=True)
+@op("maximum", data=2, cost=M, plain=True, ufunc=True)
 def maximum(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise maximum (NaN propagates)."""
 
-@op("minimum", data=2, cost=M, plain=True)
+@op("minimum", data=2, cost=M, plain=True, ufunc=True)
 def minimum(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise minimum (NaN propagates)."""
 
-@op("equal", data=2, cost=M, plain=True)
+@op("equal", data=2, cost=M, plain=True, ufunc=True)
 def equal(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 == x2`` (bool)."""
 
-@op("not_equal", data=2, cost=M, plain=True)
+@op("not_equal", data=2, cost=M, plain=True, ufunc=True)
 def not_equal(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 != x2`` (bool)."""
 
-@op("less", data=2, cost=M, plain=True)
+@op("less", data=2, cost=M, plain=True, ufunc=True)
 def less(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 < x2`` (bool)."""
 
-@op("less_equal", data=2, cost=M, plain=True)
+@op("less_equal", data=2, cost=M, plain=True, ufunc=True)
 def less_equal(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 <= x2`` (bool)."""
 
-@op("greater", data=2, cost=M, plain=True)
+@op("greater", data=2, cost=M, plain=True, ufunc=True)
 def greater(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 > x2`` (bool)."""
 
-@op("greater_equal", data=2, cost=M, plain=True)
+@op("greater_equal", data=2, cost=M, plain=True, ufunc=True)
 def greater_equal(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 >= x2`` (bool)."""
 
-@op("logical_and", data=2, cost=M, plain=True)
+@op("logical_and", data=2, cost=M, plain=True, ufunc=True)
 def logical_and(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise logical and (bool)."""
 
-@op("logical_or", data=2, cost=M, plain=True)
+@op("logical_or", data=2, cost=M, plain=True, ufunc=True)
 def logical_or(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise logical or (bool)."""
 
-@op("negative", data=1, cost=M, plain=True)
+@op("negative", data=1, cost=M, plain=True, ufunc=True)
 def negative(x: TensorLike, /) -> None:
     """Element-wise ``-x``."""
 
-@op("absolute", data=1, cost=M, plain=True)
+@op("absolute", data=1, cost=M, plain=True, ufunc=True)
 def abs(x: TensorLike, /) -> None:
     """Element-wise absolute value."""
 
-@op("sign", data=1, cost=M, plain=True)
+@op("sign", data=1, cost=M, plain=True, ufunc=True)
 def sign(x: TensorLike, /) -> None:
     """Element-wise sign (-1, 0 or 1)."""
 
-@op("exp", data=1, cost=F, plain=True)
+@op("exp", data=1, cost=F, plain=True, ufunc=True)
 def exp(x: TensorLike, /) -> None:
     """Element-wise ``e ** x``."""
 
-@op("log", data=1, cost=F, plain=True)
+@op("log", data=1, cost=F, plain=True, ufunc=True)
 def log(x: TensorLike, /) -> None:
     """Element-wise natural logarithm."""
 
-@op("log1p", data=1, cost=F, plain=True)
+@op("log1p", data=1, cost=F, plain=True, ufunc=True)
 def log1p(x: TensorLike, /) -> None:
     """Element-wise ``log(1 + x)``, exact for small x."""
 
-@op("sqrt", data=1, cost=F, plain=True)
+@op("sqrt", data=1, cost=F, plain=True, ufunc=True)
 def sqrt(x: TensorLike, /) -> None:
     """Element-wise square root."""
 
-@op("square", data=1, cost=M, plain=True)
+@op("square", data=1, cost=M, plain=True, ufunc=True)
 def square(x: TensorLike, /) -> None:
     """Element-wise ``x * x``."""
 
-@op("sin", data=1, cost=F, plain=True)
+@op("sin", data=1, cost=F, plain=True, ufunc=True)
 def sin(x: TensorLike, /) -> None:
     """Element-wise sine."""
 
-@op("cos", data=1, cost=F, plain=True)
+@op("cos", data=1, cost=F, plain=True, ufunc=True)
 def cos(x: TensorLike, /) -> None:
     """Element-wise cosine."""
 
-@op("tanh", data=1, cost=F, plain=True)
+@op("tanh", data=1, cost=F, plain=True, ufunc=True)
 def tanh(x: TensorLike, /) -> None:
     """Element-wise hyperbolic tangent."""
 
@@ -160,23 +160,23 @@ def sigmoid(x: TensorLike, /) -> None:
 def relu(x: TensorLike, /) -> None:
     """Element-wise ``max(x, 0)``."""
 
-@op("floor", data=1, cost=M, plain=True)
+@op("floor", data=1, cost=M, plain=True, ufunc=True)
 def floor(x: TensorLike, /) -> None:
     """Element-wise floor."""
 
-@op("ceil", data=1, cost=M, plain=True)
+@op("ceil", data=1, cost=M, plain=True, ufunc=True)
 def ceil(x: TensorLike, /) -> None:
     """Element-wise ceiling."""
 
-@op("logical_not", data=1, cost=M, plain=True)
+@op("logical_not", data=1, cost=M, plain=True, ufunc=True)
 def logical_not(x: TensorLike, /) -> None:
     """Element-wise logical not (bool)."""
 
-@op("isnan", data=1, cost=M, plain=True)
+@op("isnan", data=1, cost=M, plain=True, ufunc=True)
 def isnan(x: TensorLike, /) -> None:
     """Element-wise whether NaN (bool)."""
 
-@op("isfinite", data=1, cost=M, plain=True)
+@op("isfinite", data=1, cost=M, plain=True, ufunc=True)
 def isfinite(x: TensorLike, /) -> None:
     """Element-wise whether finite (bool)."""
 # fmt: on

@@ -14,6 +14,10 @@ Two kinds of session, both managed by :class:`aiotensor.web.Sessions`:
   it when the response is ready, when the handler raises, or when the client goes away
   (the handler is then cancelled), so everything is freed however the request ends.
 
+The forward pass is micro-batched by default (``at.batched``: the requests that arrive
+within one loop iteration share one kernel call); ``ops_app`` is the same service op by
+op, the version to read first, and ``fused_app`` runs one ``apply`` op per request.
+
 Endpoints: ``POST /predict`` (``{"inputs": [[...64 floats], ...]}`` in,
 ``{"probabilities": [[...10 floats], ...]}`` out), ``GET /stats``, ``GET /health``.
 """
@@ -23,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from pydantic import BaseModel
@@ -32,9 +36,18 @@ import aiotensor as at
 from aiotensor import web
 from aiotensor.web.fastapi import RequestSession
 
-from .model import SEED, Model, make_weights
+from .model import SEED, Model, batched_forward, make_weights
 
-__all__ = ["PredictRequest", "PredictResponse", "Service", "SessionDep", "app", "create_app", "fused_app"]
+__all__ = [
+    "PredictRequest",
+    "PredictResponse",
+    "Service",
+    "SessionDep",
+    "app",
+    "create_app",
+    "fused_app",
+    "ops_app",
+]
 
 
 class PredictRequest(BaseModel):
@@ -106,6 +119,8 @@ class Service:
             "model_bytes": self.model.nbytes,
             "request_cleanup": self.sessions.request_cleanup.name,
             "requests": requests,
+            # The batched forward pass (the default): calls, batches, rows and calls per batch.
+            "batching": dataclasses.asdict(batched_forward.stats()),
         }
 
 
@@ -128,6 +143,7 @@ def create_app(
     *,
     seed: int = SEED,
     request_cleanup: at.ResourceCleanupStrategy = at.ResourceCleanupStrategy.ON_SAFE_POINTS,
+    forward: Literal["batched", "ops", "fused"] = "batched",
     fused: bool = False,
     blas_threads: int | None = 1,
     cancel_on_disconnect: bool = True,
@@ -139,8 +155,11 @@ def create_app(
         request_cleanup: The strategy of request sessions. The default, ``ON_SAFE_POINTS``,
             frees each intermediate at the next op once ``h`` is rebound: a request holds
             about two layers' activations rather than all ten buffers until it ends.
-        fused: Run the forward pass as one ``apply`` op (:meth:`Model.predict_fused`)
-            rather than op by op.
+        forward: How the forward pass runs: ``"batched"`` (the default,
+            :meth:`Model.predict_batched`: concurrent requests share one kernel call),
+            ``"ops"`` (op by op, the teaching version, :meth:`Model.predict`) or
+            ``"fused"`` (one ``apply`` op per request, :meth:`Model.predict_fused`).
+        fused: The same as ``forward="fused"`` (kept for older callers).
         blas_threads: BLAS threads per matrix product while the app serves
             (``at.set_blas_threads``; restored at shutdown): a server's parallelism comes
             from concurrent requests. ``None`` leaves BLAS as it is; so does a missing
@@ -148,6 +167,17 @@ def create_app(
         cancel_on_disconnect: Cancel a prediction whose client went away (the benchmark
             turns it off once, to measure what watching for disconnects costs).
     """
+    mode = "fused" if fused else forward
+    if mode not in ("batched", "ops", "fused"):
+        raise ValueError(f"forward must be 'batched', 'ops' or 'fused', got {forward!r}")
+
+    async def run_forward(model: Model, s: at.AsyncEagerSession, rows: list[list[float]]) -> Any:
+        if mode == "batched":
+            return await model.predict_batched(s, rows)
+        if mode == "fused":
+            return await model.predict_fused(s, rows)
+        return await model.predict(s, rows)
+
     counters = RequestCounters()
     sessions = web.Sessions(
         request_cleanup=request_cleanup, on_request=counters.record, cancel_on_disconnect=cancel_on_disconnect
@@ -167,8 +197,7 @@ def create_app(
     @app.post("/predict")
     async def predict(body: PredictRequest, service: ServiceDep, s: SessionDep) -> PredictResponse:
         """Class probabilities for a batch of rows."""
-        forward = service.model.predict_fused if fused else service.model.predict
-        probs = await forward(s, body.inputs)
+        probs = await run_forward(service.model, s, body.inputs)
         return PredictResponse(probabilities=probs.tolist())
 
     @app.get("/stats")
@@ -196,6 +225,9 @@ def _blas_threads(threads: int | None) -> Any:
         at.set_blas_threads(None)
 
 
+#: The service: micro-batched forward passes (concurrent requests share one kernel call).
 app = create_app()
+#: The same service op by op: the teaching version (every op a visible await).
+ops_app = create_app(forward="ops")
 #: The same service, each forward pass fused into one op.
-fused_app = create_app(fused=True)
+fused_app = create_app(forward="fused")

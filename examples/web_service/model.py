@@ -18,7 +18,18 @@ import numpy as np
 
 import aiotensor as at
 
-__all__ = ["CLASSES", "DTYPE", "HIDDEN", "IN_FEATURES", "SEED", "Model", "as_inputs", "make_weights", "numpy_forward"]
+__all__ = [
+    "CLASSES",
+    "DTYPE",
+    "HIDDEN",
+    "IN_FEATURES",
+    "SEED",
+    "Model",
+    "as_inputs",
+    "batched_forward",
+    "make_weights",
+    "numpy_forward",
+]
 
 #: Features per input row.
 IN_FEATURES = 64
@@ -107,6 +118,35 @@ class Model:
         probs = await s.apply(_forward_kernel, inputs, *[t for layer in self.layers for t in layer])
         assert not isinstance(probs, tuple)
         return await probs.numpy()
+
+    async def predict_batched(self, s: at.AsyncEagerSession, rows: list[list[float]]) -> Array:
+        """The same forward pass, micro-batched: concurrent requests share one kernel call.
+
+        The rows of the requests that arrive within one loop iteration are stacked into
+        one batch (up to 512 rows), the whole MLP runs once on it, and each request gets
+        its own rows back as a tensor of its own session ``s`` (see ``at.batched``).
+        """
+        x = as_inputs(rows)
+        if x.shape[1] != IN_FEATURES:  # a 422 naming the width, before the row joins a batch
+            raise at.InvalidArgumentError(
+                f"forward: rows of {x.shape[1]} values, expected {IN_FEATURES}",
+                inputs=({"dtype": str(x.dtype), "shape": list(x.shape)},),
+            )
+        inputs = await s.constant(x, name="inputs")
+        probs = await batched_forward(inputs, *[t for layer in self.layers for t in layer])
+        assert not isinstance(probs, tuple)
+        return await probs.numpy()
+
+
+@at.batched(max_batch_size=512, row_shape=(IN_FEATURES,), dtype=DTYPE)
+def batched_forward(ops: at.FusedOps, x: Any, *params: Any) -> Any:
+    """The MLP as a batched fused function: ``x`` holds the stacked rows of concurrent requests."""
+    layers = list(zip(params[::2], params[1::2], strict=True))
+    h = x
+    for w, b in layers[:-1]:
+        h = ops.relu(h @ w + b)
+    w, b = layers[-1]
+    return ops.softmax(h @ w + b, axis=-1)
 
 
 def as_inputs(rows: list[list[float]]) -> Array:

@@ -1,0 +1,475 @@
+"""Micro-batching: concurrent calls of a fused function coalesced into one kernel call.
+
+``@at.batched`` turns ``fn(ops, x, *params)`` (the signature of a fused function, with
+``x`` holding rows along axis 0) into a coroutine function. Calls made concurrently with
+the *same* param objects and rows of the same trailing shape and dtype join one group.
+The group's first call leads it: it lets the event loop run one more iteration (never a
+timer), so every call that was ready joins, then closes the group. A group of one runs
+its kernel in the leader's own task, exactly as a fused call would; a larger one is cut
+into batches of up to ``max_batch_size`` rows, each run by a task of its own so that no
+caller's cancellation can stop it. A batch runs ``fn`` once on the stacked rows, as a
+fused function runs (:mod:`aiotensor._function`: one kernel, on the pool or inline as
+its cost says), and its kernel (:mod:`aiotensor._batch_kernel`) splits every output
+into each caller's rows.
+
+Sessions: the batch runs in the session that owns the params (the most derived session
+among their tensors; if they hold no tensor, the callers' session, and only callers of
+one session then share a batch). Its stacked rows and intermediates are counted there,
+in a :class:`~aiotensor._program.Budget`, as a fused function's are, and so are the
+outputs, which ``engine.call`` registers there: a caller whose session is that one
+takes its tensors as they are; any other caller's rows leave that session at once and
+are registered in the caller's session (that of ``x`` if ``x`` is a tensor, else the
+default session, else the params' session), counting against its ``memory_limit``.
+The kernel runs under the context variables of the batch's first caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
+
+from . import _defaults
+from ._batch_kernel import BatchKernel
+from ._engine import Engine, State
+from ._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
+from ._expr import Operand
+from ._function import Placement, _buffers
+from ._kernels import NUMERIC_KINDS, KernelResult, info, numeric_array
+from ._program import Budget
+from ._tensor import Tensor
+
+if TYPE_CHECKING:
+    from ._types import NDArray
+
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "BatchStats", "BatchedFunction", "batched"]
+
+#: Rows per kernel call unless ``max_batch_size`` says otherwise.
+DEFAULT_MAX_BATCH_SIZE = 512
+_OPEN = State.OPEN
+_get_loop = asyncio.get_running_loop
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    """What a batched function has done since it was made (:meth:`BatchedFunction.stats`).
+
+    Attributes:
+        calls: Calls whose rows went into a kernel call.
+        batches: Kernel calls made.
+        rows: Rows over all kernel calls.
+        max_rows: Rows of the largest kernel call.
+        cancelled: Calls cancelled while they waited: removed from their batch before it
+            ran, or their rows dropped after it ran.
+        failed: Kernel calls that raised (each of their callers got the error).
+    """
+
+    calls: int = 0
+    batches: int = 0
+    rows: int = 0
+    max_rows: int = 0
+    cancelled: int = 0
+    failed: int = 0
+
+    @property
+    def rows_per_batch(self) -> float:
+        """Mean rows per kernel call (0 before the first)."""
+        return self.rows / self.batches if self.batches else 0.0
+
+    @property
+    def calls_per_batch(self) -> float:
+        """Mean calls coalesced per kernel call (0 before the first)."""
+        return self.calls / self.batches if self.batches else 0.0
+
+
+class _Caller:
+    """One waiting call: its rows, the session of its result, and where its result goes."""
+
+    __slots__ = ("engine", "future", "x")
+
+    def __init__(self, x: NDArray, engine: Engine, future: asyncio.Future[Any]) -> None:
+        self.x = x
+        self.engine = engine  # the session of its result
+        self.future = future
+
+
+class _Group:
+    """Calls waiting for their group to close: all with the same params and the same kind of rows."""
+
+    __slots__ = ("callers", "engine", "params")
+
+    def __init__(self, engine: Engine, params: tuple[Any, ...]) -> None:
+        self.engine = engine  # where the batch runs: the params' session
+        self.params = params  # held: the group is keyed by their ids
+        self.callers: list[_Caller] = []
+
+
+class BatchedFunction:
+    """``fn(ops, x, *params)`` as a coroutine function whose concurrent calls share kernel calls.
+
+    Made by :func:`batched`. ``await f(x, *params)`` returns the rows of ``x`` through
+    ``fn`` as a tensor (a tuple of tensors if ``fn`` returns a tuple or list), owned by
+    the session of ``x`` if it is a tensor, else the default session, else the session
+    of the first tensor among ``params``.
+    """
+
+    __name__: str
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        row_shape: tuple[int, ...] | None = None,
+        dtype: Any = None,
+    ) -> None:
+        if not callable(fn):
+            raise InvalidArgumentError(f"batched: fn must be callable, got {type(fn).__name__}")
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise InvalidArgumentError(f"batched: max_batch_size must be an int >= 1, got {max_batch_size!r}")
+        if row_shape is not None:
+            try:
+                row_shape = tuple(int(n) for n in row_shape)
+            except (TypeError, ValueError):
+                raise InvalidArgumentError(f"batched: row_shape must be a tuple of ints, got {row_shape!r}") from None
+        try:
+            self._dtype = None if dtype is None else np.dtype(dtype)
+        except TypeError as exc:
+            raise InvalidArgumentError(f"batched: dtype {dtype!r} is not a dtype ({exc})") from None
+        self._fn = fn
+        self._max = max_batch_size
+        self._row_shape = row_shape
+        self._label = f"batched({getattr(fn, '__name__', type(fn).__name__)})"
+        self._placement = Placement()
+        self._pending: dict[tuple[Any, ...], _Group] = {}
+        self._running: set[asyncio.Task[None]] = set()
+        self._blas: dict[tuple[Any, ...], bool] = {}  # per shape key: did fn call BLAS?
+        self._counts = dict.fromkeys(BatchStats.__slots__, 0)
+        functools.update_wrapper(self, fn)
+
+    @property
+    def max_batch_size(self) -> int:
+        """Rows per kernel call at most (a single call with more rows runs alone, unsplit)."""
+        return self._max
+
+    def stats(self) -> BatchStats:
+        """Counts of calls, kernel calls and rows so far (a snapshot)."""
+        return BatchStats(**self._counts)
+
+    async def __call__(self, x: Any, *params: Any) -> Tensor | tuple[Tensor, ...]:
+        loop = _get_loop()
+        engine, runner = self._engines(x, params)
+        if engine.state is not _OPEN:
+            await engine.open()
+        if engine._loop is not loop:
+            raise engine._wrong_loop()
+        arr = self._rows(x, engine)
+        key = (loop, runner, *map(id, params), arr.shape[1:], arr.dtype)
+        caller = _Caller(arr, engine, loop.create_future())
+        group = self._pending.get(key)
+        if group is not None:
+            group.callers.append(caller)
+            return await self._wait(caller)
+        # The first call leads the group: one loop iteration (not a timer) lets the calls
+        # that are ready now join it, then the group is closed and its batches start.
+        group = self._pending[key] = _Group(runner, params)
+        group.callers.append(caller)
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            caller.future.cancel()
+            self._flush(key, group)  # the others' batches start anyway
+            raise
+        if len(group.callers) > 1:
+            self._flush(key, group)
+            return await self._wait(caller)
+        # Alone: its batch of one runs in this task, as a fused function call would.
+        del self._pending[key]
+        rows = arr.shape[0]
+        self._count(1, rows)
+        try:
+            tensors, multi = await self._execute(group, [caller], rows)
+        except asyncio.CancelledError:
+            self._counts["cancelled"] += 1
+            raise
+        except Exception:
+            self._counts["failed"] += 1
+            raise
+        return await self._deliver(caller, group.engine, tensors, multi)
+
+    async def _wait(self, caller: _Caller) -> Tensor | tuple[Tensor, ...]:
+        """Wait for the batch holding ``caller`` and take its rows."""
+        try:
+            tensors, multi, runner = await caller.future
+        except asyncio.CancelledError:
+            future = caller.future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                tensors, _, runner = future.result()
+                _discard(tensors, runner)  # handed over, but not taken: dropped now
+            raise
+        return await self._deliver(caller, runner, tensors, multi)
+
+    async def _deliver(
+        self, caller: _Caller, runner: Engine, tensors: list[Tensor], multi: bool
+    ) -> Tensor | tuple[Tensor, ...]:
+        """The caller's rows as tensors of its own session (registered in the batch's until now)."""
+        engine, label = caller.engine, self._label
+        if engine is not runner:
+            arrays = [runner.buffer(t, label) for t in tensors]
+            _discard(tensors, runner)
+            if engine.state is not _OPEN:
+                raise SessionClosedError(f"{label}: the session was closed while the call waited for its batch")
+            device = engine.place(label)
+            if not multi and engine.registry.memory_limit is None:
+                return engine._register(arrays[0], label, None, device)
+            result = KernelResult([info(a) for a in arrays], multi)
+            tensors = await engine._own(result, label, None, None, device)
+        return tuple(tensors) if multi else tensors[0]
+
+    def _engines(self, x: Any, params: tuple[Any, ...]) -> tuple[Engine, Engine]:
+        """The engine that owns the caller's result, and the one its batch runs in."""
+        first: Engine | None = None  # the first tensor's among the params
+        owner: Engine | None = None  # the most derived of theirs: it may read them all
+        for p in params:
+            tp = type(p)
+            for t in p if tp is list or tp is tuple else (p,):
+                if type(t) is not Tensor:
+                    continue
+                e: Engine = t._engine
+                if owner is None:
+                    first = owner = e
+                elif e is not owner and e not in owner.ancestors:
+                    if owner not in e.ancestors:
+                        raise InvalidArgumentError(
+                            f"{self._label}: params mix tensors of unrelated sessions"
+                            f" ({owner.session!r} and {e.session!r})"
+                        )
+                    owner = e
+        if type(x) is Tensor:
+            engine: Engine = x._engine
+        else:
+            default = _defaults.get_default_session()
+            if default is not None:
+                engine = default._engine  # type: ignore[attr-defined]
+            elif first is not None:
+                engine = first
+            else:
+                raise NoSessionError(
+                    f"{self._label}: no session for the result: pass x as a tensor, put a tensor among the"
+                    " params, or use `with session.as_default():`"
+                )
+        if owner is None:
+            return engine, engine
+        if owner is not engine and owner not in engine.ancestors:
+            raise InvalidArgumentError(
+                f"{self._label}: the params belong to {owner.session!r}, which the result's session"
+                f" {engine.session!r} cannot read; call it from that session or a child of it (parent=)"
+            )
+        return engine, owner
+
+    def _rows(self, x: Any, engine: Engine) -> NDArray:
+        """``x`` as an array of rows, checked before it may join a batch."""
+        label = self._label
+        tx = type(x)
+        if tx is np.ndarray:
+            arr: NDArray = x
+        elif tx is Tensor:
+            arr = engine.buffer(x, label)
+        elif isinstance(x, Operand):
+            raise InvalidArgumentError(f"{label}: x is an expression; await it first")
+        else:
+            try:
+                arr = numeric_array(x, None)
+            except (TypeError, ValueError) as exc:
+                raise InvalidArgumentError(f"{label}: x: {exc}") from None
+        if arr.dtype.kind not in NUMERIC_KINDS:
+            raise InvalidArgumentError(
+                f"{label}: x has dtype {arr.dtype}; tensors hold bool, integer, float or complex"
+            )
+        if not arr.ndim or not arr.shape[0]:
+            raise InvalidArgumentError(f"{label}: x must hold at least one row along axis 0, got shape {arr.shape}")
+        if self._row_shape is not None and arr.shape[1:] != self._row_shape:
+            raise InvalidArgumentError(f"{label}: x has rows of shape {arr.shape[1:]}, expected {self._row_shape}")
+        if self._dtype is not None and arr.dtype != self._dtype:
+            raise InvalidArgumentError(f"{label}: x has dtype {arr.dtype}, expected {self._dtype}")
+        return arr
+
+    def _flush(self, key: tuple[Any, ...], group: _Group) -> None:
+        """Close the group (one loop iteration after its first call): its waiting callers, in batches."""
+        if self._pending.get(key) is group:
+            del self._pending[key]
+        live = [c for c in group.callers if not c.future.done()]
+        self._counts["cancelled"] += len(group.callers) - len(live)
+        batch: list[_Caller] = []
+        rows = 0
+        limit = self._max
+        for c in live:  # in arrival order; a call with more rows than the limit runs alone
+            n = c.x.shape[0]
+            if batch and rows + n > limit:
+                self._start(group, batch, rows)
+                batch, rows = [], 0
+            batch.append(c)
+            rows += n
+        if batch:
+            self._start(group, batch, rows)
+
+    def _count(self, calls: int, rows: int) -> None:
+        counts = self._counts
+        counts["calls"] += calls
+        counts["batches"] += 1
+        counts["rows"] += rows
+        counts["max_rows"] = max(counts["max_rows"], rows)
+
+    def _start(self, group: _Group, callers: list[_Caller], rows: int) -> None:
+        self._count(len(callers), rows)
+        task = _get_loop().create_task(self._run(group, callers, rows))
+        self._running.add(task)  # the loop keeps only a weak reference to tasks
+        task.add_done_callback(self._running.discard)
+
+    async def _run(self, group: _Group, callers: list[_Caller], rows: int) -> None:
+        """A task running one batch of several callers: each gets its rows, or the batch's error."""
+        try:
+            tensors, multi = await self._execute(group, callers, rows)
+        except BaseException as exc:
+            self._counts["failed"] += 1
+            error: BaseException = exc
+            if isinstance(exc, asyncio.CancelledError):  # the loop is closing: the callers must not hang
+                error = BackendError(f"{self._label}: the batch was cancelled before it finished")
+            for i, c in enumerate(callers):
+                if not c.future.done():
+                    c.future.set_exception(error if i == 0 else _copy_error(error))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        k = len(tensors) // len(callers)
+        runner = group.engine
+        for i, c in enumerate(callers):
+            mine = tensors[i * k : (i + 1) * k]
+            if c.future.done():  # cancelled while the batch ran: its rows are dropped now
+                self._counts["cancelled"] += 1
+                _discard(mine, runner)
+            else:
+                c.future.set_result((mine, multi, runner))
+
+    async def _execute(self, group: _Group, callers: list[_Caller], rows: int) -> tuple[list[Tensor], bool]:
+        """One kernel call on the callers' rows: per caller, its tensors, registered in the batch's session."""
+        engine, label = group.engine, self._label
+        if not engine.backend.in_process:
+            # The batch's bookkeeping (and the callers' rows) live in this process.
+            raise InvalidArgumentError(f"{label}: batched functions run on local backends only")
+        bufs = (tuple(c.x for c in callers), *[_buffers(engine, p, label) for p in group.params])
+        x0 = callers[0].x
+        key = (rows, x0.shape[1:], x0.dtype, *[_shape_of(p) for p in bufs[1:]])
+        budget = Budget("a batched function")
+        est = self._placement.estimate(key)
+        kernel = BatchKernel(self._fn, engine, budget, [c.x.shape[0] for c in callers], label, measure=est is None)
+        if est is None:
+            est = math.inf
+        described = (_Rows((rows, *x0.shape[1:]), x0.dtype), *group.params)  # for error messages
+        blas = self._blas.get(key, True)  # before the first run: assume it calls BLAS
+        tensors, _ = await engine.call(
+            label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, blas=blas
+        )
+        self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us)
+        self._blas[key] = kernel.blas
+        return tensors, kernel.multi
+
+
+class _Rows:
+    """The stacked rows of a batch as error messages describe them (``float32[512, 64]``), without stacking."""
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+        self.shape = shape
+        self.dtype = dtype
+
+
+def _discard(tensors: list[Tensor], runner: Engine) -> None:
+    """Free tensors of the batch's session at once, whatever its strategy (their rows left it or are dropped)."""
+    for t in tensors:
+        runner.discard(t)
+
+
+def _shape_of(x: Any) -> Any:
+    if type(x) is np.ndarray:
+        return (x.shape, x.dtype.str)
+    if type(x) in (list, tuple):
+        return tuple(_shape_of(e) for e in x)
+    return type(x)
+
+
+def _copy_error(error: BaseException) -> BaseException:
+    """The batch's error for one more caller: its own object (tracebacks of one object raised in many tasks pile up)."""
+    try:
+        other = copy.copy(error)
+    except Exception:  # an exception type that does not copy: share the object
+        return error
+    other.__cause__ = error.__cause__
+    other.__suppress_context__ = error.__suppress_context__
+    return other
+
+
+@overload
+def batched(fn: Callable[..., Any], /) -> BatchedFunction: ...
+
+
+@overload
+def batched(
+    *, max_batch_size: int = ..., row_shape: tuple[int, ...] | None = ..., dtype: Any = ...
+) -> Callable[[Callable[..., Any]], BatchedFunction]: ...
+
+
+def batched(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    row_shape: tuple[int, ...] | None = None,
+    dtype: Any = None,
+) -> BatchedFunction | Callable[[Callable[..., Any]], BatchedFunction]:
+    """Make ``fn(ops, x, *params)`` a fused function whose concurrent calls share kernel calls.
+
+    ``x`` holds rows along axis 0; ``fn`` must treat rows independently and return
+    arrays with one row per input row (a tuple of them for several outputs). Calls made
+    while the event loop runs one iteration, with the same ``params`` objects
+    (identity, not equality) and rows of the same shape and dtype, are stacked into
+    one ``x`` of up to ``max_batch_size`` rows, run as one fused function, and split:
+    each caller gets its own rows back. Nothing waits on a timer: a batch starts at the
+    next loop iteration, so a caller alone waits one loop iteration.
+
+    Used bare or with options::
+
+        @at.batched(max_batch_size=256)
+        def mlp(ops, x, w1, b1, w2, b2):
+            return ops.softmax(ops.relu(x @ w1 + b1) @ w2 + b2, axis=-1)
+
+        probs = await mlp(rows, w1, b1, w2, b2)  # rows: this request's (n, 64) array
+
+    Args:
+        fn: ``fn(ops, x, *params)``, as for :func:`function`.
+        max_batch_size: Rows per kernel call at most. A call with more rows than
+            this runs alone, unsplit.
+        row_shape: The shape every row must have (``x.shape[1:]``); a call with
+            another fails alone with ``InvalidArgumentError`` before it joins a batch.
+            ``None``: rows of different shapes never share a batch, and a wrong shape
+            fails in its own batch with the error ``fn`` raises for it.
+        dtype: The dtype ``x`` must have, checked likewise; ``None``: any numeric
+            dtype, rows of different dtypes never share a batch (nothing is cast).
+
+    Raises:
+        InvalidArgumentError: a bad option or ``fn`` not callable (here); when called,
+            an ``x`` with no rows, of the wrong row shape or dtype, or params the
+            result's session cannot read (for that call alone), or ``fn`` returning
+            something without one row per input row.
+        KernelError: ``fn`` raised; every caller of that batch gets it.
+    """
+    if fn is None:
+        return functools.partial(BatchedFunction, max_batch_size=max_batch_size, row_shape=row_shape, dtype=dtype)
+    return BatchedFunction(fn, max_batch_size=max_batch_size, row_shape=row_shape, dtype=dtype)

@@ -1,0 +1,254 @@
+"""aiotensor's own worker pool: the cheapest hop from the event loop to a thread and back.
+
+``concurrent.futures`` + ``asyncio.wrap_future`` costs, per kernel, a concurrent future
+with its condition variable, a done callback, an asyncio future chained to it and one
+``call_soon_threadsafe`` (a write to the loop's self-pipe and a wake-up) per result.
+:class:`WorkerPool` keeps what is needed: workers take jobs from one
+``queue.SimpleQueue`` (a C queue, no Python-level lock); a finished job goes into its
+loop's inbox, and completions arriving together wake the loop once; the awaiter waits
+on a plain asyncio future settled on the loop thread. The jobs and their semantics
+(context, cancellation, adoption, errors) are in ``_jobs``.
+
+The pool is also a ``concurrent.futures.Executor`` (``submit``/``shutdown``), so code
+that was given the old pool keeps working. Workers start on demand up to
+``max_workers`` and run at the pool's :data:`~aiotensor._priority.Priority`. They are
+daemon threads that hold what they share with the pool, not the pool: a pool nobody
+references is collected and its workers stop, as ThreadPoolExecutor's do. After a
+``fork`` the child's pools start over with no thread and an empty queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import os
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from . import _jobs, _priority
+from ._jobs import CallJob, Failed, Job, Pending, Spawned, inbox_for, inbox_wakeups
+from ._priority import Priority
+
+__all__ = ["Failed", "Pending", "WorkerPool", "default_pool", "inbox_wakeups"]
+
+
+_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+class _Crew:
+    """What a pool's workers share with it. Workers hold this, never the pool, so that a
+    pool nobody references is collected, and its finalizer stops the workers."""
+
+    __slots__ = ("blas_lowered", "growing", "idle", "lock", "priority", "queue", "stopped", "threads")
+
+    def __init__(self, priority: Priority) -> None:
+        self.priority = priority
+        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        self.idle = 0  # workers done with a job and not yet handed another, while growing
+        self.growing = True  # fewer threads than max_workers: submissions may start one
+        self.stopped = False
+        self.blas_lowered = False
+
+
+def _work(crew: _Crew) -> None:
+    _priority.lower(crew.priority)
+    get = crew.queue.get
+    while True:
+        job = get()
+        if job is None:
+            return
+        job.run()
+        del job  # not kept while waiting for the next one
+        if crew.growing:
+            with crew.lock:
+                crew.idle += 1
+
+
+def _stop(holder: list[_Crew]) -> list[threading.Thread]:
+    # Shutdown, or the finalizer of a pool nobody references: one stop mark per worker,
+    # after what is queued; the BLAS threads' priority back if this pool lowered it.
+    crew = holder[0]
+    with crew.lock:
+        if crew.stopped:
+            return list(crew.threads)
+        crew.stopped = True
+        threads = list(crew.threads)
+        lowered, crew.blas_lowered = crew.blas_lowered, False
+    for _ in threads:
+        crew.queue.put(None)
+    if lowered:
+        _priority.restore_blas_threads()
+    return threads
+
+
+class WorkerPool(concurrent.futures.Executor):
+    """Worker threads behind the local backend (see the module docstring).
+
+    Args:
+        max_workers: Threads at most, started on demand; ``None``: one per core.
+        priority: The workers' scheduling priority (see ``_priority``); a lowered
+            pool also lowers the BLAS library's helper threads while it runs.
+        name: The workers' thread name prefix.
+    """
+
+    def __init__(
+        self, max_workers: int | None = None, *, priority: Priority = "normal", name: str = "aiotensor"
+    ) -> None:
+        if max_workers is not None and max_workers <= 0:
+            raise ValueError(f"max_workers must be positive, got {max_workers}")
+        problem = _priority.validate(priority)
+        if problem is not None:
+            raise ValueError(f"priority {problem}")
+        #: The most threads the pool runs (``_max_workers`` as ThreadPoolExecutor names it).
+        self._max_workers = max_workers or os.cpu_count() or 1
+        self._priority = priority
+        self._name = name
+        self._shutdown = False
+        self._holder: list[_Crew] = []
+        self._reset()
+        # Not at interpreter exit: atexit hooks may still run kernels (the workers are daemons).
+        weakref.finalize(self, _stop, self._holder).atexit = False
+        _pools.add(self)
+
+    def _reset(self) -> None:
+        # At creation, and in a forked child (which has the pool's fields but not its threads).
+        self._crew = crew = _Crew(self._priority)
+        self._queue = crew.queue
+        self._holder[:] = [crew]
+
+    @property
+    def max_workers(self) -> int:
+        """The most threads the pool runs."""
+        return self._max_workers
+
+    @property
+    def priority(self) -> Priority:
+        """The workers' scheduling priority."""
+        return self._priority
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The worker threads started so far."""
+        return list(self._crew.threads)
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Pending:
+        """Start ``fn(*args)`` on a worker, in a copy of the caller's context; await the result.
+
+        Must be called on a running event loop's thread. Raises RuntimeError after
+        :meth:`shutdown`.
+        """
+        loop = asyncio.get_running_loop()
+        job = Job(fn, args, contextvars.copy_context(), loop.create_future(), inbox_for(loop))
+        self._put(job)
+        return Pending(job)
+
+    def spawn(self, fn: Callable[[], object]) -> None:
+        """Start ``fn()`` on a worker and return at once, in a copy of the caller's context.
+
+        Any thread may spawn. Nothing reports back: ``fn`` signals its own completion
+        (an exception it raises is logged). Raises RuntimeError after :meth:`shutdown`.
+        """
+        self._put(Spawned(fn, contextvars.copy_context()))
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        """``concurrent.futures.Executor.submit``: run ``fn(*args, **kwargs)`` on a worker."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._put(CallJob(future, fn, args, kwargs))
+        return future
+
+    def _put(self, job: Any) -> None:
+        if self._shutdown:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        self._queue.put(job)
+        if self._crew.growing:
+            self._grow()
+        # Shut down meanwhile by another thread, after its sweep of the queue: this job
+        # would sit behind the workers' stop marks (mypy does not see the other thread).
+        if self._shutdown:
+            self._cancel_queued()  # type: ignore[unreachable]
+
+    def _grow(self) -> None:
+        crew = self._crew
+        with crew.lock:
+            if crew.idle:
+                crew.idle -= 1  # an idle worker takes the job
+                return
+            if crew.stopped or len(crew.threads) >= self._max_workers:
+                return
+            if not crew.blas_lowered and self._priority != "normal":
+                crew.blas_lowered = True
+                _priority.lower_blas_threads(self._priority)
+            t = threading.Thread(target=_work, name=f"{self._name}_{len(crew.threads)}", args=(crew,), daemon=True)
+            t.start()
+            crew.threads.append(t)
+            if len(crew.threads) >= self._max_workers:
+                crew.growing = False
+
+    def _cancel_queued(self) -> None:
+        stops = 0
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                stops += 1
+            else:
+                job.cancel()
+        for _ in range(stops):
+            self._queue.put(None)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop the workers once the queue is empty (``cancel_futures``: drop what has not started).
+
+        A dropped awaited call raises CancelledError in its awaiter (the backend turns
+        that into :class:`~aiotensor.BackendError`); later submissions raise RuntimeError.
+        """
+        self._shutdown = True
+        if cancel_futures:
+            self._cancel_queued()
+        threads = _stop(self._holder)
+        if wait:
+            me = threading.current_thread()
+            for t in threads:
+                if t is not me:
+                    t.join()
+
+
+_default_pools: dict[object, WorkerPool] = {}
+_default_lock = threading.Lock()
+
+
+def default_pool(priority: Priority) -> WorkerPool:
+    """The process-wide pool of ``priority``, one worker per core, shared by sessions without a pool of their own.
+
+    Created on first use; its threads start with the first kernels. Sharing it is
+    what lets a request-scoped session start without starting a thread.
+    """
+    pool = _default_pools.get(priority)
+    if pool is None:
+        with _default_lock:
+            pool = _default_pools.get(priority)
+            if pool is None:
+                pool = _default_pools[priority] = WorkerPool(priority=priority)
+    return pool
+
+
+def _after_fork_in_child() -> None:
+    # The child inherits the pools but none of their threads; a queue or lock held by
+    # a thread that did not survive the fork must not be used again.
+    global _default_lock
+    _jobs.reset_after_fork()
+    _default_lock = threading.Lock()
+    for pool in list(_pools):
+        pool._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,168 @@
+"""The kernel of a batch: stacking, splitting, and recycled temporaries that never change a live array."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aiotensor as at
+from aiotensor import _batch_kernel as bk
+from aiotensor._program import Budget
+
+BIG = (128, 256)  # float32: 128 KiB, over MIN_BYTES
+ENGINE: Any = types.SimpleNamespace(_xp=np)  # what the ops read of an engine for array arguments
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> Iterator[None]:
+    """Nothing kept or learned by an earlier test (on this thread)."""
+
+    def clear() -> None:
+        bk._kept.free.clear()
+        bk._kept.nbytes = 0
+        bk._specs.clear()
+        bk._wanted.clear()
+
+    clear()
+    yield
+    clear()
+
+
+def ops() -> bk.RecyclingOps:
+    return bk.RecyclingOps(ENGINE, Budget("a test"))
+
+
+def big(seed: int = 0) -> np.ndarray[Any, Any]:
+    return np.random.default_rng(seed).standard_normal(BIG).astype(np.float32)
+
+
+def kept() -> int:
+    return sum(len(v) for v in bk._kept.free.values())
+
+
+def test_a_dead_intermediate_is_reused_as_the_output_of_a_later_op() -> None:
+    a, b = big(0), big(1)
+    o = ops()
+    o.multiply(a, b)  # each op learns its output's shape and dtype on its first call
+    o.relu(a)
+    bk._kept.free.clear()
+    bk._kept.nbytes = 0
+    v = o.add(a, b)
+    first = id(np.asarray(v).base)  # the buffer behind the read-only view (an id: a reference would keep it)
+    np.testing.assert_array_equal(np.asarray(v), a + b)
+    del v
+    assert kept() == 1
+    w = o.multiply(a, b)  # same shape and dtype: served from the kept buffer
+    assert id(np.asarray(w).base) == first
+    np.testing.assert_array_equal(np.asarray(w), a * b)
+    assert kept() == 0
+    r = o.relu(w)
+    del w
+    r2 = o.relu(r)  # takes w's buffer
+    assert id(np.asarray(r2).base) == first
+    np.testing.assert_array_equal(np.asarray(r2), np.maximum(a * b, 0))
+
+
+def test_a_buffer_something_still_refers_to_is_never_reused() -> None:
+    a, b = big(0), big(1)
+    o = ops()
+    o.add(a, b)  # learn the spec; dropped at once and kept
+    assert kept() == 1
+    bk._kept.free.clear()
+    bk._kept.nbytes = 0
+    v = o.add(a, b)
+    view = np.asarray(v)  # escapes the value
+    del v
+    assert kept() == 0
+    w = o.multiply(a, b)
+    np.testing.assert_array_equal(view, a + b)  # unchanged
+    assert not np.shares_memory(view, np.asarray(w))
+
+
+def test_small_outputs_scalars_and_keywords_are_not_recycled() -> None:
+    small = np.ones((4, 4), np.float32)
+    o = ops()
+    del_me = o.add(small, small)
+    del del_me
+    assert kept() == 0
+    a = big()
+    o.add(a, 1.0)  # a Python scalar may pick the dtype (numpy 1.x): never recycled
+    o.add(a, np.float32(1.0))
+    o.sum(a, axis=0)
+    assert bk._specs == {}
+    assert kept() == 0
+
+
+def test_what_is_kept_per_thread_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    a = big()
+    o = ops()
+    o.add(a, a)  # learn the spec
+    values = [o.add(a, a) for _ in range(bk._PER_SPEC + 3)]
+    del values
+    assert kept() == bk._PER_SPEC
+    assert bk._kept.nbytes == bk._PER_SPEC * a.nbytes
+    bk._kept.free.clear()
+    bk._kept.nbytes = 0
+    monkeypatch.setattr(bk, "CAP", 2 * a.nbytes)
+    values = [o.add(a, a) for _ in range(4)]
+    del values
+    assert bk._kept.nbytes <= 2 * a.nbytes
+
+
+def test_the_reference_count_of_a_lone_array_is_calibrated() -> None:
+    assert isinstance(bk._ALONE, int)
+    assert bk._ALONE >= 1
+
+
+def test_the_kernel_stacks_splits_and_copies_what_it_does_not_own() -> None:
+    xs = (np.arange(6.0).reshape(3, 2), np.arange(6.0, 10.0).reshape(2, 2))
+    kernel = bk.BatchKernel(lambda ops, x, k: (x * k, x + 0.0), ENGINE, Budget("b"), [3, 2], "batched(f)")
+    pieces = kernel(xs, 2.0)
+    assert kernel.multi
+    assert len(pieces) == 4  # per caller, per output
+    np.testing.assert_array_equal(pieces[0], xs[0] * 2)
+    np.testing.assert_array_equal(pieces[1], xs[0])
+    np.testing.assert_array_equal(pieces[2], xs[1] * 2)
+    np.testing.assert_array_equal(pieces[3], xs[1])
+    x = np.ones((2, 2))
+    alone = bk.BatchKernel(lambda ops, x: x, ENGINE, Budget("b"), [2], "batched(f)")((x,))
+    assert alone is not x  # the caller's array is never taken over
+
+
+def test_outputs_without_one_row_per_input_row_are_refused() -> None:
+    kernel = bk.BatchKernel(lambda ops, x: ops.sum(x, axis=0), ENGINE, Budget("b"), [2, 1], "batched(f)")
+    with pytest.raises(at.InvalidArgumentError, match=r"one row per input row \(3 rows"):
+        kernel((np.ones((2, 4)), np.ones((1, 4))))
+
+
+async def test_many_batches_on_the_pool_stay_right_and_earlier_results_never_change(s: at.AsyncEagerSession) -> None:
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 256)).astype(np.float32)
+    tw = await s.constant(w)
+
+    @at.batched(max_batch_size=256)
+    def layer(ops: at.FusedOps, x: Any, w: Any) -> Any:
+        h = ops.relu(x @ w)
+        return ops.exp(ops.negative(h)) + h  # several big intermediates per run
+
+    def reference(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        h = np.maximum(x @ w, 0)
+        return np.exp(-h) + h  # type: ignore[no-any-return]
+
+    held: list[tuple[np.ndarray[Any, Any], at.Tensor]] = []
+    for round_ in range(6):
+        # Odd rounds: 8 x 32 rows, one batch of the same shapes each time (its buffers recycled).
+        counts = [32] * 8 if round_ % 2 else [int(n) for n in rng.integers(20, 60, size=8)]
+        xs = [rng.standard_normal((n, 64)).astype(np.float32) for n in counts]
+        ys = await asyncio.gather(*[layer(x, tw) for x in xs])
+        for x, y in zip(xs, ys, strict=True):
+            assert isinstance(y, at.Tensor)
+            held.append((x, y))
+        for x, y in held:  # every earlier result too: recycling never wrote into one
+            np.testing.assert_allclose(np.asarray(y), reference(x), rtol=1e-5, atol=1e-6, err_msg=f"round {round_}")
+    del held, ys, y

@@ -1,0 +1,624 @@
+"""Micro-batching (``at.batched``): every bullet of issue 12's contract, checked against numpy.
+
+Every async test runs on asyncio and uvloop (conftest); tests where ownership matters
+also run under the three cleanup strategies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aiotensor as at
+
+from .conftest import settle
+
+IN, HIDDEN, OUT = 8, 32, 4
+RNG = np.random.default_rng(12)
+W1 = RNG.standard_normal((IN, HIDDEN)).astype(np.float32)
+B1 = RNG.standard_normal(HIDDEN).astype(np.float32)
+W2 = RNG.standard_normal((HIDDEN, OUT)).astype(np.float32)
+B2 = RNG.standard_normal(OUT).astype(np.float32)
+
+
+def mlp(ops: at.FusedOps, x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
+    return ops.softmax(ops.relu(x @ w1 + b1) @ w2 + b2, axis=-1)
+
+
+def mlp_np(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    logits = np.maximum(x @ W1 + B1, 0) @ W2 + B2
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)  # type: ignore[no-any-return]
+
+
+def rows(n: int, seed: int = 0, width: int = IN) -> np.ndarray[Any, Any]:
+    return np.random.default_rng(seed).standard_normal((n, width)).astype(np.float32)
+
+
+async def weights(s: at.AsyncEagerSession) -> list[at.Tensor]:
+    return [await s.constant(a) for a in (W1, B1, W2, B2)]
+
+
+async def held(s: at.AsyncEagerSession) -> int:
+    """Buffers of ``s`` that a handle still holds (dropped ones may wait for the strategy)."""
+    await asyncio.sleep(0)  # the loop drops its reference to the last callback's arguments (gather's result)
+    gc.collect()
+    if s.cleanup is at.ResourceCleanupStrategy.IN_BACKGROUND:
+        await settle(s)
+    stats = s.stats()
+    return stats.live_tensors - stats.pending
+
+
+def close(y: Any, x: np.ndarray[Any, Any]) -> None:
+    np.testing.assert_allclose(np.asarray(y), mlp_np(x), rtol=1e-5, atol=1e-6)
+
+
+# -- the decorator ------------------------------------------------------------------------------
+def test_bare_and_with_options() -> None:
+    bare = at.batched(mlp)
+    assert isinstance(bare, at.BatchedFunction)
+    assert bare.__name__ == "mlp"
+    assert bare.max_batch_size == 512
+
+    @at.batched(max_batch_size=64, row_shape=(IN,), dtype="float32")
+    def small(ops: at.FusedOps, x: Any) -> Any:
+        return x * 2.0
+
+    assert isinstance(small, at.BatchedFunction)
+    assert small.max_batch_size == 64
+    assert small.__name__ == "small"
+    assert small.stats() == at.BatchStats()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_batch_size": 0}, "max_batch_size"),
+        ({"max_batch_size": True}, "max_batch_size"),
+        ({"max_batch_size": 2.0}, "max_batch_size"),
+        ({"row_shape": ("a",)}, "row_shape"),
+        ({"dtype": "no such dtype"}, "dtype"),
+    ],
+)
+def test_bad_options_are_refused(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(at.InvalidArgumentError, match=message):
+        at.batched(**options)(mlp)
+
+
+def test_fn_must_be_callable() -> None:
+    with pytest.raises(at.InvalidArgumentError, match="callable"):
+        at.batched(42)  # type: ignore[call-overload]
+
+
+# -- coalescing ---------------------------------------------------------------------------------
+async def test_concurrent_calls_share_one_kernel_call_and_each_gets_its_rows(
+    strategy: at.ResourceCleanupStrategy,
+) -> None:
+    async with at.AsyncEagerSession(cleanup=strategy) as s:
+        w = await weights(s)
+        f = at.batched(mlp)
+        xs = [rows(n, seed=n) for n in (1, 3, 16, 7, 2)]
+        ys = await asyncio.gather(*[f(x, *w) for x in xs])
+        for x, y in zip(xs, ys, strict=True):
+            assert isinstance(y, at.Tensor)
+            assert y.session is s
+            assert y.shape == (len(x), OUT)
+            close(y, x)
+        stats = f.stats()
+        assert (stats.batches, stats.calls, stats.rows, stats.max_rows) == (1, 5, 29, 29)
+        assert stats.calls_per_batch == 5.0
+        assert stats.rows_per_batch == 29.0
+        del ys, y
+        assert await held(s) == 4  # the weights: every batch buffer was moved out or freed
+
+
+async def test_calls_are_coalesced_only_with_the_same_param_objects_and_rows_of_one_kind(
+    s: at.AsyncEagerSession,
+) -> None:
+    w = await weights(s)
+    w_again = await weights(s)  # equal values, other objects
+    seen: list[tuple[int, ...]] = []
+
+    def recording(ops: at.FusedOps, x: Any, *params: Any) -> Any:
+        seen.append(x.shape)
+        return mlp(ops, x, *params) if x.shape[1] == IN else x * 1.0
+
+    f = at.batched(recording)
+    x = rows(2)
+    results = await asyncio.gather(
+        f(x, *w), f(x, *w), f(x, *w_again), f(x.astype(np.float64), *w), f(rows(2, width=3), *w)
+    )
+    assert sorted(seen) == sorted([(4, IN), (2, IN), (2, IN), (2, 3)])
+    assert f.stats().batches == 4
+    for y in results[:4]:
+        close(y, x)
+    np.testing.assert_array_equal(np.asarray(results[4]), rows(2, width=3))
+
+
+async def test_max_batch_size_bounds_the_rows_of_each_kernel_call(s: at.AsyncEagerSession) -> None:
+    w = await weights(s)
+    seen: list[int] = []
+
+    @at.batched(max_batch_size=10)
+    def recording(ops: at.FusedOps, x: Any, *params: Any) -> Any:
+        seen.append(x.shape[0])
+        return mlp(ops, x, *params)
+
+    xs = [rows(n, seed=i) for i, n in enumerate((4, 4, 4, 10, 1, 13, 2))]
+    ys = await asyncio.gather(*[recording(x, *w) for x in xs])
+    for x, y in zip(xs, ys, strict=True):
+        close(y, x)
+    # Packed in arrival order: 4+4 | 4 | 10 | 1 | 13 (alone: more rows than the limit, not split) | 2
+    assert seen == [8, 4, 10, 1, 13, 2]
+    stats = recording.stats()
+    assert (stats.batches, stats.calls, stats.rows, stats.max_rows) == (6, 7, 38, 13)
+
+
+async def test_a_caller_alone_waits_one_loop_iteration_not_a_timer(s: at.AsyncEagerSession) -> None:
+    w = await weights(s)
+    f = at.batched(mlp)
+    x = rows(3)
+    task = asyncio.create_task(f(x, *w))
+    await asyncio.sleep(0)  # the call has run up to joining its group
+    assert f.stats().batches == 0
+    await asyncio.sleep(0)  # one more loop iteration: the batch has started
+    assert f.stats().batches == 1
+    close(await task, x)
+
+
+async def test_callers_from_child_sessions_share_a_batch_and_own_their_results(
+    strategy: at.ResourceCleanupStrategy,
+) -> None:
+    async with at.AsyncEagerSession() as app:
+        w = await weights(app)
+        f = at.batched(mlp)
+        children = [at.AsyncEagerSession(parent=app, cleanup=strategy) for _ in range(3)]
+        for c in children:
+            await c.__aenter__()
+        xs = [rows(i + 1, seed=i) for i in range(3)]
+        inputs = [await c.constant(x) for c, x in zip(children, xs, strict=True)]
+        before = app.stats().live_tensors
+        ys = await asyncio.gather(*[f(t, *w) for t in inputs])
+        assert f.stats().batches == 1
+        for c, x, y in zip(children, xs, ys, strict=True):
+            assert isinstance(y, at.Tensor)
+            assert y.session is c
+            close(await y.numpy(), x)
+        assert app.stats().live_tensors == before  # nothing of the batch stayed in the app session
+        del ys, inputs
+        for c in children:
+            await c.aclose()
+            assert c.stats().live_tensors == 0
+
+
+# -- which session owns the result ------------------------------------------------------------
+async def test_an_ndarray_x_gives_a_result_in_the_default_session_else_the_params_session() -> None:
+    async with at.AsyncEagerSession() as app, at.AsyncEagerSession(parent=app) as request:
+        w = await weights(app)
+        f = at.batched(mlp)
+        x = rows(2)
+        y = await f(x, *w)
+        assert isinstance(y, at.Tensor)
+        assert y.session is app
+        with request.as_default():
+            z = await f(x, *w)
+        assert isinstance(z, at.Tensor)
+        assert z.session is request
+        close(y, x)
+        close(z, x)
+        del y, z
+
+
+async def test_no_session_at_all_and_params_the_result_session_cannot_read() -> None:
+    def double(ops: at.FusedOps, x: Any, k: Any) -> Any:
+        return x * k
+
+    f = at.batched(double)
+    with pytest.raises(at.NoSessionError):
+        await f(rows(2), 2.0)
+    async with at.AsyncEagerSession() as a, at.AsyncEagerSession() as b:
+        k = await a.constant(np.float32(2.0))
+        x = await b.constant(rows(2))
+        with pytest.raises(at.InvalidArgumentError, match="cannot read"):
+            await f(x, k)
+        y = await f(await a.constant(rows(2)), k)  # from the params' own session: fine
+        np.testing.assert_array_equal(np.asarray(y), rows(2) * 2)
+        kb = await b.constant(np.float32(3.0))
+        with pytest.raises(at.InvalidArgumentError, match="unrelated sessions"):
+            await at.batched(lambda ops, x, p, q: x)(x, k, kb)
+        del y
+    assert f.stats().batches == 1
+
+
+async def test_params_without_tensors_coalesce_per_result_session() -> None:
+    def scale(ops: at.FusedOps, x: Any, k: Any) -> Any:
+        return x * k
+
+    f = at.batched(scale)
+    k = np.float32(3.0)
+    async with at.AsyncEagerSession() as a, at.AsyncEagerSession() as b:
+        xa, xb = await a.constant(rows(2)), await b.constant(rows(3))
+        ya, ya2, yb = await asyncio.gather(f(xa, k), f(xa, k), f(xb, k))
+        assert (ya.session, ya2.session, yb.session) == (a, a, b)  # type: ignore[union-attr]
+        assert f.stats().batches == 2
+        np.testing.assert_allclose(np.asarray(yb), rows(3) * 3)
+        del ya, ya2, yb
+
+
+async def test_tuple_outputs_give_each_caller_a_tuple_of_its_rows(s: at.AsyncEagerSession) -> None:
+    @at.batched
+    def two(ops: at.FusedOps, x: Any, w: Any) -> Any:
+        return x @ w, ops.sum(x, axis=1, keepdims=True)
+
+    w = await s.constant(W1)
+    xs = [rows(n, seed=n) for n in (2, 5)]
+    outs = await asyncio.gather(*[two(x, w) for x in xs])
+    for x, out in zip(xs, outs, strict=True):
+        assert isinstance(out, tuple)
+        a, b = out
+        assert a.session is s
+        np.testing.assert_allclose(np.asarray(a), x @ W1, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(b), x.sum(axis=1, keepdims=True), rtol=1e-5)
+    assert two.stats().batches == 1
+
+
+async def test_a_lone_caller_whose_x_is_returned_as_is_keeps_its_array(s: at.AsyncEagerSession) -> None:
+    f = at.batched(lambda ops, x, k: x)
+    x = rows(3)
+    k = await s.constant(1.0)
+    y = await f(x, k)
+    assert x.flags.writeable  # not taken over by the session
+    x[0, 0] = 100.0
+    assert np.asarray(y)[0, 0] != 100.0
+    del y
+
+
+# -- bad calls fail alone ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (rows(2, width=IN + 1), "rows of shape"),
+        (rows(2).astype(np.float64), "dtype float64"),
+        (np.zeros((0, IN), np.float32), "at least one row"),
+        (np.float32(1.0), "at least one row"),
+        (np.array([["a"] * IN]), "dtype <U1"),
+        ([[1.0] * IN, [1.0]], "x:"),
+    ],
+)
+async def test_a_call_with_bad_rows_fails_alone_before_its_batch_forms(
+    s: at.AsyncEagerSession, bad: Any, message: str
+) -> None:
+    w = await weights(s)
+    f = at.batched(row_shape=(IN,), dtype=np.float32)(mlp)
+    xs = [rows(3, seed=1), rows(5, seed=2)]
+    results = await asyncio.gather(f(xs[0], *w), f(bad, *w), f(xs[1], *w), return_exceptions=True)
+    assert isinstance(results[1], at.InvalidArgumentError)
+    assert results[1].args[0].startswith("batched(mlp)")
+    assert message in str(results[1])
+    close(results[0], xs[0])
+    close(results[2], xs[1])
+    assert f.stats().calls == 2  # the bad call never joined a batch
+    assert f.stats().batches == 1
+
+
+async def test_without_a_declared_row_shape_a_wrong_width_fails_in_a_batch_of_its_own(
+    s: at.AsyncEagerSession,
+) -> None:
+    w = await weights(s)
+    f = at.batched(mlp)
+    good = rows(4)
+    results = await asyncio.gather(f(good, *w), f(rows(2, width=IN + 1), *w), f(good, *w), return_exceptions=True)
+    assert isinstance(results[1], at.InvalidArgumentError)
+    assert "matmul" in str(results[1])
+    close(results[0], good)
+    close(results[2], good)
+    stats = f.stats()
+    assert (stats.batches, stats.failed) == (2, 1)
+
+
+async def test_an_expression_as_x_is_refused(s: at.AsyncEagerSession) -> None:
+    w = await weights(s)
+    t = await s.constant(rows(2))
+    with pytest.raises(at.InvalidArgumentError, match="await it first"):
+        await at.batched(mlp)(t * 2.0, *w)
+
+
+async def test_fn_must_return_one_row_per_input_row(s: at.AsyncEagerSession) -> None:
+    k = await s.constant(1.0)
+    f = at.batched(lambda ops, x, k: ops.sum(x) * k)
+    results = await asyncio.gather(f(rows(2), k), f(rows(3), k), return_exceptions=True)
+    for r in results:
+        assert isinstance(r, at.InvalidArgumentError)
+        assert "one row per input row (5 rows" in str(r)
+
+
+# -- kernel errors ---------------------------------------------------------------------------------
+def picky(ops: at.FusedOps, x: Any, w: Any) -> Any:
+    if x.shape[0] > 4:
+        raise ZeroDivisionError(f"{x.shape[0]} rows")
+    return x @ w
+
+
+async def test_a_kernel_error_fails_every_caller_of_its_batch_with_the_error_of_a_single_call(
+    s: at.AsyncEagerSession,
+) -> None:
+    w = await s.constant(W1)
+    f = at.batched(picky)
+    with pytest.raises(at.KernelError) as single:
+        await f(rows(6), w)  # a batch of one call, of six rows
+    results = await asyncio.gather(f(rows(3), w), f(rows(3, seed=1), w), return_exceptions=True)
+    for r in results:
+        assert type(r) is type(single.value)
+        assert str(r) == str(single.value)  # six rows stacked: the same message
+        assert type(r.__cause__) is ZeroDivisionError  # type: ignore[union-attr]
+    assert results[0] is not results[1]  # each caller raises its own object
+    ok = await f(rows(2), w)  # the function still works
+    np.testing.assert_allclose(np.asarray(ok), rows(2) @ W1, rtol=1e-5)
+    assert f.stats().failed == 2
+    del ok
+
+
+async def test_a_kernel_error_leaves_other_batches_alone(s: at.AsyncEagerSession) -> None:
+    w, w_other = await s.constant(W1), await s.constant(W1)
+    f = at.batched(picky)
+    results = await asyncio.gather(f(rows(3), w), f(rows(3), w), f(rows(3), w_other), return_exceptions=True)
+    assert isinstance(results[0], at.KernelError)
+    assert isinstance(results[1], at.KernelError)
+    np.testing.assert_allclose(np.asarray(results[2]), rows(3) @ W1, rtol=1e-5)
+
+
+async def test_batched_functions_need_a_local_backend() -> None:
+    from .test_function import RemoteLike
+
+    async with at.AsyncEagerSession(backend=RemoteLike()) as s:
+        k = await s.constant(2.0)
+        with pytest.raises(at.InvalidArgumentError, match="local backends only"):
+            await at.batched(lambda ops, x, k: x * k)(await s.constant(rows(2)), k)
+
+
+# -- cancellation ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("which", [0, 1], ids=["the first caller", "a later caller"])
+async def test_a_caller_cancelled_before_its_batch_starts_is_removed_from_it(
+    strategy: at.ResourceCleanupStrategy, which: int
+) -> None:
+    seen: list[int] = []
+
+    def recording(ops: at.FusedOps, x: Any, *params: Any) -> Any:
+        seen.append(x.shape[0])
+        return mlp(ops, x, *params)
+
+    async with at.AsyncEagerSession(cleanup=strategy) as s:
+        w = await weights(s)
+        f = at.batched(recording)
+        xs = [rows(2, seed=1), rows(7, seed=2), rows(3, seed=3)]
+        tasks = [asyncio.create_task(f(x, *w)) for x in xs]
+        await asyncio.sleep(0)  # all three joined the group; the batch starts next iteration
+        tasks[which].cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(done[which], asyncio.CancelledError)
+        for i in {0, 1, 2} - {which}:
+            close(done[i], xs[i])
+        assert seen == [12 - len(xs[which])]  # the cancelled call's rows never reached the kernel
+        assert f.stats().cancelled == 1
+        del done, tasks
+        assert await held(s) == 4
+
+
+async def test_a_caller_cancelled_while_its_batch_runs_leaves_nothing_and_the_others_get_their_rows(
+    strategy: at.ResourceCleanupStrategy,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow(ops: at.FusedOps, x: Any, *params: Any) -> Any:
+        started.set()
+        release.wait(10)
+        return mlp(ops, x, *params)
+
+    async with at.AsyncEagerSession(cleanup=strategy) as s:
+        w = await weights(s)
+        f = at.batched(slow)  # a first run for these shapes: on the pool
+        xs = [rows(2, seed=1), rows(7, seed=2), rows(3, seed=3)]
+        tasks = [asyncio.create_task(f(x, *w)) for x in xs]
+        await asyncio.to_thread(started.wait, 10)
+        tasks[1].cancel()
+        await asyncio.sleep(0)
+        release.set()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(done[1], asyncio.CancelledError)
+        close(done[0], xs[0])
+        close(done[2], xs[2])
+        assert f.stats().cancelled == 1
+        del done, tasks
+        assert await held(s) == 4  # the cancelled call's rows were dropped, not kept anywhere
+    assert s.stats().live_tensors == 0
+
+
+async def test_a_lone_caller_cancelled_while_its_kernel_runs_leaves_nothing(
+    strategy: at.ResourceCleanupStrategy,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow(ops: at.FusedOps, x: Any, *params: Any) -> Any:
+        started.set()
+        release.wait(10)
+        return mlp(ops, x, *params)
+
+    async with at.AsyncEagerSession(cleanup=strategy) as s:
+        w = await weights(s)
+        f = at.batched(slow)
+        task = asyncio.create_task(f(rows(3), *w))
+        await asyncio.to_thread(started.wait, 10)
+        task.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert f.stats().cancelled == 1
+        for _ in range(100):  # the kernel's result comes back to the loop after the cancellation
+            await asyncio.sleep(0.001)
+            if s.stats().allocated > 4:
+                break
+        assert await held(s) == 4  # its result is owned as a dropped tensor: freed as the strategy frees those
+    assert s.stats().live_tensors == 0
+
+
+async def test_a_session_closed_while_its_call_waits_raises_session_closed(s: at.AsyncEagerSession) -> None:
+    w = await weights(s)
+    f = at.batched(mlp)
+    child = at.AsyncEagerSession(parent=s)
+    x = await child.constant(rows(2))
+    task = asyncio.create_task(f(x, *w))
+    await asyncio.sleep(0)
+    await child.aclose()
+    with pytest.raises(at.SessionClosedError, match="waited for its batch"):
+        await task
+    assert child.stats().live_tensors == 0
+
+
+# -- memory ----------------------------------------------------------------------------------------
+async def test_each_result_counts_against_its_own_session_limit() -> None:
+    async with at.AsyncEagerSession() as app:
+        w = await weights(app)
+        f = at.batched(mlp)
+        tight_config = at.SessionConfig(memory_limit=IN * 4 * 4 + 4 * OUT * 4)  # its input and 4 result rows
+        async with (
+            at.AsyncEagerSession(parent=app, config=tight_config) as tight,
+            at.AsyncEagerSession(parent=app) as roomy,
+        ):
+            xt = await tight.constant(rows(4))
+            xs = [await tight.constant(rows(1)), xt, await roomy.constant(rows(50))]
+            del xt
+            results = await asyncio.gather(*[f(x, *w) for x in xs], return_exceptions=True)
+            assert f.stats().batches == 1
+            assert isinstance(results[0], at.Tensor)  # fits: 1 row of 4 floats
+            assert isinstance(results[1], at.ResourceExhaustedError)  # 4 rows beside 5 input rows: over
+            close(results[2], rows(50))
+            assert results[2].session is roomy  # type: ignore[union-attr]
+            assert tight.stats().live_bytes <= tight_config.memory_limit  # type: ignore[operator]
+            del results
+
+
+async def test_the_stacked_rows_and_intermediates_count_against_the_params_session() -> None:
+    weight_bytes = sum(a.nbytes for a in (W1, B1, W2, B2))
+    # Room for the weights and one small call's intermediates, not for 64 rows' worth.
+    config = at.SessionConfig(memory_limit=weight_bytes + 8 * HIDDEN * 4 * 4)
+    async with at.AsyncEagerSession(config=config) as app, at.AsyncEagerSession(parent=app) as request:
+        w = await weights(app)
+        f = at.batched(mlp)
+        before = app.stats()
+        x = await request.constant(rows(2))
+        small = await f(x, *w)
+        close(small, rows(2))
+        after = app.stats()
+        assert after.allocated > before.allocated  # the batch's intermediates, recorded ...
+        assert after.live_bytes == before.live_bytes  # ... and freed
+        assert after.peak_bytes > before.live_bytes
+        xs = [await request.constant(rows(16, seed=i)) for i in range(4)]
+        results = await asyncio.gather(*[f(x, *w) for x in xs], return_exceptions=True)
+        for r in results:
+            assert isinstance(r, at.ResourceExhaustedError)
+            assert "inside a batched function" in str(r)
+        assert app.stats().live_bytes == before.live_bytes
+        del small, results
+
+
+# -- where it runs ---------------------------------------------------------------------------------
+async def test_the_first_batch_of_a_shape_runs_on_the_pool_then_cheap_ones_inline(s: at.AsyncEagerSession) -> None:
+    threads: list[int] = []
+
+    def cheap(ops: at.FusedOps, x: Any, k: Any) -> Any:
+        threads.append(threading.get_ident())
+        return x * k + 1.0
+
+    f = at.batched(cheap)
+    k = await s.constant(np.float32(2.0))
+    x = rows(2)
+    for _ in range(3):
+        np.testing.assert_allclose(np.asarray(await f(x, k)), x * 2 + 1, rtol=1e-6)
+    loop_thread = threading.get_ident()
+    assert threads[0] != loop_thread
+    assert threads[1:] == [loop_thread, loop_thread]
+
+
+async def test_the_batch_runs_in_the_context_of_its_first_caller(s: at.AsyncEagerSession) -> None:
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    values: list[str] = []
+
+    def reads(ops: at.FusedOps, x: Any, k: Any) -> Any:
+        values.append(var.get())
+        return x * k
+
+    k = await s.constant(np.float32(1.0))
+    f = at.batched(reads)
+
+    async def call_with(value: str) -> Any:
+        var.set(value)
+        return await f(rows(1), k)
+
+    await asyncio.gather(call_with("first"), call_with("second"))
+    assert values == ["first"]  # one kernel call, under the first caller's context variables
+
+
+# -- under load ------------------------------------------------------------------------------------
+async def test_hundreds_of_callers_each_get_exactly_their_rows(strategy: at.ResourceCleanupStrategy) -> None:
+    """Mixed row counts, some calls cancelled (before and while their batch runs), some invalid."""
+    rng = np.random.default_rng(7)
+    n = 300
+    async with at.AsyncEagerSession() as app:
+        w = await weights(app)
+        f = at.batched(max_batch_size=64, row_shape=(IN,))(mlp)
+        request = at.AsyncEagerSession(parent=app, cleanup=strategy)
+        await request.__aenter__()
+        xs: list[Any] = []
+        for i in range(n):
+            x = rows(int(rng.integers(1, 40)), seed=i)
+            kind = rng.random()
+            if kind < 0.05:
+                x = rows(2, width=IN + 1)  # invalid: refused before its batch forms
+            elif kind < 0.4:
+                x = await request.constant(x)  # a tensor: the result is the request session's
+            xs.append(x)
+
+        async def call(i: int, x: Any) -> Any:
+            if i % 3 == 0:
+                await asyncio.sleep(0)  # arrive an iteration later: several rounds of batches
+            return await f(x, *w)
+
+        tasks = [asyncio.create_task(call(i, x)) for i, x in enumerate(xs)]
+        cancelled = set(rng.choice(n, size=30, replace=False).tolist())
+        for i in sorted(cancelled)[:15]:
+            tasks[i].cancel()  # before it even joined a batch
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        for i in sorted(cancelled)[15:]:
+            tasks[i].cancel()  # joined, maybe running
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        ok = 0
+        for i, (x, y) in enumerate(zip(xs, done, strict=True)):
+            if isinstance(y, asyncio.CancelledError):
+                assert i in cancelled
+                continue
+            value = np.asarray(x) if not isinstance(x, at.Tensor) else await x.numpy()
+            if value.shape[1] != IN:
+                assert isinstance(y, at.InvalidArgumentError)
+                continue
+            assert isinstance(y, at.Tensor), y
+            assert y.session is (request if isinstance(x, at.Tensor) else app)
+            close(y, value)  # exactly its own rows, in its own order
+            ok += 1
+        assert ok >= n - 30 - 0.1 * n
+        stats = f.stats()
+        assert stats.batches < stats.calls  # coalesced
+        assert stats.max_rows <= 64
+        assert 0 < stats.cancelled <= 15  # those that had joined a batch when cancelled
+        assert stats.failed == 0
+        del done, tasks, xs, y, x
+        assert await held(app) == 4  # the weights: results owned by app were dropped, nothing else stayed
+        await request.aclose()
+        assert request.stats().live_tensors == 0
