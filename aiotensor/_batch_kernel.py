@@ -53,8 +53,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CAP", "MIN_BYTES", "BatchKernel", "RecyclingOps", "take"]
 
-#: Bytes of dead intermediates kept per thread at most.
-CAP = 32 * 1024 * 1024
+#: Bytes of dead intermediates kept per thread at most (the loop's and each worker's:
+#: a web service's resident set after a load grows by up to this much per thread).
+CAP = 8 * 1024 * 1024
 #: Outputs smaller than this are never recycled.
 MIN_BYTES = 64 * 1024
 
@@ -74,7 +75,7 @@ _kept = _Kept()
 _specs: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # (op, argument shapes and dtypes) -> (shape, dtype)
 _wanted: set[tuple[Any, ...]] = set()  # the (shape, dtype) of outputs recycled buffers may serve
 _SPECS_MAX = 4096
-_PER_SPEC = 8  # buffers kept per (shape, dtype) at most
+_PER_SPEC = 2  # buffers kept per (shape, dtype) at most: a kernel needs one or two of each
 
 
 def take(shape: tuple[int, ...], dtype: np.dtype[Any]) -> NDArray | None:
