@@ -53,6 +53,9 @@ class SessionStats:
         cached_bytes: Bytes of freed buffers kept by the buffer cache for reuse
             (``SessionConfig.buffer_cache_bytes``; shared with child sessions). Not
             part of ``live_bytes``; counted against ``memory_limit``.
+        allocated_bytes: Bytes of the buffers registered since the session opened (the
+            results of its ops; intermediates of expressions and fused functions are
+            in ``allocated``'s count and ``peak_bytes`` but not here).
     """
 
     live_tensors: int
@@ -64,6 +67,7 @@ class SessionStats:
     in_flight: int = 0
     cleanup_failures: int = 0
     cached_bytes: int = 0
+    allocated_bytes: int = 0
 
 
 class Registry:
@@ -76,6 +80,7 @@ class Registry:
         "_owns_cache",
         "_release",
         "allocated",
+        "allocated_bytes",
         "cache",
         "closed",
         "freed",
@@ -111,6 +116,7 @@ class Registry:
         self.peak_bytes = 0
         self.reserved = 0
         self.allocated = 0
+        self.allocated_bytes = 0
         self.freed = 0
         #: The queue of allocations waiting for room (``memory_wait``), or None to fail at once.
         self.gate = MemoryGate(self, memory_wait) if memory_wait is not None and memory_limit is not None else None
@@ -142,6 +148,7 @@ class Registry:
         self._next_id = rid + 1
         self._buffers[rid] = (buffer, nbytes)
         self.allocated += 1
+        self.allocated_bytes += nbytes
         live = self.live_bytes + nbytes
         self.live_bytes = live
         if live > self.peak_bytes:
@@ -281,4 +288,5 @@ class Registry:
             in_flight=in_flight,
             cleanup_failures=cleanup_failures,
             cached_bytes=0 if self.cache is None else self.cache.cached_bytes,
+            allocated_bytes=self.allocated_bytes,
         )

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+import aiotensor as at
 from aiotensor import ResourceExhaustedError
 from aiotensor._registry import PHYSICAL_MEMORY, Registry
 
@@ -97,3 +98,14 @@ def test_a_request_larger_than_the_machine_fails_without_a_limit() -> None:
     with pytest.raises(ResourceExhaustedError, match="more than this machine"):
         reg.reserve(PHYSICAL_MEMORY + 1, "zeros", reclaim=True)
     assert reg.reserved == 0
+
+
+async def test_stats_count_the_bytes_allocated() -> None:
+    async with at.AsyncEagerSession(cleanup=at.ResourceCleanupStrategy.ON_SAFE_POINTS) as s:
+        a = await s.ones((10, 10))  # 800 bytes
+        b = await s.add(a, 1.0)  # 800 more
+        del b
+        await s.run([])
+        stats = s.stats()
+        assert stats.allocated_bytes == 1600  # freed buffers still count: it is a total
+        assert stats.live_bytes == 800
