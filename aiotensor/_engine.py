@@ -18,6 +18,7 @@ import enum
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,7 @@ _ndarray = np.ndarray
 _ufunc = np.ufunc
 _UNKNOWN = Cost.UNKNOWN
 _get_loop = asyncio.get_running_loop
+_clock = time.perf_counter
 _base_run_inline = Backend.run_inline
 # Ops the lean path of Engine.op takes: plain element-wise ops of one output, kernels of numpy's.
 _ELEMENTWISE = frozenset(d for d in OPS.values() if d.elementwise and d.kernel_for(np) is not None)
@@ -417,7 +419,9 @@ class Engine:
                     policy.inline_point()
                 self._streak += 1
                 kernel = d._np_kernel
-                cache = self.registry.cache
+                registry = self.registry
+                cache = registry.cache
+                start = _clock()
                 try:
                     if cache is not None and largest >= cache.min_bytes and cache.cached_bytes:
                         recycled = out_for(cache, kernel, bufs) if type(kernel) is _ufunc else None
@@ -427,11 +431,11 @@ class Engine:
                 except Exception as exc:
                     error = kernel_error(d.name, args, exc, False)
                     raise error from error.__cause__
+                registry.kernel_seconds += _clock() - start
                 if type(out) is _ndarray and out.base is None:
                     flags = out.flags
                     if flags.writeable:
                         flags.writeable = False
-                        registry = self.registry
                         nbytes = out.nbytes
                         t = make_tensor(
                             self,
@@ -526,7 +530,9 @@ class Engine:
         try:
             if checked:
                 bufs[:checked] = [as_numeric(b) for b in bufs[:checked]]
+            start = _clock()
             out = kernel(*bufs, **kw) if kw else kernel(*bufs)
+            self.registry.kernel_seconds += _clock() - start
             if d.returns == "one" and type(out) is _ndarray and out.base is None:
                 flags = out.flags
                 if flags.writeable:  # a fresh output: own it as it is
@@ -586,7 +592,9 @@ class Engine:
             # The common inline case: nothing to reserve or fit; a fresh array is owned as it is.
             self._streak += 1
             try:
+                start = _clock()
                 out = kernel(*bufs, **kw) if kw else kernel(*bufs)
+                registry.kernel_seconds += _clock() - start
                 fresh = type(out) is _ndarray and out.base is None and out.flags.writeable
                 result = None if fresh else normalize(out)
             except (asyncio.CancelledError, AioTensorError):
@@ -610,7 +618,9 @@ class Engine:
         try:
             if inline:
                 self._streak += 1
+                start = _clock()
                 result = self.backend.run_inline(kernel, bufs, kw)
+                registry.kernel_seconds += _clock() - start
             else:
                 self._streak = 0
                 try:
@@ -684,6 +694,8 @@ class Engine:
         self.inflight += 1
         try:
             result: KernelResult = await pending
+            # Timed on the worker by aiotensor's pool; other backends' pending kernels have no clock.
+            self.registry.kernel_seconds += getattr(pending, "seconds", 0.0)
             return result
         except asyncio.CancelledError:
             pending.abandon(self._adopt)

@@ -26,6 +26,7 @@ import concurrent.futures
 import contextvars
 import logging
 import threading
+import time
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -106,10 +107,13 @@ def inbox_wakeups(loop: asyncio.AbstractEventLoop) -> int:
     return inbox_for(loop).wakeups
 
 
+_clock = time.perf_counter
+
+
 class Job:
     """One awaited call: run on a worker, settled on its loop."""
 
-    __slots__ = ("adopt", "args", "ctx", "fn", "future", "inbox", "outcome", "settled", "token")
+    __slots__ = ("adopt", "args", "ctx", "fn", "future", "inbox", "outcome", "seconds", "settled", "token")
 
     def __init__(
         self,
@@ -129,6 +133,7 @@ class Job:
         self.outcome: Any = None
         self.adopt: Callable[[Any], object] | None = None
         self.settled = False
+        self.seconds = 0.0  # how long the call ran on its worker
 
     def run(self) -> None:
         try:
@@ -137,10 +142,12 @@ class Job:
             return
         fn, args, ctx = self.fn, self.args, self.ctx
         self.fn = self.args = self.ctx = None
+        start = _clock()
         try:
             outcome = ctx.run(fn, *args)
         except BaseException as exc:  # delivered to the awaiter, which re-raises it
             outcome = Failed(exc)
+        self.seconds = _clock() - start
         del fn, args, ctx
         self.outcome = outcome
         del outcome
@@ -193,6 +200,11 @@ class Pending:
     def __init__(self, job: Job) -> None:
         self._job = job
         self._future: asyncio.Future[Any] = job.future
+
+    @property
+    def seconds(self) -> float:
+        """How long the call ran on its worker (0 until it has run)."""
+        return self._job.seconds
 
     def __await__(self) -> Generator[Any, None, Any]:
         box = yield from self._future.__await__()

@@ -56,6 +56,9 @@ class SessionStats:
         allocated_bytes: Bytes of the buffers registered since the session opened (the
             results of its ops; intermediates of expressions and fused functions are
             in ``allocated``'s count and ``peak_bytes`` but not here).
+        kernel_seconds: Seconds the session's kernels ran, inline on the event loop
+            and on aiotensor's worker pool (not timed: kernels on an ``executor=`` of
+            your own or a remote backend).
     """
 
     live_tensors: int
@@ -68,6 +71,7 @@ class SessionStats:
     cleanup_failures: int = 0
     cached_bytes: int = 0
     allocated_bytes: int = 0
+    kernel_seconds: float = 0.0
 
 
 class Registry:
@@ -85,6 +89,7 @@ class Registry:
         "closed",
         "freed",
         "gate",
+        "kernel_seconds",
         "live_bytes",
         "memory_limit",
         "on_drop",
@@ -117,6 +122,7 @@ class Registry:
         self.reserved = 0
         self.allocated = 0
         self.allocated_bytes = 0
+        self.kernel_seconds = 0.0
         self.freed = 0
         #: The queue of allocations waiting for room (``memory_wait``), or None to fail at once.
         self.gate = MemoryGate(self, memory_wait) if memory_wait is not None and memory_limit is not None else None
@@ -289,4 +295,5 @@ class Registry:
             cleanup_failures=cleanup_failures,
             cached_bytes=0 if self.cache is None else self.cache.cached_bytes,
             allocated_bytes=self.allocated_bytes,
+            kernel_seconds=self.kernel_seconds,
         )

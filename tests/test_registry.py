@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
+import numpy as np
 import pytest
 
 import aiotensor as at
@@ -109,3 +111,25 @@ async def test_stats_count_the_bytes_allocated() -> None:
         stats = s.stats()
         assert stats.allocated_bytes == 1600  # freed buffers still count: it is a total
         assert stats.live_bytes == 800
+
+
+@pytest.mark.parametrize("inline_us", [50.0, 0.0])  # inline on the loop, and on the pool
+async def test_stats_add_up_the_time_kernels_ran(inline_us: float) -> None:
+    def slow(x: np.ndarray) -> np.ndarray:
+        time.sleep(0.02)
+        return x + 1.0
+
+    config = at.SessionConfig(inline_threshold_us=inline_us)
+    async with at.AsyncEagerSession(config=config) as s:
+        a = await s.ones(4)
+        before = s.stats().kernel_seconds
+        await s.apply(slow, a)  # apply always runs on the pool: 20 ms timed on the worker
+        after_pool = s.stats().kernel_seconds
+        assert 0.02 <= after_pool - before < 5.0
+        b = await s.add(a, a)  # inline when inline_us allows, else on the pool
+        assert s.stats().kernel_seconds > after_pool
+        del b
+    async with at.AsyncEagerSession(config=config) as s, at.AsyncEagerSession(parent=s) as child:
+        await child.apply(slow, await child.ones(2))
+        assert child.stats().kernel_seconds >= 0.02
+        assert s.stats().kernel_seconds == 0.0  # a request session's time is its own

@@ -412,9 +412,11 @@ async def test_a_failing_stats_hook_is_logged_not_raised(caplog: pytest.LogCaptu
 
 
 def test_request_stats_as_dict() -> None:
-    stats = web.RequestStats("GET", "/x", 200, "completed", 0.5, at.SessionStats(0, 0, 64, 0, allocated=3, freed=3))
+    session = at.SessionStats(0, 0, 64, 0, allocated=3, freed=3, allocated_bytes=96, kernel_seconds=0.25)
+    stats = web.RequestStats("GET", "/x", 200, "completed", 0.5, session)
     assert stats.allocated == 3
     assert stats.peak_bytes == 64
+    assert stats.kernel_seconds == 0.25
     assert stats.as_dict() == {
         "method": "GET",
         "path": "/x",
@@ -423,7 +425,9 @@ def test_request_stats_as_dict() -> None:
         "seconds": 0.5,
         "allocated": 3,
         "freed": 3,
+        "allocated_bytes": 96,
         "peak_bytes": 64,
+        "kernel_seconds": 0.25,
         "live_tensors": 0,
     }
 

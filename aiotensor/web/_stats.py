@@ -26,8 +26,9 @@ class RequestStats:
         outcome: ``"completed"``, ``"failed"`` or ``"disconnected"``.
         seconds: Wall time from the middleware seeing the request to the session closed.
         session: The request session's :class:`~aiotensor.SessionStats` right after it
-            closed: ``allocated`` and ``freed`` buffers, ``peak_bytes``, and
-            ``live_tensors`` (0 unless close is broken).
+            closed: ``allocated`` and ``freed`` buffers, ``allocated_bytes``,
+            ``peak_bytes``, ``kernel_seconds`` and ``live_tensors`` (0 unless close
+            is broken).
     """
 
     method: str
@@ -47,6 +48,11 @@ class RequestStats:
         """The most bytes the request session held at once."""
         return self.session.peak_bytes
 
+    @property
+    def kernel_seconds(self) -> float:
+        """Seconds the request session's kernels ran (inline on the loop and on the pool)."""
+        return self.session.kernel_seconds
+
     def as_dict(self) -> dict[str, object]:
         """A flat, JSON-ready dict for a log line or a metrics exporter."""
         s = self.session
@@ -58,6 +64,8 @@ class RequestStats:
             "seconds": self.seconds,
             "allocated": s.allocated,
             "freed": s.freed,
+            "allocated_bytes": s.allocated_bytes,
             "peak_bytes": s.peak_bytes,
+            "kernel_seconds": s.kernel_seconds,
             "live_tensors": s.live_tensors,
         }
