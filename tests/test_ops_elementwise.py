@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
+from aiotensor._ops._elementwise import RELU_CHUNK, relu_into
 
 from ._opcheck import assert_invalid, assert_same, check_op
 
@@ -284,3 +285,32 @@ async def test_shape_mismatch_names_op_and_shapes(sc: at.AsyncEagerSession) -> N
     await assert_invalid(sc, lambda: sc.pow(ints, -1), "pow", "int64[1]")
     await assert_invalid(sc, lambda: sc.round(a, "x"), "round")
     np.testing.assert_array_equal(await (await sc.add(a, 1)).numpy(), np.full((2, 3), 2.0, np.float32))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "bool"])
+@pytest.mark.parametrize("size", [5, 4096, RELU_CHUNK + 7, 3 * RELU_CHUNK])
+def test_relu_into_is_maximum_with_zero_bit_for_bit(dtype: str, size: int) -> None:
+    # The chunked path compares with a block of zeros instead of a scalar: same bits,
+    # NaN and signed zeros included, with or without an out buffer, and on a non-contiguous view.
+    rng = np.random.default_rng(size)
+    x = (rng.standard_normal(size) * 3).astype(dtype)
+    if x.dtype.kind == "f":
+        x[:4] = [np.nan, -0.0, 0.0, -np.inf]
+    expected = np.maximum(x, np.zeros((), x.dtype))
+    got = relu_into(x)
+    assert got.dtype == expected.dtype
+    assert got.tobytes() == expected.tobytes()
+    out = np.full_like(x, 7)
+    assert relu_into(x, out) is out
+    assert out.tobytes() == expected.tobytes()
+    square = x[: (size // 2) * 2].reshape(2, -1)
+    assert relu_into(square.T).tobytes() == np.maximum(square.T, np.zeros((), x.dtype)).tobytes()
+    assert relu_into(square).shape == square.shape
+
+
+async def test_relu_matches_numpy_on_large_tensors(s: at.AsyncEagerSession) -> None:
+    x = np.random.default_rng(1).standard_normal((300, 301)).astype(np.float32)
+    x[0, :3] = [np.nan, -0.0, -1.0]
+    got = await (await s.relu(x)).numpy()
+    np.testing.assert_array_equal(got, np.maximum(x, np.float32(0)))
+    assert np.signbit(got[0, 1]) == np.signbit(np.maximum(np.float32(-0.0), np.float32(0)))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .._kernels import as_numeric
 from .._opdef import Cost, Prepared, op
 
@@ -27,9 +29,42 @@ def _k_sigmoid(xp: Any, x: Any) -> Any:
 
 
 def _k_relu(xp: Any, x: Any) -> Any:
-    # A zero of x's own dtype: a python 0 would turn bool input into int64.
     x = xp.asarray(x)
+    if xp is np:
+        return relu_into(x)
+    # A zero of x's own dtype: a python 0 would turn bool input into int64.
     return xp.maximum(x, xp.zeros((), x.dtype))
+
+
+#: Elements per ``maximum`` call of :func:`relu_into` (and of its zeros).
+RELU_CHUNK = 65536
+_zeros: dict[np.dtype[Any], Any] = {}
+
+
+def relu_into(x: Any, out: Any = None) -> Any:
+    """``np.maximum(x, 0)`` (into ``out`` if given), fast for large float arrays.
+
+    numpy's ``maximum`` against a broadcast scalar runs 3-4x slower than against an
+    array of the same shape (measured with numpy 2.4: 135 µs against 44 µs on 256K
+    float32), so a C-contiguous float array is compared chunk by chunk with a
+    read-only block of zeros (calloc'd, so it reads the kernel's zero page and costs
+    no memory). The result is the same, NaN and signed zeros included.
+    """
+    dt = x.dtype
+    if dt.kind != "f" or x.size < 4096 or not x.flags.c_contiguous or (out is not None and not out.flags.c_contiguous):
+        zero = np.zeros((), dt)
+        return np.maximum(x, zero) if out is None else np.maximum(x, zero, out=out)
+    zeros = _zeros.get(dt)
+    if zeros is None:
+        zeros = _zeros[dt] = np.zeros(RELU_CHUNK, dt)
+        zeros.flags.writeable = False
+    if out is None:
+        out = np.empty_like(x)
+    src, dst, n = x.reshape(-1), out.reshape(-1), x.size
+    for i in range(0, n, RELU_CHUNK):
+        j = min(i + RELU_CHUNK, n)
+        np.maximum(src[i:j], zeros[: j - i], out=dst[i:j])
+    return out
 
 
 def _k_clip(xp: Any, x: Any, lo: Any, hi: Any) -> Any:
