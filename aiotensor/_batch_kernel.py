@@ -45,6 +45,7 @@ import numpy as np
 from ._errors import InvalidArgumentError
 from ._function import FusedOps, FusedValue, _result, _wrap_arg
 from ._opdef import OPS, OpDef
+from ._ops._elementwise import relu_into
 from ._program import Budget
 
 if TYPE_CHECKING:
@@ -122,8 +123,7 @@ class RecyclingOps(FusedOps):
             if buf is None:
                 return kernel(*args)
             if relu:
-                x = args[0]
-                return np.maximum(x, x.dtype.type(0), out=buf)
+                return relu_into(args[0], buf)
             return kernel(*args, out=buf)
         out = kernel(*args)
         if type(out) is _ndarray and out.nbytes >= MIN_BYTES:

@@ -29,6 +29,7 @@ import asyncio
 import copy
 import functools
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
@@ -48,10 +49,13 @@ from ._tensor import Tensor
 if TYPE_CHECKING:
     from ._types import NDArray
 
-__all__ = ["DEFAULT_MAX_BATCH_SIZE", "BatchStats", "BatchedFunction", "batched"]
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MAX_CONCURRENT_BATCHES", "BatchStats", "BatchedFunction", "batched"]
 
 #: Rows per kernel call unless ``max_batch_size`` says otherwise.
 DEFAULT_MAX_BATCH_SIZE = 512
+#: Kernel calls of one batched function running at once (per event loop) unless
+#: ``max_concurrent_batches`` says otherwise: no limit (the pool's workers are the limit).
+DEFAULT_MAX_CONCURRENT_BATCHES: int | None = None
 _OPEN = State.OPEN
 _get_loop = asyncio.get_running_loop
 
@@ -128,11 +132,15 @@ class BatchedFunction:
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         row_shape: tuple[int, ...] | None = None,
         dtype: Any = None,
+        max_concurrent_batches: int | None = DEFAULT_MAX_CONCURRENT_BATCHES,
     ) -> None:
         if not callable(fn):
             raise InvalidArgumentError(f"batched: fn must be callable, got {type(fn).__name__}")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise InvalidArgumentError(f"batched: max_batch_size must be an int >= 1, got {max_batch_size!r}")
+        m = max_concurrent_batches
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise InvalidArgumentError(f"batched: max_concurrent_batches must be None or an int >= 1, got {m!r}")
         if row_shape is not None:
             try:
                 row_shape = tuple(int(n) for n in row_shape)
@@ -144,6 +152,11 @@ class BatchedFunction:
             raise InvalidArgumentError(f"batched: dtype {dtype!r} is not a dtype ({exc})") from None
         self._fn = fn
         self._max = max_batch_size
+        self._concurrent = m
+        # Per event loop: the slots of kernel calls running at once (a loop's own primitives).
+        self._lanes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
         self._row_shape = row_shape
         self._label = f"batched({getattr(fn, '__name__', type(fn).__name__)})"
         self._placement = Placement()
@@ -157,6 +170,11 @@ class BatchedFunction:
     def max_batch_size(self) -> int:
         """Rows per kernel call at most (a single call with more rows runs alone, unsplit)."""
         return self._max
+
+    @property
+    def max_concurrent_batches(self) -> int | None:
+        """Kernel calls of this function running at once, per event loop, at most (``None``: no limit)."""
+        return self._concurrent
 
     def stats(self) -> BatchStats:
         """Counts of calls, kernel calls and rows so far (a snapshot)."""
@@ -358,7 +376,17 @@ class BatchedFunction:
                 c.future.set_result((mine, multi, runner))
 
     async def _execute(self, group: _Group, callers: list[_Caller], rows: int) -> tuple[list[Tensor], bool]:
-        """One kernel call on the callers' rows: per caller, its tensors, registered in the batch's session."""
+        """One kernel call on the callers' rows, when a lane is free: per caller, its tensors (batch's session)."""
+        if self._concurrent is None:
+            return await self._kernel_call(group, callers, rows)
+        loop = _get_loop()
+        lane = self._lanes.get(loop)
+        if lane is None:
+            lane = self._lanes[loop] = asyncio.Semaphore(self._concurrent)
+        async with lane:  # acquired without suspending when a lane is free
+            return await self._kernel_call(group, callers, rows)
+
+    async def _kernel_call(self, group: _Group, callers: list[_Caller], rows: int) -> tuple[list[Tensor], bool]:
         engine, label = group.engine, self._label
         if not engine.backend.in_process:
             # The batch's bookkeeping (and the callers' rows) live in this process.
@@ -422,7 +450,11 @@ def batched(fn: Callable[..., Any], /) -> BatchedFunction: ...
 
 @overload
 def batched(
-    *, max_batch_size: int = ..., row_shape: tuple[int, ...] | None = ..., dtype: Any = ...
+    *,
+    max_batch_size: int = ...,
+    row_shape: tuple[int, ...] | None = ...,
+    dtype: Any = ...,
+    max_concurrent_batches: int | None = ...,
 ) -> Callable[[Callable[..., Any]], BatchedFunction]: ...
 
 
@@ -433,6 +465,7 @@ def batched(
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     row_shape: tuple[int, ...] | None = None,
     dtype: Any = None,
+    max_concurrent_batches: int | None = DEFAULT_MAX_CONCURRENT_BATCHES,
 ) -> BatchedFunction | Callable[[Callable[..., Any]], BatchedFunction]:
     """Make ``fn(ops, x, *params)`` a fused function whose concurrent calls share kernel calls.
 
@@ -462,6 +495,11 @@ def batched(
             fails in its own batch with the error ``fn`` raises for it.
         dtype: The dtype ``x`` must have, checked likewise; ``None``: any numeric
             dtype, rows of different dtypes never share a batch (nothing is cast).
+        max_concurrent_batches: Kernel calls of this function running at once on one
+            event loop; further batches wait, in order, for one to finish (each batch
+            holds its stacked rows and intermediates while it runs, so this bounds
+            them under a flood of callers). ``None`` (the default): no limit but the
+            pool's workers.
 
     Raises:
         InvalidArgumentError: a bad option or ``fn`` not callable (here); when called,
@@ -470,6 +508,12 @@ def batched(
             something without one row per input row.
         KernelError: ``fn`` raised; every caller of that batch gets it.
     """
+    options = {
+        "max_batch_size": max_batch_size,
+        "row_shape": row_shape,
+        "dtype": dtype,
+        "max_concurrent_batches": max_concurrent_batches,
+    }
     if fn is None:
-        return functools.partial(BatchedFunction, max_batch_size=max_batch_size, row_shape=row_shape, dtype=dtype)
-    return BatchedFunction(fn, max_batch_size=max_batch_size, row_shape=row_shape, dtype=dtype)
+        return functools.partial(BatchedFunction, **options)
+    return BatchedFunction(fn, **options)

@@ -64,6 +64,8 @@ def test_bare_and_with_options() -> None:
     assert isinstance(bare, at.BatchedFunction)
     assert bare.__name__ == "mlp"
     assert bare.max_batch_size == 512
+    assert bare.max_concurrent_batches is None
+    assert at.batched(max_concurrent_batches=2)(mlp).max_concurrent_batches == 2
 
     @at.batched(max_batch_size=64, row_shape=(IN,), dtype="float32")
     def small(ops: at.FusedOps, x: Any) -> Any:
@@ -83,6 +85,9 @@ def test_bare_and_with_options() -> None:
         ({"max_batch_size": 2.0}, "max_batch_size"),
         ({"row_shape": ("a",)}, "row_shape"),
         ({"dtype": "no such dtype"}, "dtype"),
+        ({"max_concurrent_batches": 0}, "max_concurrent_batches"),
+        ({"max_concurrent_batches": 1.5}, "max_concurrent_batches"),
+        ({"max_concurrent_batches": False}, "max_concurrent_batches"),
     ],
 )
 def test_bad_options_are_refused(options: dict[str, Any], message: str) -> None:
@@ -157,6 +162,67 @@ async def test_max_batch_size_bounds_the_rows_of_each_kernel_call(s: at.AsyncEag
     assert seen == [8, 4, 10, 1, 13, 2]
     stats = recording.stats()
     assert (stats.batches, stats.calls, stats.rows, stats.max_rows) == (6, 7, 38, 13)
+
+
+POOL_ONLY = at.SessionConfig(inline_threshold_us=0, max_workers=2)  # every kernel on a pool of two
+
+
+@pytest.mark.parametrize("limit", [1, None])
+async def test_max_concurrent_batches_runs_batches_in_turn(limit: int | None) -> None:
+    # Kernels of one function never overlap with max_concurrent_batches=1 (they run on
+    # two pool threads: counted under a lock); without a limit they do (the check that
+    # the count can see overlap). Every caller gets its own rows, and a caller cancelled
+    # while its batch waits for its turn leaves the others unaffected.
+    lock = threading.Lock()
+    running = [0, 0]  # now, most at once
+
+    def slow(ops: at.FusedOps, x: Any) -> Any:
+        with lock:
+            running[0] += 1
+            running[1] = max(running)
+        try:
+            threading.Event().wait(0.01)  # long enough for overlapping kernels to meet
+            return x * 2.0
+        finally:
+            with lock:
+                running[0] -= 1
+
+    f = at.batched(max_batch_size=4, max_concurrent_batches=limit)(slow)
+    async with at.AsyncEagerSession(config=POOL_ONLY) as s:
+        await f(await s.constant(rows(4)))  # learns that fn on 4 rows calls no BLAS: no BLAS gate for them
+        xs = [await s.constant(rows(2, seed=i)) for i in range(12)]
+        tasks = [asyncio.create_task(f(x)) for x in xs]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the group has closed: 6 batches
+        tasks[-1].cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(done[-1], asyncio.CancelledError)
+        for x, y in zip(xs[:-1], done[:-1], strict=True):
+            np.testing.assert_array_equal(np.asarray(y), np.asarray(x) * 2.0)
+        assert running[0] == 0
+        assert running[1] == (1 if limit == 1 else 2)
+        assert f.stats().batches == 7
+        del done, tasks, y, xs, x
+        assert await held(s) == 0  # the results are dropped, nothing of the cancelled caller stays
+
+
+async def test_without_a_limit_batches_may_run_at_once() -> None:
+    both = threading.Barrier(2, timeout=10)  # passes only if two kernels run at once (on the pool, not inline)
+    meeting = False
+
+    @at.batched(max_batch_size=2)
+    def meet(ops: at.FusedOps, x: Any) -> Any:
+        if meeting:
+            both.wait()
+        return x * 2.0
+
+    async with at.AsyncEagerSession(config=POOL_ONLY) as s:
+        # A first call learns that fn calls no BLAS (until then its kernels hold a slot of the BLAS gate).
+        await meet(await s.constant(rows(2)))
+        meeting = True
+        xs = [await s.constant(rows(2, seed=i)) for i in range(2)]
+        for x, y in zip(xs, await asyncio.gather(*[meet(x) for x in xs]), strict=True):
+            np.testing.assert_array_equal(np.asarray(y), np.asarray(x) * 2.0)
 
 
 async def test_a_caller_alone_waits_one_loop_iteration_not_a_timer(s: at.AsyncEagerSession) -> None:
