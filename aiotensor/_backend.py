@@ -61,6 +61,9 @@ class Backend(ABC):
     #: The array namespace kernels compute with (a module name: ``"numpy"``; a GPU
     #: backend would say ``"cupy"``).
     namespace: str = "numpy"
+    #: Whether :meth:`release` does anything; False when dropping the registry's
+    #: reference is the release (the registry then skips the call on its hot path).
+    releases: bool = True
 
     @property
     def needs_start(self) -> bool:
@@ -291,6 +294,8 @@ class LocalBackend(Backend):
 
     def peek(self, handle: Any) -> NDArray | None:
         return handle  # type: ignore[no-any-return]
+
+    releases = False
 
     def release(self, handle: Any) -> None:
         pass  # dropping the registry's reference is the release

@@ -126,6 +126,7 @@ class Engine:
         self._device = backend.default_device if self._lean else ""
         self._soft = soft_placement
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._lean_loop: asyncio.AbstractEventLoop | None = None  # _loop while lean and open
         self._loop_thread = 0
         self._opening: asyncio.Task[None] | None = None
         self._idle: asyncio.Event | None = None
@@ -152,7 +153,7 @@ class Engine:
                 # trip through the loop, which is most of a request session's cost.
                 self._bind(loop)
                 self.policy.start(self.registry, loop)
-                self.state = _OPEN
+                self._set_open()
                 return
             self.state = State.OPENING
             self._opening = loop.create_task(self._start())
@@ -178,7 +179,12 @@ class Engine:
             raise
         self.policy.start(self.registry, loop)
         if self.state is State.OPENING:
-            self.state = _OPEN
+            self._set_open()
+
+    def _set_open(self) -> None:
+        self.state = _OPEN
+        # One identity test on the lean path stands for "lean, open, and on its loop".
+        self._lean_loop = self._loop if self._lean else None
 
     def _wrong_loop(self) -> WrongEventLoopError:
         return WrongEventLoopError(
@@ -219,6 +225,7 @@ class Engine:
                 return
         self.check_loop()
         self.state = State.CLOSING
+        self._lean_loop = None
         try:
             if self.inflight:
                 self._idle = asyncio.Event()  # set by the last kernel to settle
@@ -310,15 +317,18 @@ class Engine:
         self, d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, nbytes: int | None, name: str | None
     ) -> Any:
         """Run op ``d`` on prepared arguments; its tensor (a list for ``split``, a tuple for multi-output ``apply``)."""
-        if kwargs is None and d in _ELEMENTWISE:
-            t = self.lean(d, args, name)
-            if t is not None:
-                return t
         if self._streak >= INLINE_STREAK:
             # Inline ops never suspend: after a run of them, let other tasks (and the
-            # cleanup task) have the loop once. Before anything is reserved or run.
+            # cleanup task) have the loop once. Before anything is reserved or run; what
+            # the run dropped is freed first, so the cleanup task need not wake for it.
             self._streak = 0
+            if self.policy.inline_point is not None:
+                self.policy.inline_point()
             await asyncio.sleep(0)
+        if kwargs is None and d in _ELEMENTWISE:
+            t = self.lean(d, args, name)  # (again after a yield: the lean path refuses during one)
+            if t is not None:
+                return t
         if self.state is not _OPEN:
             await self.open()
         if _get_loop() is not self._loop:
@@ -376,11 +386,9 @@ class Engine:
         :meth:`op`, saving a coroutine frame on the hottest path.
         """
         if not (
-            self._lean
-            and self.state is _OPEN
+            _get_loop() is self._lean_loop
             and self._streak < INLINE_STREAK
             and (name is None or type(name) is str)
-            and _get_loop() is self._loop
             and self.device_var.get() is None
         ):
             return None
@@ -432,24 +440,23 @@ class Engine:
                     error = kernel_error(d.name, args, exc, False)
                     raise error from error.__cause__
                 registry.kernel_seconds += _clock() - start
-                if type(out) is _ndarray and out.base is None:
-                    flags = out.flags
-                    if flags.writeable:
-                        flags.writeable = False
-                        nbytes = out.nbytes
-                        t = make_tensor(
-                            self,
-                            registry,
-                            registry.add(out, nbytes),
-                            out.shape,
-                            out.dtype,
-                            nbytes,
-                            name or (d.name, -1),
-                            self._device,
-                        )
-                        if safe_point is not None:
-                            safe_point()
-                        return t
+                # setflags: no flags object (half the cost of ``out.flags.writeable = False``).
+                if type(out) is _ndarray and out.base is None and out.flags.writeable:
+                    out.setflags(write=False)
+                    nbytes = out.nbytes
+                    t = make_tensor(
+                        self,
+                        registry,
+                        registry.add(out, nbytes),
+                        out.shape,
+                        out.dtype,
+                        nbytes,
+                        name or (d.name, -1),
+                        self._device,
+                    )
+                    if safe_point is not None:
+                        safe_point()
+                    return t
                 # A numpy scalar (0-d inputs), an input returned as it is: owned as _own would
                 # (no memory limit to fit here), as the op's one result.
                 result = normalize(out)
@@ -534,9 +541,8 @@ class Engine:
             out = kernel(*bufs, **kw) if kw else kernel(*bufs)
             self.registry.kernel_seconds += _clock() - start
             if d.returns == "one" and type(out) is _ndarray and out.base is None:
-                flags = out.flags
-                if flags.writeable:  # a fresh output: own it as it is
-                    flags.writeable = False
+                if out.flags.writeable:  # a fresh output: own it as it is
+                    out.setflags(write=False)
                     return out
                 return finalize(out)  # an input returned as it is
             return normalize(out)
@@ -606,7 +612,7 @@ class Engine:
                 if budget is not None:
                     self._settle(budget)  # before the result is registered: peak counts it once
             if result is None:
-                out.flags.writeable = False
+                out.setflags(write=False)
                 return [self._register(out, label, name, device)], False
             return await self._own(result, label, name, nbytes, device), result.multi
         if nbytes is not None or registry.memory_limit is not None:
@@ -655,8 +661,7 @@ class Engine:
         if budget.count > budget.escaped and not registry.closed:
             # Intermediates never reached the registry: record them as allocated and
             # freed, and their peak in peak_bytes.
-            registry.allocated += budget.count - budget.escaped
-            registry.freed += budget.count - budget.escaped
+            registry.count_unregistered(budget.count - budget.escaped)
             registry.peak_bytes = max(registry.peak_bytes, registry.live_bytes + budget.peak)
 
     async def _own(

@@ -75,7 +75,11 @@ class SessionStats:
 
 
 class Registry:
-    """Maps resource ids to backend buffers and keeps the byte accounting."""
+    """Maps resource ids to backend buffers and keeps the byte accounting.
+
+    ``release`` is called with each buffer freed (not kept by ``cache``); ``None``
+    when dropping the reference is the release, as for in-process arrays.
+    """
 
     __slots__ = (
         "_buffers",
@@ -83,7 +87,7 @@ class Registry:
         "_next_id",
         "_owns_cache",
         "_release",
-        "allocated",
+        "_unregistered",
         "allocated_bytes",
         "cache",
         "closed",
@@ -99,7 +103,7 @@ class Registry:
 
     def __init__(
         self,
-        release: Callable[[Any], None],
+        release: Callable[[Any], None] | None,
         memory_limit: int | None = None,
         memory_wait: float | None = None,
         cache: BufferCache | None = None,
@@ -120,7 +124,7 @@ class Registry:
         self.live_bytes = 0
         self.peak_bytes = 0
         self.reserved = 0
-        self.allocated = 0
+        self._unregistered = 0  # buffers counted in ``allocated`` that never got an id (intermediates)
         self.allocated_bytes = 0
         self.kernel_seconds = 0.0
         self.freed = 0
@@ -148,12 +152,21 @@ class Registry:
         """How many held buffers have no handle left."""
         return len(self._dropped)
 
+    @property
+    def allocated(self) -> int:
+        """Buffers allocated since the session opened: registered ones (each got the next id), and intermediates."""
+        return self._next_id + self._unregistered
+
+    def count_unregistered(self, n: int) -> None:
+        """Count ``n`` buffers allocated and freed without being registered (intermediates of one run)."""
+        self._unregistered += n
+        self.freed += n
+
     def add(self, buffer: Any, nbytes: int) -> int:
         """Take ownership of ``buffer`` and return its resource id."""
         rid = self._next_id
         self._next_id = rid + 1
         self._buffers[rid] = (buffer, nbytes)
-        self.allocated += 1
         self.allocated_bytes += nbytes
         live = self.live_bytes + nbytes
         self.live_bytes = live
@@ -248,8 +261,11 @@ class Registry:
         cache = self.cache
         if cache is not None and nbytes >= cache.min_bytes and cache.give(buffer):
             return True  # kept for reuse: not released
+        release = self._release
+        if release is None:  # the backend needs no call (LocalBackend.releases)
+            return True
         try:
-            self._release(buffer)
+            release(buffer)
         except Exception:  # the accounting is settled; a backend hiccup must not undo it
             logger.exception("aiotensor: releasing a buffer failed")
         return True

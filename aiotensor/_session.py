@@ -122,7 +122,7 @@ class AsyncEagerSession(SessionOps):
             backend,
             make_policy(cleanup),
             Registry(
-                backend.release,
+                backend.release if backend.releases else None,
                 config.memory_limit,
                 config.memory_wait,
                 cache,
