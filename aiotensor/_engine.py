@@ -386,7 +386,8 @@ class Engine:
         :meth:`op`, saving a coroutine frame on the hottest path.
         """
         if not (
-            _get_loop() is self._lean_loop
+            self._lean_loop is not None  # (first: no running loop at all raises in _get_loop)
+            and _get_loop() is self._lean_loop
             and self._streak < INLINE_STREAK
             and (name is None or type(name) is str)
             and self.device_var.get() is None
@@ -583,10 +584,14 @@ class Engine:
         ``budget`` (a :class:`~aiotensor._program.Budget`) gets the bytes its
         intermediates may hold, computed after the safe point and any memory wait.
         """
-        if self.state is not _OPEN:
-            await self.open()
-        self.check_loop()
-        device = self.place(label)
+        lean_loop = self._lean_loop
+        if lean_loop is not None and _get_loop() is lean_loop and self.device_var.get() is None:
+            device = self._device  # open, on its loop, the default device: the checks below in one
+        else:
+            if self.state is not _OPEN:
+                await self.open()
+            self.check_loop()
+            device = self.place(label)
         registry, policy = self.registry, self.policy
         safe_point = policy.safe_point
         if safe_point is not None:
@@ -595,26 +600,8 @@ class Engine:
         if inline and policy.inline_point is not None:
             policy.inline_point()
         if inline and nbytes is None and registry.memory_limit is None and self._plain_inline:
-            # The common inline case: nothing to reserve or fit; a fresh array is owned as it is.
-            self._streak += 1
-            try:
-                start = _clock()
-                out = kernel(*bufs, **kw) if kw else kernel(*bufs)
-                registry.kernel_seconds += _clock() - start
-                fresh = type(out) is _ndarray and out.base is None and out.flags.writeable
-                result = None if fresh else normalize(out)
-            except (asyncio.CancelledError, AioTensorError):
-                raise
-            except Exception as exc:
-                error = kernel_error(label, described, exc, user)
-                raise error from error.__cause__
-            finally:
-                if budget is not None:
-                    self._settle(budget)  # before the result is registered: peak counts it once
-            if result is None:
-                out.setflags(write=False)
-                return [self._register(out, label, name, device)], False
-            return await self._own(result, label, name, nbytes, device), result.multi
+            # The common inline case: nothing to reserve or fit.
+            return self._run_owned(label, kernel, bufs, kw, described, user, name, budget, device)
         if nbytes is not None or registry.memory_limit is not None:
             await self._reserve(label, nbytes)
         if registry.memory_limit is not None and budget is not None:
@@ -656,6 +643,73 @@ class Engine:
             raise SessionClosedError(f"{label}: the session was closed while the op ran")
         return await self._own(result, label, name, nbytes, device), result.multi
 
+    def call_inline(
+        self,
+        label: str,
+        kernel: Callable[..., Any],
+        bufs: tuple[Any, ...],
+        kw: dict[str, Any],
+        described: tuple[Any, ...],
+        *,
+        user: bool,
+        est_us: float,
+        budget: Any = None,
+    ) -> tuple[list[Tensor], bool] | None:
+        """:meth:`call`'s common case without a coroutine frame, or ``None`` (then await :meth:`call`).
+
+        It applies to a lean session (open, on its loop, numpy, no memory limit) on its
+        default device, for a kernel whose ``est_us`` is within the inline threshold.
+        """
+        lean_loop = self._lean_loop
+        if (
+            est_us > self._inline_us
+            or lean_loop is None
+            or _get_loop() is not lean_loop
+            or self.device_var.get() is not None
+        ):
+            return None
+        policy = self.policy
+        if policy.safe_point is not None:
+            policy.safe_point()
+        if policy.inline_point is not None:
+            policy.inline_point()
+        return self._run_owned(label, kernel, bufs, kw, described, user, None, budget, self._device)
+
+    def _run_owned(
+        self,
+        label: str,
+        kernel: Callable[..., Any],
+        bufs: tuple[Any, ...],
+        kw: dict[str, Any],
+        described: tuple[Any, ...],
+        user: bool,
+        name: str | None,
+        budget: Any,
+        device: str,
+    ) -> tuple[list[Tensor], bool]:
+        # Run a kernel here and own its outputs, in a session without a memory limit to
+        # fit them under: a fresh array is owned as it is.
+        registry = self.registry
+        self._streak += 1
+        try:
+            start = _clock()
+            out = kernel(*bufs, **kw) if kw else kernel(*bufs)
+            registry.kernel_seconds += _clock() - start
+            fresh = type(out) is _ndarray and out.base is None and out.flags.writeable
+            result = None if fresh else normalize(out)
+        except (asyncio.CancelledError, AioTensorError):
+            raise
+        except Exception as exc:
+            error = kernel_error(label, described, exc, user)
+            raise error from error.__cause__
+        finally:
+            if budget is not None:
+                self._settle(budget)  # before the result is registered: peak counts it once
+        if result is None:
+            out.setflags(write=False)
+            return [self._register(out, label, name, device)], False
+        return self._take(result, label, name, device), result.multi
+
     def _settle(self, budget: Any) -> None:
         registry = self.registry
         if budget.count > budget.escaped and not registry.closed:
@@ -671,6 +725,10 @@ class Engine:
         # given handles; then the safe point after the op.
         if self.registry.memory_limit is not None:
             await self._fit_result(label, result, reserved)
+        return self._take(result, label, name, device)
+
+    def _take(self, result: KernelResult, label: str, name: str | None, device: str) -> list[Tensor]:
+        # _own once the result fits: registered, given handles; then the safe point after the op.
         tensors = [
             self._wrap(b.handle, b.shape, b.dtype, b.nbytes, label, name, i, result.multi, device)
             for i, b in enumerate(result.buffers)

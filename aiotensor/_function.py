@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["FusedFunction", "FusedOps", "FusedValue", "function"]
 
 _ndarray = np.ndarray
+_clock = time.perf_counter
 
 
 class FusedValue:
@@ -65,8 +66,12 @@ class FusedValue:
         self._made = made  # made inside this run (accounted), not an argument
 
     def __del__(self) -> None:
-        if self._made:
-            self._ops._dead(self._arr)
+        if self._made:  # a value made in this run was dropped
+            ops = self._ops
+            if ops._fast:
+                ops._budget.live -= self._arr.nbytes
+            else:
+                ops._dead(self._arr)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -113,17 +118,38 @@ class FusedOps:
     :class:`FusedValue` objects (and numbers, arrays, and tensors of the session).
     """
 
-    __slots__ = ("_budget", "_engine", "_estimate")
+    __slots__ = ("_budget", "_elapsed", "_engine", "_estimate", "_fast", "_fn")
 
-    def __init__(self, engine: Engine, budget: Budget, measure: bool = True) -> None:
+    def __init__(
+        self, engine: Engine, budget: Budget, measure: bool = True, fn: Callable[..., Any] | None = None
+    ) -> None:
         self._engine = engine
         self._budget = budget
+        self._fn = fn  # the fused function whose call this is (see _kernel)
+        self._elapsed = math.inf
         # The cost model's µs for the ops run so far (as for single ops), when the call
         # is measured (the first for its shapes).
         self._estimate: float | None = 0.0 if measure else None
+        # Whether plain ops on values and numbers may take :meth:`_plain` (numpy
+        # kernels, nothing to estimate; subclasses that wrap kernel calls say no).
+        self._fast = not measure and type(self)._call is FusedOps._call and engine._xp is np
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         raise AttributeError(f"fused functions have no op {name!r}")
+
+    def _kernel(self, *args: Any, **kwargs: Any) -> Any:
+        # The kernel of one call of ``_fn`` (the engine runs this bound method): wrap the
+        # arguments, call the function, unwrap its results, time it all.
+        start = _clock()
+        wrapped = [FusedValue(a, self, False) if type(a) is _ndarray else _wrap_arg(a, self) for a in args]
+        if kwargs:
+            out = self._fn(self, *wrapped, **{k: _wrap_arg(v, self) for k, v in kwargs.items()})  # type: ignore[misc]
+        else:
+            out = self._fn(self, *wrapped)  # type: ignore[misc]
+        budget = self._budget
+        out = [_result(o, budget) for o in out] if isinstance(out, tuple | list) else _result(out, budget)
+        self._elapsed = (_clock() - start) * 1e6
+        return out
 
     def _arg(self, x: Any, op: str) -> Any:
         tx = type(x)
@@ -166,17 +192,41 @@ class FusedOps:
             return [self._made(np.asarray(o), label) for o in out]
         return self._made(np.asarray(out), label)
 
+    def _plain(self, d: OpDef, vals: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+        # The hot path of _run for a plain op (no spec) whose arguments are values and
+        # Python numbers (``vals``, unwrapped from ``args``), when ``_fast``: the same
+        # steps without their calls.
+        try:
+            out = d._np_kernel(*vals)  # type: ignore[misc]
+        except Exception as exc:
+            error = kernel_error(d.name, args, exc, d.user)
+            raise error from error.__cause__
+        if type(out) is _ndarray and out.base is None and out.flags.writeable:
+            out.setflags(write=False)
+            budget = self._budget
+            live = budget.live + out.nbytes
+            if budget.limit is not None and live > budget.limit:
+                budget.made(out.nbytes, d.name)  # raises ResourceExhaustedError
+            budget.count += 1
+            budget.live = live
+            if live > budget.peak:
+                budget.peak = live
+            return FusedValue(out, self, True)
+        if type(out) is _ndarray:
+            return FusedValue(out, self, False)
+        return self._made(np.asarray(out), d.name)
+
     def _call(self, d: OpDef, kernel: Callable[..., Any], args: tuple[Any, ...], kw: dict[str, Any] | None) -> Any:
         # The kernel call, a method so that batched functions can give it recycled outputs.
         return kernel(*args, **kw) if kw else kernel(*args)
 
     def _dead(self, arr: NDArray) -> None:
-        # A value made in this run was dropped.
+        # A value made in this run was dropped (FusedValue.__del__ does this itself when fast).
         self._budget.live -= arr.nbytes
 
     def _made(self, arr: NDArray, op: str) -> FusedValue:
         if arr.base is None and arr.flags.writeable:
-            arr.flags.writeable = False
+            arr.setflags(write=False)
             self._budget.made(arr.nbytes, op)
             return FusedValue(arr, self, True)
         # A view (or an input returned as is): no new memory to account for.
@@ -184,8 +234,27 @@ class FusedOps:
 
 
 def _fused_op(d: OpDef) -> Callable[..., Any]:
-    def run(self: FusedOps, *args: Any, **kwargs: Any) -> Any:
-        return self._run(d, *args, **kwargs)
+    if d.plain and d.kernel_for(np) is not None:
+
+        def run(self: FusedOps, *args: Any, **kwargs: Any) -> Any:
+            if self._fast and not kwargs:
+                vals = []
+                for a in args:
+                    ta = type(a)
+                    if ta is FusedValue:
+                        vals.append(a._arr)
+                    elif ta is float or ta is int or ta is _ndarray:
+                        vals.append(a)
+                    else:
+                        break
+                else:
+                    return self._plain(d, tuple(vals), args)
+            return self._run(d, *args, **kwargs)
+
+    else:
+
+        def run(self: FusedOps, *args: Any, **kwargs: Any) -> Any:
+            return self._run(d, *args, **kwargs)
 
     run.__name__ = run.__qualname__ = d.name
     run.__doc__ = d.doc
@@ -201,10 +270,23 @@ _TAKES_NAME = frozenset(d for d in OPS.values() if not d.plain and "name" in d.s
 
 def _operator(name: str, reflected: bool = False) -> Callable[..., Any]:
     d = OPS[name]
+    fast = d.plain and d.kernel_for(np) is not None
 
     def method(self: FusedValue, *other: Any) -> Any:
         args = (other[0], self) if reflected else (self, *other)
-        return self._ops._run(d, *args)
+        ops = self._ops
+        if fast and ops._fast and len(other) == 1:
+            # A value and another value or a Python number: the hot path, unwrapped here.
+            o = other[0]
+            to = type(o)
+            if to is FusedValue:
+                o = o._arr
+            elif to is not float and to is not int:
+                return ops._run(d, *args)
+            return ops._plain(d, (o, self._arr) if reflected else (self._arr, o), args)
+        if fast and ops._fast and not other:
+            return ops._plain(d, (self._arr,), args)
+        return ops._run(d, *args)
 
     return method
 
@@ -223,38 +305,10 @@ def _result(x: Any, budget: Budget) -> Any:
         if x._made and not arr.flags.writeable:
             # Made in this run and about to be dropped: hand it over without a copy
             # (finalize makes it read-only again, so one returned twice is copied).
-            arr.flags.writeable = True
+            arr.setflags(write=True)
             budget.escaped += 1
         return arr
     return x
-
-
-class _Kernel:
-    """The kernel of one call: wraps the arguments, calls ``fn``, unwraps its results, times itself."""
-
-    __slots__ = ("budget", "elapsed", "engine", "estimate", "fn", "measure")
-
-    def __init__(self, fn: Callable[..., Any], engine: Engine, budget: Budget, measure: bool) -> None:
-        self.fn = fn
-        self.engine = engine
-        self.budget = budget
-        self.measure = measure
-        self.elapsed = math.inf
-        self.estimate = math.inf
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        ops = FusedOps(self.engine, self.budget, self.measure)
-        wrapped = [FusedValue(a, ops, False) if type(a) is _ndarray else _wrap_arg(a, ops) for a in args]
-        if kwargs:
-            out = self.fn(ops, *wrapped, **{k: _wrap_arg(v, ops) for k, v in kwargs.items()})
-        else:
-            out = self.fn(ops, *wrapped)
-        out = [_result(o, self.budget) for o in out] if isinstance(out, tuple | list) else _result(out, self.budget)
-        self.elapsed = (time.perf_counter() - start) * 1e6
-        if ops._estimate is not None:
-            self.estimate = ops._estimate
-        return out
 
 
 def _wrap_arg(x: Any, ops: FusedOps) -> Any:
@@ -267,8 +321,10 @@ def _wrap_arg(x: Any, ops: FusedOps) -> Any:
 
 def _shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(
-        (a._shape, a._dtype) if type(a) is Tensor else (type(a), getattr(a, "shape", None))
-        for a in (*args, *kwargs.values())
+        [
+            (a._shape, a._dtype) if type(a) is Tensor else (type(a), getattr(a, "shape", None))
+            for a in ((*args, *kwargs.values()) if kwargs else args)
+        ]
     )
 
 
@@ -303,7 +359,7 @@ class Placement:
             strikes = self._strikes[key] = self._strikes.get(key, 0) + 1
             if strikes >= 2:
                 self._timings[key] = math.inf
-        elif est <= limit:
+        elif est <= limit and self._strikes:
             self._strikes.pop(key, None)  # only consecutive slow runs count (a GC pause is one)
 
 
@@ -327,19 +383,25 @@ class FusedFunction:
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Tensor | tuple[Tensor, ...]:
         engine = engine_of(args, kwargs) if self._session is None else self._session._engine
+        op = self._op
         if not engine.backend.in_process:
             # The run's bookkeeping (and captured tensors) live in this process.
-            raise InvalidArgumentError(f"{self._op}: fused functions run on local backends only")
-        bufs = tuple(_buffers(engine, a, self._op) for a in args)
-        kw = {k: _buffers(engine, v, self._op) for k, v in kwargs.items()}
+            raise InvalidArgumentError(f"{op}: fused functions run on local backends only")
+        bufs = tuple([engine.buffer(a, op) if type(a) is Tensor else _buffers(engine, a, op) for a in args])
+        kw = {k: _buffers(engine, v, op) for k, v in kwargs.items()} if kwargs else {}
         key = _shape_key(args, kwargs)
         budget = Budget("a fused function")
         est = self._placement.estimate(key)
-        kernel = _Kernel(self._fn, engine, budget, measure=est is None)
+        ops = FusedOps(engine, budget, est is None, self._fn)
         if est is None:
             est = math.inf
-        tensors, multi = await engine.call(self._op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget)
-        self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us)
+        kernel = ops._kernel
+        done = engine.call_inline(op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget)
+        if done is None:
+            done = await engine.call(op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget)
+        tensors, multi = done
+        estimate = math.inf if ops._estimate is None or ops._elapsed == math.inf else ops._estimate
+        self._placement.record(key, est, estimate, ops._elapsed, engine.inline_us)
         return tuple(tensors) if multi else tensors[0]
 
 

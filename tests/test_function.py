@@ -221,3 +221,59 @@ async def test_cheap_fused_calls_run_inline_after_the_first_and_slow_ones_go_bac
         assert threads[1:3] == [loop_thread, loop_thread]  # inline until it proved slow twice
         assert all(t != loop_thread for t in threads[3:])  # then back on the pool for good
         del x
+
+
+async def test_later_calls_behave_as_the_first(strategy: at.ResourceCleanupStrategy) -> None:
+    # The first call for given shapes is measured (every op estimated); later ones take
+    # the ops' hot path: same values, same accounting, same errors, call after call.
+    def f(ops: at.FusedOps, x: Any, w: Any) -> Any:
+        a = ops.relu(x @ w)  # a is still referenced below: intermediates live at once
+        b = -(2.0 - a) * 3.0 + a / 2.0
+        c = ops.exp(ops.multiply(b, 0.1)) + abs(b) ** 2 // 3 % 5
+        return ops.add(c, a)
+
+    def f_np(x: np.ndarray[Any, Any], w: np.ndarray[Any, Any]) -> Any:
+        a = np.maximum(x @ w, 0)
+        b = -(2.0 - a) * 3.0 + a / 2.0
+        return np.exp(b * 0.1) + abs(b) ** 2 // 3 % 5 + a
+
+    rng = np.random.default_rng(0)
+    xv, wv = rng.standard_normal((4, 3)), rng.standard_normal((3, 5))
+    async with at.AsyncEagerSession(cleanup=strategy) as s:
+        x, w, bad = await s.constant(xv), await s.constant(wv), await s.constant(np.ones((2, 2)))
+        fused = s.function(f)
+        for _ in range(4):
+            before = s.stats()
+            y = await fused(x, w)
+            after = s.stats()
+            np.testing.assert_allclose(await y.numpy(), f_np(xv, wv))  # type: ignore[union-attr]
+            # Only the result is registered (the call may free the previous one, pending).
+            collected = before.pending - after.pending
+            assert after.live_tensors == before.live_tensors + 1 - collected
+            assert after.allocated - before.allocated == after.freed - before.freed + 1 - collected
+            assert after.allocated - before.allocated > 5  # the intermediates are counted
+            assert after.peak_bytes >= before.live_bytes + 4 * 5 * 8 * 3  # some held at once
+            with pytest.raises(at.InvalidArgumentError, match=r"matmul\(float64\[4, 3\], float64\[2, 2\]\)"):
+                await fused(x, bad)
+            assert s.stats().live_tensors == after.live_tensors
+            del y
+
+
+async def test_later_calls_keep_the_memory_limit() -> None:
+    async with at.AsyncEagerSession(config=at.SessionConfig(memory_limit=100_000)) as s:
+        x = await s.zeros(2000)  # 16 kB of the 100 kB
+
+        def f(ops: at.FusedOps, x: Any, n: int) -> Any:
+            values = [x + float(i) for i in range(n)]  # all held at once: n x 16 kB
+            return values[-1] * 2.0
+
+        fused = s.function(f)
+        # A number has no shape: both calls have the key of the first, measured, call
+        # and the later ones take the hot path. 2 x 16 kB fits; 6 x 16 kB next to x does not.
+        for _ in range(3):
+            y = await fused(x, 2)
+            np.testing.assert_array_equal(await y.numpy(), np.full(2000, 2.0))  # type: ignore[union-attr]
+            del y
+            with pytest.raises(at.ResourceExhaustedError, match="add inside a fused function"):
+                await fused(x, 6)
+            assert s.stats().live_bytes == 16_000
