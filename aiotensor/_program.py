@@ -30,7 +30,14 @@ __all__ = ["Budget", "Program", "Ref", "Step", "compile_program", "compiled"]
 _ndarray = np.ndarray
 _new = object.__new__
 _PlanStep = tuple[
-    OpDef, Callable[..., Any], "tuple[int, ...] | None", tuple[Any, ...], "dict[str, Any] | None", int, tuple[int, ...]
+    OpDef,
+    Callable[..., Any],
+    "tuple[int, ...] | None",
+    tuple[Any, ...],
+    "dict[str, Any] | None",
+    int,
+    tuple[int, ...],
+    int,
 ]
 _Plan = tuple[list[_PlanStep], list[Any]]
 
@@ -159,8 +166,10 @@ class Program:
 
     def _resolve_kernels(self) -> _Plan:
         # Per step: (op, kernel, slots of its arguments or None, templates, kwargs, checked,
-        # drops). Constants get slots after the steps' outputs, so that the arguments of a
-        # step whose templates hold no list of Refs are one indexing each.
+        # drops, arity). Constants get slots after the steps' outputs, so that the arguments
+        # of a step whose templates hold no list of Refs are one indexing each. ``arity`` is
+        # 1 or 2 for a step called as ``kernel(vals[i])`` / ``kernel(vals[i], vals[j])``
+        # (slots, no keywords, nothing to check), the hot case; else 0.
         xp = namespace(self.xp)
         first_const = self.nleaves + len(self.steps)
         consts: list[Any] = []
@@ -176,7 +185,8 @@ class Program:
                         slots.append(first_const + len(consts))
                         consts.append(t)
                 idx = tuple(slots)
-            steps.append((d, d.kernel_for(xp), idx, templates, kwargs, checked, drop))
+            arity = len(idx) if idx is not None and len(idx) in (1, 2) and not kwargs and not checked else 0
+            steps.append((d, d.kernel_for(xp), idx, templates, kwargs, checked, drop, arity))
         plan = (steps, consts)
         self._kernels = plan
         return plan
@@ -194,14 +204,23 @@ class Program:
         count = 0
         live = budget.live
         peak = budget.peak
-        for d, kernel, idx, templates, kwargs, checked, drop in steps:
-            args = [vals[i] for i in idx] if idx is not None else [_resolve(t, vals) for t in templates]
+        for d, kernel, idx, templates, kwargs, checked, drop, arity in steps:
             try:
-                if checked:
-                    args = [*[as_numeric(a) for a in args[:checked]], *args[checked:]]
-                out = kernel(*args, **{k: _resolve(v, vals) for k, v in kwargs.items()}) if kwargs else kernel(*args)
+                if arity == 2:
+                    out = kernel(vals[idx[0]], vals[idx[1]])  # type: ignore[index]
+                elif arity == 1:
+                    out = kernel(vals[idx[0]])  # type: ignore[index]
+                else:
+                    args = [vals[i] for i in idx] if idx is not None else [_resolve(t, vals) for t in templates]
+                    if checked:
+                        args = [*[as_numeric(a) for a in args[:checked]], *args[checked:]]
+                    if kwargs:
+                        out = kernel(*args, **{k: _resolve(v, vals) for k, v in kwargs.items()})
+                    else:
+                        out = kernel(*args)
             except Exception as exc:
                 budget.count, budget.live, budget.peak = count, live, peak
+                args = [vals[i] for i in idx] if idx is not None else [_resolve(t, vals) for t in templates]
                 error = kernel_error(d.name, tuple(args), exc, d.user)
                 raise error from error.__cause__
             if type(out) is _ndarray:
