@@ -441,9 +441,11 @@ class Engine:
                     error = kernel_error(d.name, args, exc, False)
                     raise error from error.__cause__
                 registry.kernel_seconds += _clock() - start
-                # setflags: no flags object (half the cost of ``out.flags.writeable = False``).
-                if type(out) is _ndarray and out.base is None and out.flags.writeable:
-                    out.setflags(write=False)
+                # A ufunc's output is a fresh array (or its out=, a cached buffer that owns its
+                # memory): only other kernels may return an input as it is. setflags(False),
+                # positional: a quarter of the cost of ``out.flags.writeable = False``.
+                if type(out) is _ndarray and (type(kernel) is _ufunc or (out.base is None and out.flags.writeable)):
+                    out.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
                     nbytes = out.nbytes
                     t = make_tensor(
                         self,
@@ -452,7 +454,7 @@ class Engine:
                         out.shape,
                         out.dtype,
                         nbytes,
-                        name or (d.name, -1),
+                        name or d.label,
                         self._device,
                     )
                     if safe_point is not None:
@@ -543,7 +545,7 @@ class Engine:
             self.registry.kernel_seconds += _clock() - start
             if d.returns == "one" and type(out) is _ndarray and out.base is None:
                 if out.flags.writeable:  # a fresh output: own it as it is
-                    out.setflags(write=False)
+                    out.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
                     return out
                 return finalize(out)  # an input returned as it is
             return normalize(out)
@@ -706,7 +708,7 @@ class Engine:
             if budget is not None:
                 self._settle(budget)  # before the result is registered: peak counts it once
         if result is None:
-            out.setflags(write=False)
+            out.setflags(False)  # (positional: cheaper; numpy accepts it)
             return [self._register(out, label, name, device)], False
         return self._take(result, label, name, device), result.multi
 

@@ -202,7 +202,7 @@ class FusedOps:
             error = kernel_error(d.name, args, exc, d.user)
             raise error from error.__cause__
         if type(out) is _ndarray and out.base is None and out.flags.writeable:
-            out.setflags(write=False)
+            out.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
             budget = self._budget
             live = budget.live + out.nbytes
             if budget.limit is not None and live > budget.limit:
@@ -226,7 +226,7 @@ class FusedOps:
 
     def _made(self, arr: NDArray, op: str) -> FusedValue:
         if arr.base is None and arr.flags.writeable:
-            arr.setflags(write=False)
+            arr.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
             self._budget.made(arr.nbytes, op)
             return FusedValue(arr, self, True)
         # A view (or an input returned as is): no new memory to account for.
@@ -305,7 +305,7 @@ def _result(x: Any, budget: Budget) -> Any:
         if x._made and not arr.flags.writeable:
             # Made in this run and about to be dropped: hand it over without a copy
             # (finalize makes it read-only again, so one returned twice is copied).
-            arr.setflags(write=True)
+            arr.setflags(True)  # type: ignore[call-arg]
             budget.escaped += 1
         return arr
     return x

@@ -50,6 +50,7 @@ class OpDef:
         "cost",
         "data",
         "kernel",
+        "label",
         "name",
         "plain",
         "returns",
@@ -72,6 +73,8 @@ class OpDef:
         ufunc: bool = False,
     ) -> None:
         self.name: str = spec.__name__.rstrip("_")
+        #: What an unnamed result of the op is labelled with (its name is made from it when read).
+        self.label = (self.name, -1)
         self.spec = spec
         self.kernel = kernel
         #: Leading positional args that are tensor values (non-tensors are checked numeric).
