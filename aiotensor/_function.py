@@ -192,14 +192,14 @@ class FusedOps:
             return [self._made(np.asarray(o), label) for o in out]
         return self._made(np.asarray(out), label)
 
-    def _plain(self, d: OpDef, vals: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+    def _plain(self, d: OpDef, vals: tuple[Any, ...]) -> Any:
         # The hot path of _run for a plain op (no spec) whose arguments are values and
-        # Python numbers (``vals``, unwrapped from ``args``), when ``_fast``: the same
+        # Python numbers (``vals``, the arrays of the values), when ``_fast``: the same
         # steps without their calls.
         try:
             out = d._np_kernel(*vals)  # type: ignore[misc]
         except Exception as exc:
-            error = kernel_error(d.name, args, exc, d.user)
+            error = kernel_error(d.name, vals, exc, d.user)  # (arrays describe as values do)
             raise error from error.__cause__
         if type(out) is _ndarray and out.base is None and out.flags.writeable:
             out.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
@@ -248,7 +248,7 @@ def _fused_op(d: OpDef) -> Callable[..., Any]:
                     else:
                         break
                 else:
-                    return self._plain(d, tuple(vals), args)
+                    return self._plain(d, tuple(vals))
             return self._run(d, *args, **kwargs)
 
     else:
@@ -272,21 +272,30 @@ def _operator(name: str, reflected: bool = False) -> Callable[..., Any]:
     d = OPS[name]
     fast = d.plain and d.kernel_for(np) is not None
 
-    def method(self: FusedValue, *other: Any) -> Any:
-        args = (other[0], self) if reflected else (self, *other)
+    def method(self: FusedValue, other: Any) -> Any:
         ops = self._ops
-        if fast and ops._fast and len(other) == 1:
+        if fast and ops._fast:
             # A value and another value or a Python number: the hot path, unwrapped here.
-            o = other[0]
-            to = type(o)
+            to = type(other)
             if to is FusedValue:
-                o = o._arr
-            elif to is not float and to is not int:
-                return ops._run(d, *args)
-            return ops._plain(d, (o, self._arr) if reflected else (self._arr, o), args)
-        if fast and ops._fast and not other:
-            return ops._plain(d, (self._arr,), args)
-        return ops._run(d, *args)
+                o = other._arr
+                return ops._plain(d, (o, self._arr) if reflected else (self._arr, o))
+            if to is float or to is int:
+                return ops._plain(d, (other, self._arr) if reflected else (self._arr, other))
+        return ops._run(d, other, self) if reflected else ops._run(d, self, other)
+
+    return method
+
+
+def _unary_operator(name: str) -> Callable[..., Any]:
+    d = OPS[name]
+    fast = d.plain and d.kernel_for(np) is not None
+
+    def method(self: FusedValue) -> Any:
+        ops = self._ops
+        if fast and ops._fast:
+            return ops._plain(d, (self._arr,))
+        return ops._run(d, self)
 
     return method
 
@@ -295,7 +304,7 @@ for _stem, _name in BINARY_OPERATORS:
     setattr(FusedValue, f"__{_stem}__", _operator(_name))
     setattr(FusedValue, f"__r{_stem}__", _operator(_name, reflected=True))
 for _stem, _name in UNARY_OPERATORS:
-    setattr(FusedValue, f"__{_stem}__", _operator(_name))
+    setattr(FusedValue, f"__{_stem}__", _unary_operator(_name))
 setattr(FusedValue, "__getitem__", _operator("getitem"))  # noqa: B010 -- set like the loops above
 
 
