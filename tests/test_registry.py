@@ -133,3 +133,34 @@ async def test_stats_add_up_the_time_kernels_ran(inline_us: float) -> None:
         await child.apply(slow, await child.ones(2))
         assert child.stats().kernel_seconds >= 0.02
         assert s.stats().kernel_seconds == 0.0  # a request session's time is its own
+
+
+def test_no_release_call_when_dropping_the_reference_is_the_release() -> None:
+    # LocalBackend says so (Backend.releases); a backend of buffers elsewhere keeps the call.
+    assert at.LocalBackend.releases is False
+    assert at.Backend.releases is True
+    reg = Registry(None)
+    buf = np.zeros(4)
+    a = reg.add(buf, buf.nbytes)
+    reg.count_unregistered(2)  # intermediates of a run: allocated and freed, never registered
+    reg.notify_dropped(a)
+    assert reg.collect() == 1
+    assert (reg.live_tensors, reg.live_bytes, reg.allocated, reg.freed) == (0, 0, 3, 3)
+    assert reg.close() == 0
+
+
+async def test_sessions_skip_the_release_call_only_for_backends_that_need_none() -> None:
+    released: list[object] = []
+
+    class Counting(at.LocalBackend):
+        releases = True
+
+        def release(self, handle: object) -> None:
+            released.append(handle)
+
+    async with at.AsyncEagerSession() as s:
+        assert s._engine.registry._release is None
+    async with at.AsyncEagerSession(backend=Counting()) as c:
+        x = await c.constant([1.0, 2.0])
+        del x
+    assert len(released) == 1
