@@ -97,11 +97,12 @@ def take(shape: tuple[int, ...], dtype: np.dtype[Any]) -> NDArray | None:
 class RecyclingOps(FusedOps):
     """The ``ops`` of a batched kernel: fused ops that recycle dead intermediates, noting BLAS use."""
 
-    __slots__ = ("blas",)
+    __slots__ = ("big", "blas")
 
     def __init__(self, engine: Engine, budget: Budget, measure: bool = True) -> None:
         super().__init__(engine, budget, measure)
         self.blas = False
+        self.big = False  # an output of MIN_BYTES or more was recycled or learned: recycling pays
 
     def _run(self, d: OpDef, *args: Any, **kwargs: Any) -> Any:
         if d.blas:
@@ -119,6 +120,7 @@ class RecyclingOps(FusedOps):
             key += (a.shape, a.dtype)
         spec = _specs.get(key)
         if spec is not None:
+            self.big = True
             buf = take(*spec)
             if buf is None:
                 return kernel(*args)
@@ -131,6 +133,7 @@ class RecyclingOps(FusedOps):
                 _specs.clear()
             _specs[key] = (out.shape, out.dtype)
             _wanted.add((out.shape, out.dtype))
+            self.big = True
         return out
 
     def _dead(self, arr: NDArray) -> None:
@@ -172,7 +175,20 @@ class BatchKernel:
     each caller's rows there, so the loop thread only registers finished buffers.
     """
 
-    __slots__ = ("blas", "budget", "counts", "elapsed", "engine", "estimate", "fn", "label", "measure", "multi")
+    __slots__ = (
+        "big",
+        "blas",
+        "budget",
+        "counts",
+        "elapsed",
+        "engine",
+        "estimate",
+        "fn",
+        "label",
+        "measure",
+        "multi",
+        "recycle",
+    )
 
     def __init__(
         self,
@@ -182,6 +198,7 @@ class BatchKernel:
         counts: list[int],
         label: str,
         measure: bool = True,
+        recycle: bool = True,
     ) -> None:
         self.fn = fn
         self.measure = measure  # sum the cost model over the ops (the first run for these shapes)
@@ -192,11 +209,21 @@ class BatchKernel:
         self.elapsed = math.inf
         self.estimate = math.inf
         self.multi = False
-        self.blas = True
+        #: Whether ``fn`` called BLAS, and made outputs worth recycling; ``None``: not
+        #: known from this run (it took plain fused ops).
+        self.blas: bool | None = True
+        self.big: bool | None = True
+        # A caller alone whose earlier runs made no output worth recycling takes plain
+        # fused ops (their hot path) instead: nothing to stack, nothing to recycle.
+        self.recycle = recycle or len(counts) > 1
 
     def __call__(self, xs: tuple[NDArray, ...], *params: Any) -> Any:
         start = time.perf_counter()
-        ops = RecyclingOps(self.engine, self.budget, self.measure)
+        ops = (
+            RecyclingOps(self.engine, self.budget, self.measure)
+            if self.recycle
+            else FusedOps(self.engine, self.budget, self.measure)
+        )
         # The stacked rows are made by this run: counted in its budget like an intermediate.
         if len(xs) == 1:
             x = FusedValue(xs[0], ops, False)
@@ -227,7 +254,10 @@ class BatchKernel:
                 a = a.copy()  # the caller's own x (or a param) returned as is: never take it over
             arrays.append(a)
         del out, outs
-        self.blas = ops.blas
+        if type(ops) is RecyclingOps:
+            self.blas, self.big = ops.blas, ops.big
+        else:
+            self.blas = self.big = None
         if ops._estimate is not None:
             self.estimate = ops._estimate
         if len(xs) == 1:

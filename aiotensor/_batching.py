@@ -163,6 +163,7 @@ class BatchedFunction:
         self._pending: dict[tuple[Any, ...], _Group] = {}
         self._running: set[asyncio.Task[None]] = set()
         self._blas: dict[tuple[Any, ...], bool] = {}  # per shape key: did fn call BLAS?
+        self._big: dict[tuple[Any, ...], bool] = {}  # per shape key: did a run make outputs worth recycling?
         self._counts = dict.fromkeys(BatchStats.__slots__, 0)
         functools.update_wrapper(self, fn)
 
@@ -396,16 +397,23 @@ class BatchedFunction:
         key = (rows, x0.shape[1:], x0.dtype, *[_shape_of(p) for p in bufs[1:]])
         budget = Budget("a batched function")
         est = self._placement.estimate(key)
-        kernel = BatchKernel(self._fn, engine, budget, [c.x.shape[0] for c in callers], label, measure=est is None)
+        counts = [c.x.shape[0] for c in callers]
+        recycle = self._big.get(key, True)  # before the first run: assume it pays
+        kernel = BatchKernel(self._fn, engine, budget, counts, label, measure=est is None, recycle=recycle)
         if est is None:
             est = math.inf
         described = (_Rows((rows, *x0.shape[1:]), x0.dtype), *group.params)  # for error messages
-        blas = self._blas.get(key, True)  # before the first run: assume it calls BLAS
-        tensors, _ = await engine.call(
-            label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, blas=blas
-        )
+        done = engine.call_inline(label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget)
+        if done is None:
+            blas = self._blas.get(key, True)  # before the first run: assume it calls BLAS
+            done = await engine.call(
+                label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, blas=blas
+            )
+        tensors, _ = done
         self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us)
-        self._blas[key] = kernel.blas
+        if kernel.blas is not None and kernel.big is not None:  # (learned only from recycling runs)
+            self._blas[key] = kernel.blas
+            self._big[key] = kernel.big
         return tensors, kernel.multi
 
 

@@ -166,3 +166,33 @@ async def test_many_batches_on_the_pool_stay_right_and_earlier_results_never_cha
         for x, y in held:  # every earlier result too: recycling never wrote into one
             np.testing.assert_allclose(np.asarray(y), reference(x), rtol=1e-5, atol=1e-6, err_msg=f"round {round_}")
     del held, ys, y
+
+
+def test_recycling_ops_note_whether_an_output_was_worth_recycling() -> None:
+    small = ops()
+    np.testing.assert_array_equal(np.asarray(small.add(np.ones((4, 4)), 1.0)), np.full((4, 4), 2.0))
+    assert not small.big  # under MIN_BYTES: nothing to recycle
+    large = ops()
+    x = big()
+    np.testing.assert_array_equal(np.asarray(large.add(x, x)), x + x)
+    assert large.big
+
+
+def test_a_lone_caller_known_to_make_small_outputs_takes_plain_fused_ops() -> None:
+    x, w = np.arange(6.0).reshape(3, 2), np.arange(4.0).reshape(2, 2)
+
+    def f(ops: Any, x: Any, w: Any) -> Any:
+        return ops.relu(x @ w - 3.0) * 2.0
+
+    kernel = bk.BatchKernel(f, ENGINE, Budget("b"), [3], "batched(f)", measure=False, recycle=False)
+    np.testing.assert_array_equal(kernel((x,), w), np.maximum(x @ w - 3.0, 0) * 2.0)
+    assert kernel.blas is None  # nothing learned from plain fused ops
+    assert kernel.big is None
+    # Several callers always stack into recycled buffers, whatever the lone runs said.
+    stacked = bk.BatchKernel(f, ENGINE, Budget("b"), [3, 3], "batched(f)", measure=False, recycle=False)
+    pieces = stacked((x, x + 1.0), w)
+    np.testing.assert_array_equal(pieces[1], np.maximum((x + 1.0) @ w - 3.0, 0) * 2.0)
+    assert stacked.big is False
+    assert stacked.blas is True
+    alone = bk.BatchKernel(lambda ops, x: x, ENGINE, Budget("b"), [3], "batched(f)", measure=False, recycle=False)
+    assert alone((x,)) is not x  # the caller's array is never taken over, on this path either

@@ -610,6 +610,23 @@ async def test_the_first_batch_of_a_shape_runs_on_the_pool_then_cheap_ones_inlin
     assert threads[1:] == [loop_thread, loop_thread]
 
 
+async def test_repeated_lone_calls_small_and_large_stay_right_and_leave_only_their_results(
+    s: at.AsyncEagerSession,
+) -> None:
+    # Lone calls of a shape whose runs made no output worth recycling take plain fused
+    # ops after the first run; large ones keep recycling. Both give numpy's values.
+    f = at.batched(mlp)
+    w = await weights(s)
+    start = await held(s)
+    for n in (4, 600, 4, 600, 4, 600, 4):  # 600 rows: a 600 x HIDDEN hidden layer over MIN_BYTES
+        x = rows(n, seed=n)
+        y = await f(x, *w)
+        close(await y.numpy(), x)  # type: ignore[union-attr]
+        assert await held(s) == start + 1  # only this result
+        del y
+    assert f.stats().batches == 7
+
+
 async def test_the_batch_runs_in_the_context_of_its_first_caller(s: at.AsyncEagerSession) -> None:
     import contextvars
 
