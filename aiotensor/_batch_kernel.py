@@ -24,7 +24,9 @@ intermediates, per thread, and hand them to later ops as ``out=``:
 * the output's shape and dtype are learned from a first call with the same argument
   shapes and dtypes (the same ufunc gives the same result type for them);
 * only buffers of a (shape, dtype) that such an op (or the stacking of the rows, which
-  concatenates into a kept buffer too) has asked for are kept, at most 8 per pair.
+  concatenates into a kept buffer too) has asked for are kept, at most two per pair;
+* a caller alone whose earlier runs of that shape made no output of ``MIN_BYTES`` or
+  more has nothing to stack or recycle: its run takes plain fused ops (their hot path).
 
 Kept buffers are memory no session counts: at most :data:`CAP` bytes per thread that
 runs batched kernels (the pool's workers, and the event loop's thread for inline runs).
