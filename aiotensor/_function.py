@@ -12,8 +12,10 @@ for given argument shapes goes to the pool, where the cost model of single ops
 loop when that sum is within the session's ``inline_threshold_us``, as cheap single ops
 do (the first call's wall time is no guide: the hop and cold caches inflate it). Two
 consecutive inline calls that take more than four times that threshold (the function does work of
-its own between ops) send those shapes back to the pool for good. JAX keys its
-compilation cache on shapes the same way.
+its own between ops) send those shapes back to the pool; one call in
+``RETRY_INLINE_EVERY`` (64) then runs inline again, and those shapes stay inline if it
+is fast (the slow runs were contention, not the function). JAX keys its compilation
+cache on shapes the same way.
 
 Ownership of intermediates: the registry belongs to the loop thread, so values made
 inside the function are not registered one by one (that would need a hop back to the
@@ -337,6 +339,10 @@ def _shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
     )
 
 
+#: A function sent back to the pool for its shapes tries inline again once in this many calls.
+RETRY_INLINE_EVERY = 64
+
+
 class Placement:
     """Where the runs of one function go, per key of argument shapes (see the module docstring).
 
@@ -345,15 +351,22 @@ class Placement:
     :meth:`record` learns from a run.
     """
 
-    __slots__ = ("_strikes", "_timings")
+    __slots__ = ("_model", "_strikes", "_struck", "_timings")
 
     def __init__(self) -> None:
         self._timings: dict[tuple[Any, ...], float] = {}
         self._strikes: dict[tuple[Any, ...], int] = {}
+        self._model: dict[tuple[Any, ...], float] = {}  # the cost model's µs, kept while struck
+        self._struck: dict[tuple[Any, ...], int] = {}  # calls since the key was sent to the pool
 
     def estimate(self, key: tuple[Any, ...]) -> float | None:
-        """The estimated µs of a run with these shapes (``inf``: never inline), ``None`` before the first."""
-        return self._timings.get(key)
+        """The estimated µs of a run with these shapes (``inf``: on the pool), ``None`` before the first."""
+        est = self._timings.get(key)
+        if self._struck and key in self._struck:
+            calls = self._struck[key] = self._struck[key] + 1
+            if calls % RETRY_INLINE_EVERY == 0:
+                return self._model[key]  # one run inline again: was it slow, or the machine?
+        return est
 
     def record(self, key: tuple[Any, ...], est: float, estimate: float, elapsed: float, limit: float) -> None:
         """Learn from a run made with ``est``: the cost model's ``estimate`` of it and its ``elapsed`` µs."""
@@ -364,12 +377,19 @@ class Placement:
         elif est <= limit and elapsed > 4 * limit:
             # It ran inline and took far longer than the model said: a first run on this
             # thread may be cold once (BLAS warming up), but twice means the function does
-            # work of its own between ops: never inline it again for these shapes.
+            # work of its own between ops: back to the pool for these shapes. (Contention
+            # can look the same: BLAS threads still spinning after a burst, the GIL; so
+            # once in RETRY_INLINE_EVERY calls it runs inline again, and stays if fast.)
             strikes = self._strikes[key] = self._strikes.get(key, 0) + 1
-            if strikes >= 2:
+            if strikes >= 2 and key not in self._struck:
+                self._model[key] = self._timings[key]
                 self._timings[key] = math.inf
+                self._struck[key] = 0
         elif est <= limit and self._strikes:
             self._strikes.pop(key, None)  # only consecutive slow runs count (a GC pause is one)
+            if key in self._struck:  # a retry ran fast: inline again
+                self._timings[key] = self._model.pop(key)
+                del self._struck[key]
 
 
 class FusedFunction:

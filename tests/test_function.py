@@ -223,6 +223,49 @@ async def test_cheap_fused_calls_run_inline_after_the_first_and_slow_ones_go_bac
         del x
 
 
+async def test_a_function_sent_to_the_pool_tries_inline_again_and_stays_if_fast() -> None:
+    import threading as _threading
+    import time as _time
+
+    from aiotensor._function import RETRY_INLINE_EVERY
+
+    threads: list[str] = []
+    slow = {"now": False}
+
+    def f(ops: at.FusedOps, x: Any) -> Any:
+        threads.append(_threading.current_thread().name)
+        if slow["now"]:
+            _time.sleep(0.001)  # slow for a while (as under contention), then fast again
+        return ops.add(x, 1.0)
+
+    loop_thread = _threading.current_thread().name
+    async with at.AsyncEagerSession() as s:
+        x = await s.constant(np.ones(16))
+        g = s.function(f)
+        await g(x)  # measured on the pool
+        slow["now"] = True
+        await g(x)
+        await g(x)  # two slow inline runs: sent to the pool
+        assert threads[1:3] == [loop_thread, loop_thread]
+        for _ in range(RETRY_INLINE_EVERY - 1):
+            await g(x)
+        assert all(t != loop_thread for t in threads[3:])  # on the pool until the retry
+        await g(x)  # the retry: inline, still slow, so back to the pool
+        assert threads[-1] == loop_thread
+        slow["now"] = False
+        threads.clear()
+        for _ in range(RETRY_INLINE_EVERY):
+            await g(x)
+        assert threads[-1] == loop_thread  # the next retry: fast, so inline from now on
+        assert all(t != loop_thread for t in threads[:-1])
+        threads.clear()
+        for _ in range(3):
+            y = await g(x)
+        assert threads == [loop_thread] * 3
+        np.testing.assert_array_equal(await y.numpy(), np.full(16, 2.0))  # type: ignore[union-attr]
+        del x, y
+
+
 async def test_later_calls_behave_as_the_first(strategy: at.ResourceCleanupStrategy) -> None:
     # The first call for given shapes is measured (every op estimated); later ones take
     # the ops' hot path: same values, same accounting, same errors, call after call.
