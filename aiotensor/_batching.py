@@ -162,8 +162,9 @@ class BatchedFunction:
         self._placement = Placement()
         self._pending: dict[tuple[Any, ...], _Group] = {}
         self._running: set[asyncio.Task[None]] = set()
-        self._blas: dict[tuple[Any, ...], bool] = {}  # per shape key: did fn call BLAS?
-        self._big: dict[tuple[Any, ...], bool] = {}  # per shape key: did a run make outputs worth recycling?
+        # Per shape key, from the last run on recycling ops: (did fn call BLAS, did it make
+        # outputs worth recycling). Before the first run: assume both.
+        self._learned: dict[tuple[Any, ...], tuple[bool, bool]] = {}
         self._counts = dict.fromkeys(BatchStats.__slots__, 0)
         functools.update_wrapper(self, fn)
 
@@ -398,22 +399,20 @@ class BatchedFunction:
         budget = Budget("a batched function")
         est = self._placement.estimate(key)
         counts = [c.x.shape[0] for c in callers]
-        recycle = self._big.get(key, True)  # before the first run: assume it pays
+        blas, recycle = self._learned.get(key, (True, True))
         kernel = BatchKernel(self._fn, engine, budget, counts, label, measure=est is None, recycle=recycle)
         if est is None:
             est = math.inf
         described = (_Rows((rows, *x0.shape[1:]), x0.dtype), *group.params)  # for error messages
         done = engine.call_inline(label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget)
         if done is None:
-            blas = self._blas.get(key, True)  # before the first run: assume it calls BLAS
             done = await engine.call(
                 label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, blas=blas
             )
         tensors, _ = done
         self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us)
         if kernel.blas is not None and kernel.big is not None:  # (learned only from recycling runs)
-            self._blas[key] = kernel.blas
-            self._big[key] = kernel.big
+            self._learned[key] = (kernel.blas, kernel.big)
         return tensors, kernel.multi
 
 

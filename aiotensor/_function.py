@@ -134,7 +134,8 @@ class FusedOps:
         self._estimate: float | None = 0.0 if measure else None
         # Whether plain ops on values and numbers may take :meth:`_plain` (numpy
         # kernels, nothing to estimate; subclasses that wrap kernel calls say no).
-        self._fast = not measure and type(self)._call is FusedOps._call and engine._xp is np
+        cls = type(self)
+        self._fast = not measure and cls._call is FusedOps._call and cls._dead is FusedOps._dead and engine._xp is np
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         raise AttributeError(f"fused functions have no op {name!r}")
@@ -235,8 +236,13 @@ class FusedOps:
         return FusedValue(arr, self, False)
 
 
+def _plain_numpy(d: OpDef) -> bool:
+    # Ops the hot path (FusedOps._plain) may run: no spec to apply, a numpy kernel.
+    return d.plain and d.kernel_for(np) is not None
+
+
 def _fused_op(d: OpDef) -> Callable[..., Any]:
-    if d.plain and d.kernel_for(np) is not None:
+    if _plain_numpy(d):
 
         def run(self: FusedOps, *args: Any, **kwargs: Any) -> Any:
             if self._fast and not kwargs:
@@ -272,7 +278,7 @@ _TAKES_NAME = frozenset(d for d in OPS.values() if not d.plain and "name" in d.s
 
 def _operator(name: str, reflected: bool = False) -> Callable[..., Any]:
     d = OPS[name]
-    fast = d.plain and d.kernel_for(np) is not None
+    fast = _plain_numpy(d)
 
     def method(self: FusedValue, other: Any) -> Any:
         ops = self._ops
@@ -291,7 +297,7 @@ def _operator(name: str, reflected: bool = False) -> Callable[..., Any]:
 
 def _unary_operator(name: str) -> Callable[..., Any]:
     d = OPS[name]
-    fast = d.plain and d.kernel_for(np) is not None
+    fast = _plain_numpy(d)
 
     def method(self: FusedValue) -> Any:
         ops = self._ops
@@ -429,7 +435,7 @@ class FusedFunction:
         if done is None:
             done = await engine.call(op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget)
         tensors, multi = done
-        estimate = math.inf if ops._estimate is None or ops._elapsed == math.inf else ops._estimate
+        estimate = math.inf if ops._estimate is None else ops._estimate
         self._placement.record(key, est, estimate, ops._elapsed, engine.inline_us)
         return tuple(tensors) if multi else tensors[0]
 
