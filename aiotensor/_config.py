@@ -49,8 +49,10 @@ class SessionConfig:
             Needs ``memory_limit``; see ``docs/reliability.md`` for what is guaranteed.
         inline_threshold_us: Ops whose kernel is estimated to take at most this
             many microseconds run inline on the event loop thread, skipping the
-            thread hop (see ``docs/guides/performance-tuning.md``); larger ones, and
-            every ``apply`` and fused function, run on the pool. ``0`` sends every
+            thread hop (see ``docs/guides/performance-tuning.md``); an expression
+            estimated at up to 4x this runs there too, in slices of at most this long
+            with other tasks run between them. Larger ones, and every ``apply`` and
+            a fused function's first call, run on the pool. ``0`` sends every
             kernel to the pool. Only sessions on the shared pool or their own
             (``max_workers``) inline; an explicit ``executor=`` gets every kernel.
         buffer_cache_bytes: Bytes of freed buffers (each of at least 64 KiB) the

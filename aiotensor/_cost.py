@@ -26,13 +26,27 @@ import numpy as np
 
 from ._opdef import Cost, OpDef
 
-__all__ = ["DEFAULT_INLINE_US", "INLINE_STREAK", "OVERHEAD_NS", "PER_BYTE", "Spec", "estimate_us", "out_spec"]
+__all__ = [
+    "DEFAULT_INLINE_US",
+    "INLINE_STREAK",
+    "OVERHEAD_NS",
+    "PER_BYTE",
+    "SLICED_MAX",
+    "Spec",
+    "estimate_us",
+    "out_spec",
+]
 
 #: Default bound on the estimated time one inline op may hold the event loop (µs).
 DEFAULT_INLINE_US = 50.0
 #: After this many consecutive inline ops, the next op first yields to the loop once,
 #: so a tight loop of inline ops holds the loop at most ``INLINE_STREAK x threshold``.
 INLINE_STREAK = 16
+#: An expression's program estimated at most this many inline thresholds runs on the
+#: loop in slices, each ending once it has held the loop for the threshold: a thread
+#: hop costs 80-200 µs of latency here, and estimates run 2.5-3x above measured times,
+#: so such a program takes about what the hop would add.
+SLICED_MAX = 4
 
 # Fixed cost of one numpy call on small arrays (ns), measured ~0.5-3 µs.
 OVERHEAD_NS = 1500.0

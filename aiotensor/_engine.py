@@ -27,7 +27,7 @@ import numpy as np
 from . import _defaults
 from ._allocator import out_for
 from ._backend import Backend
-from ._cost import INLINE_STREAK, OVERHEAD_NS, PER_BYTE, Spec, estimate_us, out_spec
+from ._cost import INLINE_STREAK, OVERHEAD_NS, PER_BYTE, SLICED_MAX, Spec, estimate_us, out_spec
 from ._errors import (
     AioTensorError,
     BackendError,
@@ -585,6 +585,8 @@ class Engine:
         ``described`` are the arguments as the caller gave them, for error messages.
         ``budget`` (a :class:`~aiotensor._program.Budget`) gets the bytes its
         intermediates may hold, computed after the safe point and any memory wait.
+        A :class:`~aiotensor._program.Program` estimated at most ``SLICED_MAX``
+        thresholds runs on the loop in slices (:meth:`_run_sliced`).
         """
         lean_loop = self._lean_loop
         if lean_loop is not None and _get_loop() is lean_loop and self.device_var.get() is None:
@@ -616,6 +618,9 @@ class Engine:
                 start = _clock()
                 result = self.backend.run_inline(kernel, bufs, kw)
                 registry.kernel_seconds += _clock() - start
+            elif isinstance(kernel, Program) and est_us <= SLICED_MAX * self._inline_us:
+                self._streak = 0
+                result = await self._run_sliced(label, kernel, bufs)
             else:
                 self._streak = 0
                 try:
@@ -644,6 +649,22 @@ class Engine:
                 self.backend.release(buf.handle)
             raise SessionClosedError(f"{label}: the session was closed while the op ran")
         return await self._own(result, label, name, nbytes, device), result.multi
+
+    async def _run_sliced(self, label: str, program: Program, bufs: tuple[Any, ...]) -> KernelResult:
+        # The program on this thread, a slice at a time: each slice ends after the step
+        # that takes it past the inline threshold, then other tasks get the loop.
+        run = program.sliced(*bufs)
+        registry = self.registry
+        span = self._inline_us / 1e6
+        while True:
+            start = _clock()
+            done = run.advance(start + span)
+            registry.kernel_seconds += _clock() - start
+            if done:
+                return normalize(run.result)
+            await asyncio.sleep(0)
+            if self.state is not _OPEN:
+                raise SessionClosedError(f"{label}: the session was closed while the op ran")
 
     def call_inline(
         self,
@@ -906,23 +927,12 @@ class Engine:
         if not limit:
             return math.inf
         steps = program.steps
-        # The common case, element-wise and reduction steps over leaves of one shape: no
-        # intermediate is larger than that shape (of 8-byte items), so each step touches at
-        # most three such arrays. Anything else (products, indexing, broadcasting between
-        # shapes, arrays among the values) takes the step-by-step estimate below.
+        # The common case first: element-wise and reduction steps over leaves of one shape.
         shape = leaves[0]._shape if leaves else None
         if shape is not None and all(t._shape == shape for t in leaves):
-            per_step = 0.0
-            for d, templates, _, _, _ in steps:
-                cost = d.cost
-                if cost is not Cost.MEMORY and cost is not Cost.MATH:
-                    break
-                if any(type(t) is _ndarray for t in templates):
-                    break
-                per_step += PER_BYTE[cost]
-            else:
-                size = 8 * math.prod(shape)
-                return (len(steps) * OVERHEAD_NS + 3 * size * per_step) / 1000.0
+            est = _elementwise_cost(steps, shape, leaves)
+            if est is not None:
+                return est
         specs: list[Any] = [Spec(t._shape, t._dtype.itemsize) for t in leaves]
         total = 0.0
         for d, templates, kwargs, _, _ in steps:
@@ -990,6 +1000,43 @@ class _NoRegistry:
 
 
 _NO_REGISTRY = _NoRegistry()
+
+
+# Ops of those classes whose output may hold more items than their array input.
+_GROWING = frozenset({"broadcast_to", "concat", "stack", "expand_dims"})
+
+
+def _elementwise_cost(steps: list[Any], shape: tuple[int, ...], leaves: list[Tensor]) -> float | None:
+    """The estimate of a program of element-wise and reduction steps over leaves of one shape, or None.
+
+    No intermediate is larger than that shape, so a step touches at most its array
+    arguments plus its output, each of that many items. Items are the leaves' own size
+    when they are floats and every constant a plain number (numpy keeps a float dtype
+    against python numbers), else 8 bytes. Anything else (products, indexing, ops whose
+    output may outgrow their input, arrays among the constants) is None: the
+    step-by-step estimate.
+    """
+    narrow = all(t._dtype.kind == "f" for t in leaves)
+    arrays_per_byte = 0.0
+    for d, templates, _, _, _ in steps:
+        cost = d.cost
+        if (cost is not Cost.MEMORY and cost is not Cost.MATH) or d.name in _GROWING:
+            return None
+        arrays = 1  # the output
+        for t in templates:
+            tt = type(t)
+            if tt is Ref:
+                arrays += 1
+            elif tt is _ndarray:
+                return None
+            elif tt is list or tt is tuple:
+                arrays += sum(1 for e in t if type(e) is Ref)
+                narrow = False
+            elif tt is not float and tt is not int and tt is not bool:
+                narrow = False  # a dtype (astype), None, ...: the items may grow
+        arrays_per_byte += max(arrays, 2) * PER_BYTE[cost]
+    itemsize = max(t._dtype.itemsize for t in leaves) if narrow else 8
+    return (len(steps) * OVERHEAD_NS + itemsize * math.prod(shape) * arrays_per_byte) / 1000.0
 
 
 def _is_tensor(x: Any) -> bool:

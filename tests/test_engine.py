@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import numpy as np
@@ -140,3 +141,159 @@ async def test_lean_path_respects_device_blocks_and_names(s: at.AsyncEagerSessio
         await s.add(a, a)
     t = await s.add(a, a)
     assert t.device == "/cpu:0"
+
+
+# -- expressions a little over the inline threshold: on the loop, in slices
+
+
+def _chain(t: Any) -> Any:
+    y = t * 2.0 + 1.0
+    y = y * y - t
+    return abs(y) / 3.0
+
+
+def _chain_np(v: Any) -> Any:
+    y = v * 2.0 + 1.0
+    y = y * y - v
+    return abs(y) / 3.0
+
+
+_V = np.linspace(-2.0, 2.0, 4096)
+
+
+async def _estimate(e: Any) -> float:
+    # What the engine estimates for this expression under the default threshold.
+    from aiotensor._engine import _is_tensor
+    from aiotensor._expr import Expr
+    from aiotensor._program import compile_program
+
+    e._used = True
+    async with at.AsyncEagerSession() as probe:
+        program, leaves = compile_program([e], _is_tensor, "numpy", Expr)
+        return probe._engine._program_cost(program, leaves)  # type: ignore[no-any-return]
+
+
+def _no_pool(s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    submitted: list[Any] = []
+    backend = s._engine.backend
+    real = backend.submit
+
+    def submit(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        submitted.append(fn)
+        return real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(backend, "submit", submit)
+    return submitted
+
+
+def _every_step_a_slice(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A clock past every deadline: each step ends its slice.
+    from aiotensor import _program
+
+    monkeypatch.setattr(_program, "_clock", lambda: math.inf)
+
+
+async def _session_for(estimate: float, factor: float, strategy: at.ResourceCleanupStrategy, **config: Any) -> Any:
+    # A session whose threshold puts an expression of ``estimate`` µs at ``factor`` thresholds.
+    return at.AsyncEagerSession(
+        cleanup=strategy, config=at.SessionConfig(inline_threshold_us=estimate / factor, **config)
+    )
+
+
+@pytest.mark.parametrize(("factor", "where"), [(0.5, "inline"), (2.0, "sliced"), (6.0, "pool")])
+async def test_where_an_expression_runs_follows_its_estimate(
+    strategy: at.ResourceCleanupStrategy, monkeypatch: pytest.MonkeyPatch, factor: float, where: str
+) -> None:
+    est = await _estimate(_chain(await _probe_tensor()))
+    _every_step_a_slice(monkeypatch)
+    async with await _session_for(est, factor, strategy) as s:
+        submitted = _no_pool(s, monkeypatch)
+        a = await s.constant(_V)
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        t = await _chain(a)
+        during = ticks - before
+        task.cancel()
+        np.testing.assert_allclose(await t.numpy(), _chain_np(_V))
+        assert len(submitted) == (1 if where == "pool" else 0)
+        if where == "sliced":
+            assert during >= 4  # the loop ran other tasks between the five steps
+        if where == "inline":
+            assert during == 0  # one inline kernel: nothing else ran meanwhile
+        del t, a
+    assert s.stats().live_tensors == 0
+
+
+async def _probe_tensor() -> Any:
+    async with at.AsyncEagerSession() as probe:
+        return await probe.constant(_V)
+
+
+async def test_a_sliced_run_cancelled_between_slices_leaks_nothing(
+    strategy: at.ResourceCleanupStrategy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    est = await _estimate(_chain(await _probe_tensor()))
+    _every_step_a_slice(monkeypatch)
+    async with await _session_for(est, 2.0, strategy) as s:
+        a = await s.constant(_V)
+        before = s.stats()
+        task = asyncio.create_task(_awaited(_chain(a)))
+        for _ in range(3):  # into its second slice
+            await asyncio.sleep(0)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        after = s.stats()
+        assert after.live_tensors == before.live_tensors
+        assert after.live_bytes == before.live_bytes
+        np.testing.assert_allclose(await _chain(a).eval(), _chain_np(_V))  # and the next run is whole
+        del a
+
+
+async def test_a_session_closed_between_slices_stops_the_run(
+    strategy: at.ResourceCleanupStrategy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    est = await _estimate(_chain(await _probe_tensor()))
+    _every_step_a_slice(monkeypatch)
+    s = await _session_for(est, 2.0, strategy)
+    async with s:
+        a = await s.constant(_V)
+        task = asyncio.create_task(_awaited(_chain(a)))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+    with pytest.raises(at.SessionClosedError, match="closed while"):
+        await task
+    assert s.stats().live_tensors == 0
+    assert s.stats().live_bytes == 0
+
+
+async def test_a_sliced_run_fails_as_the_op_would_and_keeps_the_memory_limit(
+    strategy: at.ResourceCleanupStrategy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    est = await _estimate(_chain(await _probe_tensor()))
+    _every_step_a_slice(monkeypatch)
+    # Room for the leaf and one more array: the chain's second live intermediate does not fit.
+    limit = 2 * _V.nbytes + 1000
+    async with await _session_for(est, 2.0, strategy, memory_limit=limit) as s:
+        a = await s.constant(_V)
+        with pytest.raises(at.ResourceExhaustedError, match="inside an expression"):
+            await ((a * 2.0) * (a * 3.0))  # two intermediates alive at once
+        m = await s.constant(np.ones((4, 4)))
+        with pytest.raises(at.InvalidArgumentError, match="matmul"):
+            await (((a * 2.0) + 1.0) @ m)  # the failing step is in a later slice
+        assert s.stats().live_tensors == 2
+        del a, m
+
+
+async def _awaited(e: Any) -> Any:
+    return await e

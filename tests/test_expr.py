@@ -222,7 +222,7 @@ async def test_cancelling_an_evaluation_leaks_nothing(strategy: at.ResourceClean
         return v + 1
 
     async with at.AsyncEagerSession(cleanup=strategy, config=at.SessionConfig(max_workers=2)) as s:
-        a = await s.constant(np.ones(1 << 16))  # large enough to go to the pool
+        a = await s.constant(np.ones(1 << 18))  # large enough to go to the pool, not in slices
         blocker = asyncio.create_task(s.apply(slow, a))
         await asyncio.to_thread(started.wait, 5)
         pending = asyncio.create_task(_eval((a + 1.0) * 2.0 - a))

@@ -137,3 +137,110 @@ async def test_an_int_constant_and_a_float_constant_differ(s: at.AsyncEagerSessi
         assert as_int.dtype == np.int32
         assert as_float.dtype == np.float64
         np.testing.assert_array_equal(as_float, [-2.0, -3.0])
+
+
+# -- writing into dying intermediates, and runs in slices
+
+
+def _compiled(roots: list[Expr]) -> tuple[_program.Program, list[Any]]:
+    for r in roots:
+        r._used = True
+    return _program.compile_program(roots, _is_tensor, "numpy", Expr)
+
+
+def _chain(t: Any, other: Any) -> Any:
+    y = t * 2.0 + 1.0
+    y = y - 0.5
+    y = y * y
+    y = y / 3.0
+    y = y + other
+    y = abs(y)
+    return 2.0**y - other
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+async def test_writing_into_dying_intermediates_gives_numpys_values(s: at.AsyncEagerSession, dtype: Any) -> None:
+    rng = np.random.default_rng(3)
+    v = rng.standard_normal((128, 128)).astype(dtype)  # above INTO_MIN_BYTES
+    w = rng.standard_normal((128, 128)).astype(dtype)
+    a, b = await s.constant(v), await s.constant(w)
+    program, leaves = _compiled([_chain(a, b)])
+    assert sum(1 for slot in _program._into_slots(program.steps, program.nleaves) if slot >= 0) >= 5
+    bufs = [s._engine.peek(t) for t in leaves]
+    before = [x.copy() for x in bufs]
+    out = program(*bufs)
+    np.testing.assert_array_equal(out, _chain(v, w))  # bit for bit: the same inner loops
+    assert out.dtype == dtype
+    for x, kept in zip(bufs, before, strict=True):
+        np.testing.assert_array_equal(x, kept)  # the leaves are never written into
+    # one buffer was made and reused all along: the budget saw one value of the output's size
+    assert program.budget.count == 1
+    assert program.budget.peak == v.nbytes
+
+
+async def test_an_intermediate_something_views_is_not_written_into(s: at.AsyncEagerSession) -> None:
+    v = np.arange(16384.0).reshape(128, 128)
+    a = await s.constant(v)
+    y = a * 2.0
+    flat = y.reshape(-1)  # a view of y's buffer, alive after y's last use
+    later = (y + 1.0) * 3.0
+    program, leaves = _compiled([flat, later])
+    y_slot = program.nleaves  # the first step's output
+    assert y_slot not in _program._into_slots(program.steps, program.nleaves)
+    got_flat, got_later = program(s._engine.peek(leaves[0]))
+    np.testing.assert_array_equal(got_flat, (v * 2.0).reshape(-1))
+    np.testing.assert_array_equal(got_later, (v * 2.0 + 1.0) * 3.0)
+    t_flat, t_later = await s.run([flat, later])
+    np.testing.assert_array_equal(t_flat, (v * 2.0).reshape(-1))
+    np.testing.assert_array_equal(t_later, (v * 2.0 + 1.0) * 3.0)
+
+
+@pytest.mark.parametrize(
+    ("make", "expected_dtype"),
+    [
+        (lambda a, i: (a * 2.0 + 1.0) + a.astype(np.float64), np.float64),  # the other operand is wider
+        (lambda a, i: (i * 2 + 1) / 3, np.float64),  # an int intermediate: true division widens
+        (lambda a, i: abs(a * 2.0 + 1j) * 2.0, np.float32),  # a complex number widens to complex64
+    ],
+)
+async def test_an_output_of_another_dtype_gets_a_buffer_of_its_own(
+    s: at.AsyncEagerSession, make: Any, expected_dtype: Any
+) -> None:
+    v = np.linspace(-1, 1, 16384, dtype=np.float32)
+    iv = np.arange(16384, dtype=np.int64)
+    a, i = await s.constant(v), await s.constant(iv)
+    got = await make(a, i).eval()
+    want = make(v, iv)
+    assert got.dtype == expected_dtype
+    np.testing.assert_array_equal(got, want)
+
+
+async def test_stats_count_the_buffers_a_run_really_made(session: at.AsyncEagerSession) -> None:
+    a = await session.constant(np.ones((128, 128)))  # 128 KiB
+    before = session.stats()
+    t = await (((a * 2.0 + 1.0) * 3.0 - 1.0) / 2.0)  # four steps: one buffer, written into three times
+    after = session.stats()
+    assert after.allocated - before.allocated == 1
+    assert after.freed - before.freed == 0
+    assert after.live_bytes - before.live_bytes == t.nbytes
+    np.testing.assert_array_equal(await t.numpy(), np.full((128, 128), 4.0))
+    del t
+
+
+async def test_a_run_in_slices_gives_what_a_whole_run_gives(s: at.AsyncEagerSession) -> None:
+    v = np.random.default_rng(4).standard_normal((128, 128))
+    a, b = await s.constant(v), await s.constant(v[::-1].copy())
+    program, leaves = _compiled([_chain(a, b)])
+    bufs = [s._engine.peek(t) for t in leaves]
+    whole = program.fresh()(*bufs)
+    run = program.fresh().sliced(*bufs)
+    slices = 1
+    while not run.advance(1e-9):  # a deadline long past: one step per slice
+        slices += 1
+    assert slices == len(program.steps)
+    np.testing.assert_array_equal(run.result, whole)
+    with pytest.raises(RuntimeError, match="over"):
+        run.advance(1e-9)
+    unbounded = program.fresh().sliced(*bufs)
+    assert unbounded.advance(0.0)  # no deadline: all of it in one slice
+    np.testing.assert_array_equal(unbounded.result, whole)

@@ -87,7 +87,7 @@ def subtract(x1: TensorLike, x2: TensorLike, /) -> None:
 def multiply(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 * x2``."""
 
-@op("true_divide", data=2, cost=F, plain=True, ufunc=True)
+@op("true_divide", data=2, cost=M, plain=True, ufunc=True)  # as fast as multiply (measured)
 def divide(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 / x2`` (true division)."""
 
