@@ -1002,6 +1002,7 @@ class _NoRegistry:
 _NO_REGISTRY = _NoRegistry()
 
 
+_ELEMENTWISE_COSTS = (Cost.MEMORY, Cost.MATH, Cost.DIVMOD)
 # Ops of those classes whose output may hold more items than their array input.
 _GROWING = frozenset({"broadcast_to", "concat", "stack", "expand_dims"})
 
@@ -1020,7 +1021,7 @@ def _elementwise_cost(steps: list[Any], shape: tuple[int, ...], leaves: list[Ten
     arrays_per_byte = 0.0
     for d, templates, _, _, _ in steps:
         cost = d.cost
-        if (cost is not Cost.MEMORY and cost is not Cost.MATH) or d.name in _GROWING:
+        if cost not in _ELEMENTWISE_COSTS or d.name in _GROWING:
             return None
         arrays = 1  # the output
         for t in templates:

@@ -154,3 +154,26 @@ def test_cost_estimates() -> None:
 def test_config_rejects_bad_thresholds(bad: object) -> None:
     with pytest.raises(at.InvalidArgumentError, match="inline_threshold_us"):
         at.SessionConfig(inline_threshold_us=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("op", ["floor_divide", "remainder"])
+def test_float_floor_division_is_estimated_at_its_own_speed(op: str) -> None:
+    # ~11 ns an element on floats (numpy's loop for them is not vectorized): three
+    # times what transcendental math is estimated at, so such an op of 4 K float32
+    # elements, ~45 µs of work, is not estimated within a 40 µs threshold.
+    a = np.ones(1 << 12, np.float32)
+    est = estimate_us(OPS[op], (a, a), None, None)
+    assert est > 45.0
+    assert est > 3 * estimate_us(OPS["exp"], (a, a), None, None)
+
+
+async def test_a_float_floor_division_expression_is_not_run_in_slices() -> None:
+    # A program's estimate counts the op's cost: two floor divisions on 16 K float32
+    # (~360 µs) go to the pool, not to the loop in slices.
+    backend = CountingBackend()
+    async with at.AsyncEagerSession(backend=backend) as s:
+        a = await s.constant(np.full(1 << 14, 7.0, np.float32))
+        got = await ((a // 2.0) % 3.0).eval()
+        np.testing.assert_array_equal(got, (np.full(1 << 14, 7.0, np.float32) // 2.0) % 3.0)
+        assert len(backend.kernels) == 1
+        del a

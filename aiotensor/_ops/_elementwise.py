@@ -91,11 +91,11 @@ def multiply(x1: TensorLike, x2: TensorLike, /) -> None:
 def divide(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 / x2`` (true division)."""
 
-@op("floor_divide", data=2, cost=F, plain=True, ufunc=True)
+@op("floor_divide", data=2, cost=Cost.DIVMOD, plain=True, ufunc=True)
 def floor_divide(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 // x2``."""
 
-@op("remainder", data=2, cost=F, plain=True, ufunc=True)
+@op("remainder", data=2, cost=Cost.DIVMOD, plain=True, ufunc=True)
 def remainder(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 % x2`` (sign of the divisor, as python)."""
 
