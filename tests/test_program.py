@@ -12,6 +12,7 @@ import aiotensor as at
 from aiotensor import _program
 from aiotensor._engine import _is_tensor
 from aiotensor._expr import Expr
+from aiotensor._opdef import OPS
 
 
 def _formula(t: Any) -> Any:
@@ -244,3 +245,16 @@ async def test_a_run_in_slices_gives_what_a_whole_run_gives(s: at.AsyncEagerSess
     unbounded = program.fresh().sliced(*bufs)
     assert unbounded.advance(0.0)  # no deadline: all of it in one slice
     np.testing.assert_array_equal(unbounded.result, whole)
+
+
+async def test_an_array_an_apply_returned_as_is_is_never_written_into(s: at.AsyncEagerSession) -> None:
+    mine = np.ones((128, 128))  # the user's own array, writable, owning its memory
+
+    def give(_: Any) -> Any:
+        return mine
+
+    a = await s.constant(np.zeros((128, 128)))
+    e = Expr(OPS["apply"], (give, a), None, None)  # an apply node, as an expression argument makes one
+    got = await ((e + 1.0) * 2.0).eval()
+    np.testing.assert_array_equal(got, np.full((128, 128), 4.0))
+    np.testing.assert_array_equal(mine, np.ones((128, 128)))  # untouched
