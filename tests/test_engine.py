@@ -146,15 +146,9 @@ async def test_lean_path_respects_device_blocks_and_names(s: at.AsyncEagerSessio
 # -- expressions a little over the inline threshold: on the loop, in slices
 
 
-def _chain(t: Any) -> Any:
+def _chain(t: Any) -> Any:  # on a tensor an expression, on an array numpy's values
     y = t * 2.0 + 1.0
     y = y * y - t
-    return abs(y) / 3.0
-
-
-def _chain_np(v: Any) -> Any:
-    y = v * 2.0 + 1.0
-    y = y * y - v
     return abs(y) / 3.0
 
 
@@ -223,7 +217,7 @@ async def test_where_an_expression_runs_follows_its_estimate(
         t = await _chain(a)
         during = ticks - before
         task.cancel()
-        np.testing.assert_allclose(await t.numpy(), _chain_np(_V))
+        np.testing.assert_allclose(await t.numpy(), _chain(_V))
         assert len(submitted) == (1 if where == "pool" else 0)
         if where == "sliced":
             assert during >= 4  # the loop ran other tasks between the five steps
@@ -256,7 +250,7 @@ async def test_a_sliced_run_cancelled_between_slices_leaks_nothing(
         after = s.stats()
         assert after.live_tensors == before.live_tensors
         assert after.live_bytes == before.live_bytes
-        np.testing.assert_allclose(await _chain(a).eval(), _chain_np(_V))  # and the next run is whole
+        np.testing.assert_allclose(await _chain(a).eval(), _chain(_V))  # and the next run is whole
         del a
 
 
