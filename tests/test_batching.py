@@ -40,6 +40,17 @@ def rows(n: int, seed: int = 0, width: int = IN) -> np.ndarray[Any, Any]:
     return np.random.default_rng(seed).standard_normal((n, width)).astype(np.float32)
 
 
+def _held_mlp(started: threading.Event, release: threading.Event) -> Any:
+    """The MLP as a batched fn that says it started, then waits to be released (a kernel in flight)."""
+
+    def slow(ops: at.FusedOps, x: Any, *params: Any) -> Any:
+        started.set()
+        release.wait(10)
+        return mlp(ops, x, *params)
+
+    return slow
+
+
 async def weights(s: at.AsyncEagerSession) -> list[at.Tensor]:
     return [await s.constant(a) for a in (W1, B1, W2, B2)]
 
@@ -479,11 +490,7 @@ async def test_a_caller_cancelled_while_its_batch_runs_leaves_nothing_and_the_ot
     strategy: at.ResourceCleanupStrategy,
 ) -> None:
     started, release = threading.Event(), threading.Event()
-
-    def slow(ops: at.FusedOps, x: Any, *params: Any) -> Any:
-        started.set()
-        release.wait(10)
-        return mlp(ops, x, *params)
+    slow = _held_mlp(started, release)
 
     async with at.AsyncEagerSession(cleanup=strategy) as s:
         w = await weights(s)
@@ -508,11 +515,7 @@ async def test_a_lone_caller_cancelled_while_its_kernel_runs_leaves_nothing(
     strategy: at.ResourceCleanupStrategy,
 ) -> None:
     started, release = threading.Event(), threading.Event()
-
-    def slow(ops: at.FusedOps, x: Any, *params: Any) -> Any:
-        started.set()
-        release.wait(10)
-        return mlp(ops, x, *params)
+    slow = _held_mlp(started, release)
 
     async with at.AsyncEagerSession(cleanup=strategy) as s:
         w = await weights(s)
