@@ -252,8 +252,10 @@ class BatchKernel:
             if len(xs) > 1:
                 if made:
                     budget.escaped -= 1  # split below: the whole output is an intermediate, its pieces the results
-            elif not made:
-                a = a.copy()  # the caller's own x (or a param) returned as is: never take it over
+            elif type(o) is not FusedValue:
+                # An array of fn's own returned as is (a global?): never take it over. (An
+                # argument returned as is is copied by _result, or by finalize if read-only.)
+                a = a.copy()
             arrays.append(a)
         del out, outs
         if type(ops) is RecyclingOps:

@@ -319,12 +319,18 @@ setattr(FusedValue, "__getitem__", _operator("getitem"))  # noqa: B010 -- set li
 def _result(x: Any, budget: Budget) -> Any:
     if type(x) is FusedValue:
         arr = x._arr
-        if x._made and not arr.flags.writeable:
-            # Made in this run and about to be dropped: hand it over without a copy
-            # (finalize makes it read-only again, so one returned twice is copied).
-            arr.setflags(True)  # type: ignore[call-arg]
-            budget.escaped += 1
-        return arr
+        if x._made:
+            if not arr.flags.writeable:
+                # Made in this run and about to be dropped: hand it over without a copy
+                # (finalize makes it read-only again, so one returned twice is copied).
+                arr.setflags(True)  # type: ignore[call-arg]
+                budget.escaped += 1
+            return arr
+        if arr.flags.writeable:
+            # The caller's own numpy argument, returned as it is: a copy, or the session
+            # would take the caller's array over (finalize owns a writeable array as is).
+            return arr.copy()
+        return arr  # a tensor's buffer (read-only): finalize copies it
     return x
 
 

@@ -94,6 +94,21 @@ async def test_returning_an_argument_gives_a_copy(s: at.AsyncEagerSession) -> No
     np.testing.assert_array_equal(await y.numpy(), [1.0, 2.0])
 
 
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "pool"])
+async def test_returning_a_numpy_argument_leaves_the_callers_array_alone(s: at.AsyncEagerSession, inline: bool) -> None:
+    # The session must not take the caller's array over (and make it read-only): the
+    # tensor gets a copy, and later writes to the array do not reach it.
+    f = s.function(lambda ops, x: x)
+    a = np.array([1.0, 2.0])
+    if inline:
+        await f(a)  # the first call of a shape runs on the pool; later ones inline
+    y = await f(a)
+    assert a.flags.writeable
+    a[0] = 5.0
+    np.testing.assert_array_equal(await y.numpy(), [1.0, 2.0])  # type: ignore[union-attr]
+    assert not np.shares_memory(s._engine.buffer(y, "t"), a)  # type: ignore[arg-type]
+
+
 async def test_it_runs_on_one_pool_worker(s: at.AsyncEagerSession) -> None:
     threads: list[str] = []
 
