@@ -29,8 +29,9 @@ import asyncio
 import copy
 import functools
 import math
+import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
@@ -41,7 +42,7 @@ from ._batch_kernel import BatchKernel
 from ._engine import Engine, State
 from ._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
 from ._expr import Operand
-from ._function import Placement, _buffers
+from ._function import FusedOps, Placement, _buffers
 from ._kernels import NUMERIC_KINDS, KernelResult, info, numeric_array
 from ._program import Budget
 from ._tensor import Tensor
@@ -58,6 +59,13 @@ DEFAULT_MAX_BATCH_SIZE = 512
 DEFAULT_MAX_CONCURRENT_BATCHES: int | None = None
 _OPEN = State.OPEN
 _get_loop = asyncio.get_running_loop
+
+
+@types.coroutine
+def _one_iteration() -> Generator[None, None, None]:
+    # asyncio.sleep(0) without its two coroutine layers: a bare yield lets the loop run
+    # the callbacks that are ready (the other callers) before this task goes on.
+    yield
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,8 +208,13 @@ class BatchedFunction:
         # that are ready now join it, then the group is closed and its batches start.
         group = self._pending[key] = _Group(runner, params)
         group.callers.append(caller)
+        # What this session dropped is freed now, as an inline op would: otherwise the
+        # loop iteration below would wake the cleanup task just for it.
+        inline_point = engine.policy.inline_point
+        if inline_point is not None:
+            inline_point()
         try:
-            await asyncio.sleep(0)
+            await _one_iteration()
         except asyncio.CancelledError:
             caller.future.cancel()
             self._flush(key, group)  # the others' batches start anyway
@@ -214,14 +227,19 @@ class BatchedFunction:
         rows = arr.shape[0]
         self._count(1, rows)
         try:
-            tensors, multi = await self._execute(group, [caller], rows)
+            if self._concurrent is None:  # (no lane to take: one coroutine frame less)
+                tensors, multi = await self._kernel_call(group, [caller], rows)
+            else:
+                tensors, multi = await self._execute(group, [caller], rows)
         except asyncio.CancelledError:
             self._counts["cancelled"] += 1
             raise
         except Exception:
             self._counts["failed"] += 1
             raise
-        return await self._deliver(caller, group.engine, tensors, multi)
+        if engine is runner:  # its tensors are its session's already
+            return tuple(tensors) if multi else tensors[0]
+        return await self._deliver(caller, runner, tensors, multi)
 
     async def _wait(self, caller: _Caller) -> Tensor | tuple[Tensor, ...]:
         """Wait for the batch holding ``caller`` and take its rows."""
@@ -393,23 +411,40 @@ class BatchedFunction:
         if not engine.backend.in_process:
             # The batch's bookkeeping (and the callers' rows) live in this process.
             raise InvalidArgumentError(f"{label}: batched functions run on local backends only")
-        bufs = (tuple(c.x for c in callers), *[_buffers(engine, p, label) for p in group.params])
+        params = group.params
+        bufs = (tuple([c.x for c in callers]), *[_buffers(engine, p, label) for p in params])
         x0 = callers[0].x
-        key = (rows, x0.shape[1:], x0.dtype, *[_shape_of(p) for p in bufs[1:]])
+        key = (rows, x0.shape[1:], x0.dtype, *[_shape_of(p) for p in params])
         budget = Budget("a batched function")
         est = self._placement.estimate(key)
-        counts = [c.x.shape[0] for c in callers]
-        blas, recycle = self._learned.get(key, (True, True))
-        kernel = BatchKernel(self._fn, engine, budget, counts, label, measure=est is None, recycle=recycle)
+        measure = est is None  # the first run for these shapes: on the pool, measured
         if est is None:
             est = math.inf
-        described = (_Rows((rows, *x0.shape[1:]), x0.dtype), *group.params)  # for error messages
+        blas, recycle = self._learned.get(key, (True, True))
+        described = (_Rows((rows, *x0.shape[1:]), x0.dtype), *params)  # for error messages
+        kernel: Callable[..., Any]
+        ops: FusedOps | None = None
+        if len(callers) == 1 and not recycle:
+            # A caller alone whose earlier runs made no output worth recycling: nothing to
+            # stack, split or recycle, so fn runs as a fused function call runs it.
+            ops = FusedOps(engine, budget, measure, self._fn)
+            kernel = ops._kernel
+            bufs = (x0, *bufs[1:])
+        else:
+            counts = [c.x.shape[0] for c in callers]
+            kernel = BatchKernel(self._fn, engine, budget, counts, label, measure=measure, recycle=recycle)
         done = engine.call_inline(label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget)
         if done is None:
             done = await engine.call(
                 label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, blas=blas
             )
-        tensors, _ = done
+        tensors, multi = done
+        if ops is not None:
+            _check_rows(tensors, rows, label, engine)
+            estimate = math.inf if ops._estimate is None else ops._estimate
+            self._placement.record(key, est, estimate, ops._elapsed, engine.inline_us)
+            return tensors, multi
+        assert type(kernel) is BatchKernel
         self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us)
         if kernel.blas is not None and kernel.big is not None:  # (learned only from recycling runs)
             self._learned[key] = (kernel.blas, kernel.big)
@@ -426,6 +461,17 @@ class _Rows:
         self.dtype = dtype
 
 
+def _check_rows(tensors: list[Tensor], rows: int, label: str, engine: Engine) -> None:
+    # A lone caller's outputs, as BatchKernel checks a batch's (then freed: none is returned).
+    for i, t in enumerate(tensors):
+        if not t._shape or t._shape[0] != rows:
+            _discard(tensors, engine)
+            raise InvalidArgumentError(
+                f"{label}: fn must return arrays with one row per input row ({rows} rows along axis 0);"
+                f" output {i} is {t._shape}"
+            )
+
+
 def _discard(tensors: list[Tensor], runner: Engine) -> None:
     """Free tensors of the batch's session at once, whatever its strategy (their rows left it or are dropped)."""
     for t in tensors:
@@ -433,11 +479,15 @@ def _discard(tensors: list[Tensor], runner: Engine) -> None:
 
 
 def _shape_of(x: Any) -> Any:
-    if type(x) is np.ndarray:
-        return (x.shape, x.dtype.str)
-    if type(x) in (list, tuple):
-        return tuple(_shape_of(e) for e in x)
-    return type(x)
+    # A param's part of the placement key (from a tensor's metadata: no buffer lookup).
+    tx = type(x)
+    if tx is Tensor:
+        return (x._shape, x._dtype)
+    if tx is np.ndarray:
+        return (x.shape, x.dtype)
+    if tx is list or tx is tuple:
+        return tuple([_shape_of(e) for e in x])
+    return tx
 
 
 def _copy_error(error: BaseException) -> BaseException:
