@@ -1,10 +1,13 @@
-"""Issue 12: micro-batching. 32 concurrent clients each running a small MLP, five ways, in one run.
+"""Issue 12: micro-batching. 32 concurrent clients each running a small MLP, six ways, in one run.
 
 Every client loops: a (16, 64) float32 request -> 512 ReLU -> 10 softmax -> an ndarray
 of probabilities. The variants: NumPy on the loop thread (the handler computes
 synchronously, then yields), ``asyncio.to_thread`` per request, aiotensor op by op
-(six ops), one fused function per request (``at.function``), and the batched function
-(``at.batched``: the requests of one loop iteration stacked into one kernel call).
+(six ops), one fused function per request (``at.function``), the batched function
+(``at.batched``: the requests of one loop iteration stacked into one kernel call), and
+a hand-written batcher that does the least batching can do (plain NumPy, no sessions,
+tensors or checks; one worker thread, the hidden layer computed in place): what this
+machine allows any batcher, measured in the same run.
 Rounds are interleaved, so machine noise hits all variants alike; the tables give the
 median throughput over rounds with its ratio to NumPy on the loop of the same run, and
 the p50/p99 *cycle time* per client (from one answer to the next: the latency a request
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -41,6 +45,7 @@ TO_THREAD = "asyncio.to_thread"
 OP_BY_OP = "aiotensor op by op"
 FUSED = "aiotensor fused (unbatched)"
 BATCHED = "aiotensor batched"
+MINIMAL = "hand-written batcher (numpy)"
 
 Array = np.ndarray[Any, np.dtype[np.float32]]
 Request = Callable[[Array], Awaitable[Array]]
@@ -56,6 +61,54 @@ def numpy_mlp(x: Array, w1: Array, b1: Array, w2: Array, b2: Array) -> Array:
     logits = np.maximum(x @ w1 + b1, 0) @ w2 + b2
     e = np.exp(logits - logits.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)  # type: ignore[no-any-return]
+
+
+class _MinimalBatcher:
+    """The least a batcher can do, as a ceiling for this machine: no sessions, no tensors, no checks.
+
+    The calls of one loop iteration are stacked, run on one worker thread with a recycled
+    hidden layer (``out=``, in place), and each caller gets a view of its rows.
+    """
+
+    def __init__(self, weights: list[Array]) -> None:
+        self._weights = weights
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="minimal-batcher")
+        self._pending: list[tuple[Array, asyncio.Future[Array]]] = []
+        self._hidden: Array | None = None
+
+    async def __call__(self, x: Array) -> Array:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Array] = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self._flush, loop)  # after the callbacks that are ready now
+        self._pending.append((x, future))
+        return await future
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch, self._pending = self._pending, []
+        done = asyncio.wrap_future(self._pool.submit(self._forward, np.concatenate([x for x, _ in batch])), loop=loop)
+
+        def split(f: asyncio.Future[Array]) -> None:
+            y, lo = f.result(), 0
+            for x, future in batch:
+                future.set_result(y[lo : lo + len(x)])
+                lo += len(x)
+
+        done.add_done_callback(split)
+
+    def _forward(self, x: Array) -> Array:
+        w1, b1, w2, b2 = self._weights
+        if self._hidden is None or self._hidden.shape[0] != x.shape[0]:
+            self._hidden = np.empty((x.shape[0], w1.shape[1]), np.float32)
+        h = np.matmul(x, w1, out=self._hidden)
+        np.add(h, b1, out=h)
+        np.maximum(h, 0, out=h)
+        logits = h @ w2 + b2
+        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self._pool.shutdown()
 
 
 async def _clients(request: Request, inputs: list[Array], n: int) -> tuple[float, list[float]]:
@@ -114,12 +167,14 @@ async def _measure(rounds: int, n: int, n_single: int, max_batch_size: int) -> t
             assert isinstance(y, at.Tensor)
             return await y.numpy()
 
+        minimal = _MinimalBatcher(weights)
         variants: dict[str, Request] = {
             NUMPY: numpy_inline,
             TO_THREAD: to_thread,
             OP_BY_OP: op_by_op,
             FUSED: fused_call,
             BATCHED: batched_call,
+            MINIMAL: minimal,
         }
         for request in variants.values():  # correctness first, then warm-up
             np.testing.assert_allclose(await request(inputs[0]), numpy_mlp(inputs[0], *weights), rtol=1e-4, atol=1e-6)
@@ -140,6 +195,7 @@ async def _measure(rounds: int, n: int, n_single: int, max_batch_size: int) -> t
                 many[label][1].extend(cycles)
             for label in single:
                 single[label].extend((await _clients(variants[label], inputs[:1], n_single))[1])
+        minimal.close()
     return {"many": many, "single": single, "stats": (calls / max(batches, 1), rows / max(batches, 1))}, {}
 
 

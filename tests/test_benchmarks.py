@@ -105,6 +105,7 @@ def test_batching_scenario_measures_every_variant_and_records_its_targets() -> N
         bench_batching.OP_BY_OP,
         bench_batching.FUSED,
         bench_batching.BATCHED,
+        bench_batching.MINIMAL,
     }
     for rps, cycles in measured["many"].values():
         assert rps[0] > 0
