@@ -102,7 +102,7 @@ class BackgroundCleanup(CleanupPolicy):
         registry.on_drop = self._on_drop
         # A run of inline ops gives the task no turn: such an op frees what was already
         # dropped itself (earlier than the task would, never later).
-        self.inline_point = self._collect_pending
+        self.inline_point = registry.collect  # (nothing dropped: one call that frees nothing)
         # The task is spawned by the first drop, not here: a short request session that
         # drops nothing before close never pays for a task.
 
@@ -115,11 +115,6 @@ class BackgroundCleanup(CleanupPolicy):
         self._task = task
         if self._registry is not None and self._registry.pending:
             self._wake()  # drops queued while no task was running
-
-    def _collect_pending(self) -> None:
-        registry = self._registry
-        if registry is not None and registry._dropped:  # (not .pending: a property's call, on the hot path)
-            registry.collect()
 
     def _on_drop(self) -> None:
         # Runs inside finalizers, on any thread: no locks, no allocation beyond a handle.

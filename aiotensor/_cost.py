@@ -28,7 +28,8 @@ from ._opdef import Cost, OpDef
 
 __all__ = [
     "DEFAULT_INLINE_US",
-    "INLINE_STREAK",
+    "HOLD_PER_OP_S",
+    "HOLD_THRESHOLDS",
     "OVERHEAD_NS",
     "PER_BYTE",
     "SLICED_MAX",
@@ -39,9 +40,16 @@ __all__ = [
 
 #: Default bound on the estimated time one inline op may hold the event loop (µs).
 DEFAULT_INLINE_US = 50.0
-#: After this many consecutive inline ops, the next op first yields to the loop once,
-#: so a tight loop of inline ops holds the loop at most ``INLINE_STREAK x threshold``.
-INLINE_STREAK = 16
+#: Once a run of inline ops has held the loop for this many inline thresholds (16 x 50 µs
+#: = 0.8 ms by default), the next op first yields to the loop once. The run is measured
+#: in time, not counted in ops: a run of 16 ops that each take the whole threshold holds
+#: the loop as long as ~250 small ones, and yielding after 16 of those (a loop iteration
+#: costs 4-5 µs on asyncio) made them ~10% dearer.
+HOLD_THRESHOLDS = 16
+#: What one inline op holds the loop for besides its kernel (its checks, registering the
+#: result, freeing what was dropped), counted towards ``HOLD_THRESHOLDS`` (seconds). The
+#: lean path takes 2.5-3.5 µs here.
+HOLD_PER_OP_S = 3e-6
 #: An expression's program estimated at most this many inline thresholds runs on the
 #: loop in slices, each ending once it has held the loop for the threshold: a thread
 #: hop costs 80-200 µs of latency here, and estimates run 2.5-3x above measured times,

@@ -27,7 +27,7 @@ import numpy as np
 from . import _defaults
 from ._allocator import out_for
 from ._backend import Backend
-from ._cost import INLINE_STREAK, OVERHEAD_NS, PER_BYTE, SLICED_MAX, Spec, estimate_us, out_spec
+from ._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS, OVERHEAD_NS, PER_BYTE, SLICED_MAX, Spec, estimate_us, out_spec
 from ._errors import (
     AioTensorError,
     BackendError,
@@ -58,6 +58,7 @@ _ufunc = np.ufunc
 _UNKNOWN = Cost.UNKNOWN
 _get_loop = asyncio.get_running_loop
 _clock = time.perf_counter
+_new = object.__new__
 _base_run_inline = Backend.run_inline
 # Ops the lean path of Engine.op takes: plain element-wise ops of one output, kernels of numpy's.
 _ELEMENTWISE = frozenset(d for d in OPS.values() if d.elementwise and d.kernel_for(np) is not None)
@@ -109,7 +110,10 @@ class Engine:
         self._xp = namespace(backend.namespace)
         # A backend that keeps the base class's run_inline lets the engine call kernels itself.
         self._plain_inline = type(backend).run_inline is _base_run_inline
-        self._streak = 0
+        # Seconds the inline ops since this engine last suspended have held the loop, and
+        # how many make the next op yield first (see HOLD_THRESHOLDS).
+        self._held = 0.0
+        self._hold_s = HOLD_THRESHOLDS * self._inline_us / 1e6 if self._inline_us > 0 else math.inf
         self._log = log_placement
         # Whether op() may take its lean path (see there): kernels inline, numpy, no limit to check.
         self._lean = (
@@ -132,6 +136,9 @@ class Engine:
         self._idle: asyncio.Event | None = None
         self._closed_event: asyncio.Event | None = None
         self.device_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("aiotensor_device", default=None)
+        #: Whether ``device_var`` was ever set (a ``with s.device(...)``): until then the lean
+        #: paths need not read it.
+        self.placed = False
 
     # -- lifecycle ------------------------------------------------------------------
     async def open(self) -> None:
@@ -317,11 +324,11 @@ class Engine:
         self, d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, nbytes: int | None, name: str | None
     ) -> Any:
         """Run op ``d`` on prepared arguments; its tensor (a list for ``split``, a tuple for multi-output ``apply``)."""
-        if self._streak >= INLINE_STREAK:
+        if self._held >= self._hold_s:
             # Inline ops never suspend: after a run of them, let other tasks (and the
             # cleanup task) have the loop once. Before anything is reserved or run; what
             # the run dropped is freed first, so the cleanup task need not wake for it.
-            self._streak = 0
+            self._held = 0.0
             if self.policy.inline_point is not None:
                 self.policy.inline_point()
             await asyncio.sleep(0)
@@ -388,9 +395,9 @@ class Engine:
         if not (
             self._lean_loop is not None  # (first: no running loop at all raises in _get_loop)
             and _get_loop() is self._lean_loop
-            and self._streak < INLINE_STREAK
+            and self._held < self._hold_s
             and (name is None or type(name) is str)
-            and self.device_var.get() is None
+            and (not self.placed or self.device_var.get() is None)
         ):
             return None
         # The hottest path: an element-wise op on tensors of one shape and numbers, cheap
@@ -405,8 +412,11 @@ class Engine:
                 owner = a._engine
                 if owner is not self and owner not in self.ancestors:
                     break
-                entry = a._registry._buffers.get(a._rid)
-                if entry is None or (shape is not None and a._shape != shape):
+                try:
+                    entry = a._registry._buffers[a._rid]
+                except KeyError:
+                    break
+                if shape is not None and a._shape != shape:
                     break
                 shape = a._shape
                 n = a._nbytes
@@ -426,7 +436,6 @@ class Engine:
                     safe_point()
                 if policy.inline_point is not None:
                     policy.inline_point()
-                self._streak += 1
                 kernel = d._np_kernel
                 registry = self.registry
                 cache = registry.cache
@@ -440,23 +449,25 @@ class Engine:
                 except Exception as exc:
                     error = kernel_error(d.name, args, exc, False)
                     raise error from error.__cause__
-                registry.kernel_seconds += _clock() - start
+                took = _clock() - start
+                registry.kernel_seconds += took
+                self._held += took + HOLD_PER_OP_S
                 # A ufunc's output is a fresh array (or its out=, a cached buffer that owns its
                 # memory): only other kernels may return an input as it is. setflags(False),
                 # positional: a quarter of the cost of ``out.flags.writeable = False``.
                 if type(out) is _ndarray and (type(kernel) is _ufunc or (out.base is None and out.flags.writeable)):
                     out.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
                     nbytes = out.nbytes
-                    t = make_tensor(
-                        self,
-                        registry,
-                        registry.add(out, nbytes),
-                        out.shape,
-                        out.dtype,
-                        nbytes,
-                        name or d.label,
-                        self._device,
-                    )
+                    # make_tensor, written out: one call less on the hottest path.
+                    t = _new(Tensor)
+                    t._engine = self
+                    t._registry = registry
+                    t._rid = registry.add(out, nbytes)
+                    t._shape = shape  # (tensors of this shape and numbers: the output's; out.shape is a new tuple)
+                    t._dtype = out.dtype
+                    t._nbytes = nbytes
+                    t._label = name or d.label
+                    t._device = self._device
                     if safe_point is not None:
                         safe_point()
                     return t
@@ -533,7 +544,6 @@ class Engine:
         self, d: OpDef, label: str, bufs: list[Any], kw: dict[str, Any], checked: int, args: tuple[Any, ...]
     ) -> Any:
         """Run ``d``'s kernel here: a fresh owned read-only ndarray, or a KernelResult for the rest."""
-        self._streak += 1
         kernel = d._np_kernel if self._xp is np else None
         if kernel is None:
             kernel = d.kernel_for(self._xp)
@@ -542,7 +552,9 @@ class Engine:
                 bufs[:checked] = [as_numeric(b) for b in bufs[:checked]]
             start = _clock()
             out = kernel(*bufs, **kw) if kw else kernel(*bufs)
-            self.registry.kernel_seconds += _clock() - start
+            took = _clock() - start
+            self.registry.kernel_seconds += took
+            self._held += took + HOLD_PER_OP_S
             if d.returns == "one" and type(out) is _ndarray and out.base is None:
                 if out.flags.writeable:  # a fresh output: own it as it is
                     out.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
@@ -589,7 +601,7 @@ class Engine:
         thresholds runs on the loop in slices (:meth:`_run_sliced`).
         """
         lean_loop = self._lean_loop
-        if lean_loop is not None and _get_loop() is lean_loop and self.device_var.get() is None:
+        if lean_loop is not None and _get_loop() is lean_loop and (not self.placed or self.device_var.get() is None):
             device = self._device  # open, on its loop, the default device: the checks below in one
         else:
             if self.state is not _OPEN:
@@ -614,15 +626,16 @@ class Engine:
             budget.limit = max(0, registry.memory_limit - registry.live_bytes - registry.reserved)
         try:
             if inline:
-                self._streak += 1
                 start = _clock()
                 result = self.backend.run_inline(kernel, bufs, kw)
-                registry.kernel_seconds += _clock() - start
+                took = _clock() - start
+                registry.kernel_seconds += took
+                self._held += took + HOLD_PER_OP_S
             elif isinstance(kernel, Program) and est_us <= SLICED_MAX * self._inline_us:
-                self._streak = 0
+                self._held = 0.0
                 result = await self._run_sliced(label, kernel, bufs)
             else:
-                self._streak = 0
+                self._held = 0.0
                 try:
                     # blas= only when set: a backend written before it existed still runs the rest.
                     submit = self.backend.submit
@@ -688,7 +701,7 @@ class Engine:
             est_us > self._inline_us
             or lean_loop is None
             or _get_loop() is not lean_loop
-            or self.device_var.get() is not None
+            or (self.placed and self.device_var.get() is not None)
         ):
             return None
         policy = self.policy
@@ -713,11 +726,12 @@ class Engine:
         # Run a kernel here and own its outputs, in a session without a memory limit to
         # fit them under: a fresh array is owned as it is.
         registry = self.registry
-        self._streak += 1
         try:
             start = _clock()
             out = kernel(*bufs, **kw) if kw else kernel(*bufs)
-            registry.kernel_seconds += _clock() - start
+            took = _clock() - start
+            registry.kernel_seconds += took
+            self._held += took + HOLD_PER_OP_S
             fresh = type(out) is _ndarray and out.base is None and out.flags.writeable
             result = None if fresh else normalize(out)
         except (asyncio.CancelledError, AioTensorError):

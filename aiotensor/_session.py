@@ -238,6 +238,7 @@ class AsyncEagerSession(SessionOps):
 
     @contextlib.contextmanager
     def _device_scope(self, name: str) -> Iterator[str]:
+        self._engine.placed = True  # from now on, ops read device_var (see Engine.placed)
         token = self._engine.device_var.set(name)
         try:
             yield name

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor._cost import INLINE_STREAK, estimate_us
+from aiotensor._cost import DEFAULT_INLINE_US, HOLD_PER_OP_S, HOLD_THRESHOLDS, estimate_us
 from aiotensor._opdef import OPS
 
 
@@ -97,7 +97,14 @@ async def test_an_explicit_executor_gets_every_kernel() -> None:
     assert len(submitted) == 2
 
 
-async def test_a_run_of_inline_ops_lets_other_tasks_run(s: at.AsyncEagerSession) -> None:
+def _ops_to_yield(seconds_per_kernel: float) -> int:
+    """How many inline ops of kernels this long fit in the hold budget before one yields."""
+    return math.ceil(HOLD_THRESHOLDS * DEFAULT_INLINE_US / 1e6 / (seconds_per_kernel + HOLD_PER_OP_S))
+
+
+async def _ops_before_other_task_runs(s: at.AsyncEagerSession, most: int) -> int | None:
+    # A run of inline adds with no await of our own that suspends; how many ran before
+    # another task got the loop (None: it never did).
     ran = asyncio.Event()
 
     async def other() -> None:
@@ -105,11 +112,50 @@ async def test_a_run_of_inline_ops_lets_other_tasks_run(s: at.AsyncEagerSession)
 
     task = asyncio.get_running_loop().create_task(other())
     x = await s.constant([0.0])
-    for _ in range(INLINE_STREAK + 2):  # no await of our own suspends in this loop
+    ops = None
+    for i in range(most):
         x = await s.add(x, 1.0)
-    assert ran.is_set()
+        if ran.is_set():
+            ops = i + 1
+            break
     await task
-    np.testing.assert_array_equal(await x.numpy(), [INLINE_STREAK + 2.0])
+    np.testing.assert_array_equal(await x.numpy(), [float(ops or most)])
+    return ops
+
+
+async def test_a_run_of_inline_ops_lets_other_tasks_run(s: at.AsyncEagerSession) -> None:
+    # Each op counts at least HOLD_PER_OP_S, so this many ops spend the budget whatever
+    # the machine's speed.
+    most = _ops_to_yield(0.0) + 2
+    ops = await _ops_before_other_task_runs(s, most)
+    assert ops is not None
+
+
+class _FakeClock:
+    """Stands in for the engine's clock: every reading is ``step`` seconds after the last."""
+
+    def __init__(self, step: float) -> None:
+        self.now = 0.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+@pytest.mark.parametrize("kernel_us", [1.5, 100.0])  # (off the boundaries: no rounding at stake)
+async def test_a_run_of_inline_ops_yields_once_it_has_held_the_loop_for_the_budget(
+    s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch, kernel_us: float
+) -> None:
+    # Measured in time, not counted in ops: small kernels run many more ops in a row
+    # than kernels that take twice the inline threshold each.
+    monkeypatch.setattr("aiotensor._engine._clock", _FakeClock(kernel_us / 1e6))
+    expected = _ops_to_yield(kernel_us / 1e6)
+    ops = await _ops_before_other_task_runs(s, expected + 10)
+    # The constant is the run's first inline op, and the add after the budget is spent
+    # yields before it runs: the other task runs during add number `expected`.
+    assert ops == expected
+    assert (ops > 100) is (kernel_us < 2)
 
 
 async def test_inline_ops_keep_each_strategy_contract(strategy: at.ResourceCleanupStrategy) -> None:

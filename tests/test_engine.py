@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
+from aiotensor._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS
 from aiotensor._kernels import BadOutputError, KernelResult, info, kernel_error
 
 
@@ -70,11 +71,14 @@ async def test_ops_after_a_run_of_inline_ops_still_let_other_tasks_run(s: at.Asy
 
     task = asyncio.create_task(other())
     x = await s.constant([1.0])
-    for _ in range(40):  # small ops may run inline; every few of them yield once
+    # Small ops run inline; once they have held the loop for the budget, the next yields
+    # once. Each counts at least HOLD_PER_OP_S, so this many spend it on any machine.
+    n = math.ceil(HOLD_THRESHOLDS * s.config.inline_threshold_us / 1e6 / HOLD_PER_OP_S) + 2
+    for _ in range(n):
         x = await s.add(x, 1.0)
     assert ran.is_set()
     await task
-    np.testing.assert_array_equal(await x.numpy(), [41.0])
+    np.testing.assert_array_equal(await x.numpy(), [n + 1.0])
 
 
 # -- the lean path of element-wise ops (Engine.op): the same results, errors and accounting as the general one
