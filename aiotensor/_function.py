@@ -60,7 +60,10 @@ class FusedValue:
     valid only while the function runs. ``np.asarray(v)`` gives a read-only view.
     """
 
-    __slots__ = ("_arr", "_made", "_ops")
+    # _keep: for a view, the value whose memory it views (set only then): holding it
+    # keeps that value's bytes counted in the budget for as long as the view lives.
+    __slots__ = ("_arr", "_keep", "_made", "_ops")
+    _keep: FusedValue
 
     def __init__(self, arr: NDArray, ops: FusedOps, made: bool) -> None:
         self._arr = arr
@@ -190,9 +193,9 @@ class FusedOps:
             error = kernel_error(label, args, exc, d.user)
             raise error from error.__cause__
         if type(out) is _ndarray:
-            return self._made(out, label)
+            return self._made(out, label, args)
         if isinstance(out, tuple | list):
-            return [self._made(np.asarray(o), label) for o in out]
+            return [self._made(np.asarray(o), label, args) for o in out]
         return self._made(np.asarray(out), label)
 
     def _plain(self, d: OpDef, vals: tuple[Any, ...]) -> Any:
@@ -227,13 +230,21 @@ class FusedOps:
         # A value made in this run was dropped (FusedValue.__del__ does this itself when fast).
         self._budget.live -= arr.nbytes
 
-    def _made(self, arr: NDArray, op: str) -> FusedValue:
+    def _made(self, arr: NDArray, op: str, args: tuple[Any, ...] = ()) -> FusedValue:
         if arr.base is None and arr.flags.writeable:
             arr.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
             self._budget.made(arr.nbytes, op)
             return FusedValue(arr, self, True)
-        # A view (or an input returned as is): no new memory to account for.
-        return FusedValue(arr, self, False)
+        # A view (or an input returned as is): no new memory to account for, but a view
+        # keeps the value it views (and so its bytes in the budget) while it lives.
+        value = FusedValue(arr, self, False)
+        base = arr.base
+        if base is not None:
+            for a in args:
+                if type(a) is FusedValue and (a._arr is base or a._arr.base is base):
+                    value._keep = a
+                    break
+        return value
 
 
 def _plain_numpy(d: OpDef) -> bool:

@@ -90,7 +90,7 @@ class Budget:
     any wait for memory), from what ``memory_limit`` leaves free then.
     """
 
-    __slots__ = ("count", "escaped", "limit", "live", "peak", "where")
+    __slots__ = ("count", "escaped", "holders", "limit", "live", "owners", "peak", "where")
 
     def __init__(self, where: str) -> None:
         self.where = where  # "a fused function", "an expression": for error messages
@@ -99,6 +99,11 @@ class Budget:
         self.escaped = 0  # values made in the run that became its results (registered)
         self.live = 0
         self.peak = 0
+        # A program's views of its intermediates (None until a step makes one): the slot
+        # whose buffer each view slot keeps alive, and how many live slots keep each such
+        # buffer (itself included). Its bytes count until the last of them is dropped.
+        self.owners: dict[int, int] | None = None
+        self.holders: dict[int, int] | None = None
 
     def made(self, nbytes: int, op: str) -> None:
         """Account for a value of ``nbytes`` made by ``op``; raise if it does not fit."""
@@ -260,7 +265,11 @@ class Program:
                 error = kernel_error(d.name, tuple(args), exc, d.user)
                 raise error from error.__cause__
             if type(out) is _ndarray:
-                nbytes = out.nbytes if out.base is None else 0
+                if out.base is None:
+                    nbytes = out.nbytes
+                else:  # a view: no new memory, but it may keep an intermediate alive
+                    nbytes = 0
+                    _hold(budget, out.base, idx, templates, vals, sizes, slot)
             else:  # a numpy scalar (a reduction) counts; a list (split) does not
                 nbytes = getattr(out, "nbytes", 0) if getattr(out, "base", None) is None else 0
             live += nbytes
@@ -274,7 +283,7 @@ class Program:
             sizes[slot] = nbytes
             for s in drop:  # last use: free it now, not at the end of the run
                 vals[s] = None
-                live -= sizes[s]
+                live -= sizes[s] if budget.owners is None else _release(budget, s, sizes)
             slot += 1
             if deadline and _clock() >= deadline and slot < self.nleaves + len(steps):
                 budget.count, budget.live, budget.peak = count, live, peak
@@ -292,6 +301,55 @@ class Program:
             else:
                 results.append(v)
         return results
+
+
+def _hold(
+    budget: Budget,
+    base: Any,
+    idx: tuple[int, ...] | None,
+    templates: tuple[Any, ...],
+    vals: list[Any],
+    sizes: list[int],
+    slot: int,
+) -> None:
+    # The view at ``slot`` keeps ``base`` alive: if that is an intermediate's buffer (an
+    # argument's, or the one an argument view keeps), it stays counted until both go.
+    args = (
+        idx
+        if idx is not None
+        else [e.slot for t in templates for e in (t if type(t) in (list, tuple) else (t,)) if type(e) is Ref]
+    )
+    owners = budget.owners
+    for a in args:
+        v = vals[a]
+        if v is base and sizes[a]:
+            owner = a
+        elif owners is not None and a in owners and getattr(v, "base", None) is base:
+            owner = owners[a]
+        else:
+            continue
+        if owners is None or budget.holders is None:
+            owners, budget.holders = {}, {}
+            budget.owners = owners
+        owners[slot] = owner
+        budget.holders[owner] = budget.holders.get(owner, 1) + 1
+        return
+
+
+def _release(budget: Budget, slot: int, sizes: list[int]) -> int:
+    # The bytes that dropping ``slot`` frees, when views of intermediates exist (_hold).
+    owners, holders = budget.owners, budget.holders
+    assert owners is not None
+    assert holders is not None
+    owner = owners.pop(slot, slot)
+    n = holders.get(owner)
+    if n is None:
+        return sizes[slot]
+    if n > 1:
+        holders[owner] = n - 1
+        return 0
+    del holders[owner]
+    return sizes[owner]
 
 
 class _Pause:

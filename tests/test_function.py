@@ -335,3 +335,20 @@ async def test_later_calls_keep_the_memory_limit() -> None:
             with pytest.raises(at.ResourceExhaustedError, match="add inside a fused function"):
                 await fused(x, 6)
             assert s.stats().live_bytes == 16_000
+
+
+async def test_a_view_keeps_the_value_it_views_counted_against_the_memory_limit() -> None:
+    def viewed(ops: at.FusedOps, x: Any) -> Any:
+        v = (x * 2.0)[:]  # the product is reachable only through the view from here on
+        return v + 1.0
+
+    async with at.AsyncEagerSession(config=at.SessionConfig(memory_limit=20_000)) as s:
+        x = await s.constant(np.ones(1000))  # 8000 bytes; 12000 left
+        with pytest.raises(at.ResourceExhaustedError, match="16000 bytes of intermediates"):
+            await s.function(viewed)(x)
+        assert s.stats().live_bytes == 8000
+    async with at.AsyncEagerSession(config=at.SessionConfig(memory_limit=40_000)) as s:
+        x = await s.constant(np.ones(1000))
+        y = await s.function(viewed)(x)
+        np.testing.assert_array_equal(await y.numpy(), np.full(1000, 3.0))  # type: ignore[union-attr]
+        assert s.stats().peak_bytes == 3 * 8000  # x, the viewed product and the sum at once

@@ -258,3 +258,49 @@ async def test_an_array_an_apply_returned_as_is_is_never_written_into(s: at.Asyn
     got = await ((e + 1.0) * 2.0).eval()
     np.testing.assert_array_equal(got, np.full((128, 128), 4.0))
     np.testing.assert_array_equal(mine, np.ones((128, 128)))  # untouched
+
+
+@pytest.mark.parametrize("sliced", [False, True])
+@pytest.mark.parametrize(
+    ("make", "most"),
+    [
+        # (a * 2) is only reachable through the view once the view is taken: both count.
+        (lambda a: (a * 2.0)[:] + 1.0, 2 * 8000),
+        # a view of a view keeps the same buffer: counted once, until the last view goes
+        (lambda a: (a * 2.0)[:][::1] + 1.0, 2 * 8000),
+        # the view dies at the add: the product's bytes go with it, before the multiply
+        (lambda a: ((a * 2.0)[:] + 1.0) * 3.0, 2 * 8000),
+    ],
+)
+async def test_a_view_keeps_the_intermediate_it_views_counted(
+    s: at.AsyncEagerSession, make: Any, most: int, sliced: bool
+) -> None:
+    a = await s.constant(np.ones(1000))  # 8000 bytes
+    program, leaves = _compiled([make(a)])
+    bufs = [s._engine.peek(t) for t in leaves]
+    run = program.fresh()
+    if sliced:
+        steps = run.sliced(*bufs)
+        while not steps.advance(1e-9):  # one step per slice: the views outlive a slice
+            pass
+        result = steps.result
+    else:
+        result = run(*bufs)
+    np.testing.assert_array_equal(result, np.asarray(make(np.ones(1000))))
+    assert run.budget.peak == most
+    assert run.budget.live == 8000  # the result's bytes: every intermediate let go
+    assert not run.budget.holders  # nothing left held by a view
+
+
+async def test_the_memory_limit_counts_what_views_keep_alive() -> None:
+    async with at.AsyncEagerSession(config=at.SessionConfig(memory_limit=20_000)) as s:
+        a = await s.constant(np.ones(1000))  # 8000 bytes; 12000 left
+        # The product (8000) stays alive through the view while the sum (8000) is made.
+        with pytest.raises(at.ResourceExhaustedError, match="16000 bytes of intermediates"):
+            await ((a * 2.0)[:] + 1.0)
+        assert s.stats().live_bytes == 8000
+    async with at.AsyncEagerSession(config=at.SessionConfig(memory_limit=40_000)) as s:
+        a = await s.constant(np.ones(1000))
+        t = await ((a * 2.0)[:] + 1.0)
+        np.testing.assert_array_equal(await t.numpy(), np.full(1000, 3.0))
+        assert s.stats().peak_bytes == 3 * 8000  # a, the viewed product and the sum at once
