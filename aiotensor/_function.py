@@ -137,8 +137,15 @@ class FusedOps:
         self._estimate: float | None = 0.0 if measure else None
         # Whether plain ops on values and numbers may take :meth:`_plain` (numpy
         # kernels, nothing to estimate; subclasses that wrap kernel calls say no).
-        cls = type(self)
-        self._fast = not measure and cls._call is FusedOps._call and cls._dead is FusedOps._dead and engine._xp is np
+        self._fast = not measure and self._plain_kernels and engine._xp is np
+
+    #: Whether this class calls kernels and drops values as FusedOps does (a subclass that
+    #: wraps kernel calls, as batched functions do, has plain ops take the general path).
+    _plain_kernels = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._plain_kernels = cls._call is FusedOps._call and cls._dead is FusedOps._dead
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         raise AttributeError(f"fused functions have no op {name!r}")
@@ -353,6 +360,22 @@ def _wrap_arg(x: Any, ops: FusedOps) -> Any:
     return x
 
 
+def _own_tensors(engine: Engine, args: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+    # The common call, on live tensors of the engine's own session: their buffers and the
+    # shape key in one pass, without a call per argument; None for anything else.
+    bufs = []
+    key = []
+    for a in args:
+        if type(a) is not Tensor or a._engine is not engine:
+            return None
+        entry = a._registry._buffers.get(a._rid)
+        if entry is None:
+            return None
+        bufs.append(entry[0])
+        key.append((a._shape, a._dtype))
+    return tuple(bufs), tuple(key)
+
+
 def _shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(
         [
@@ -439,9 +462,13 @@ class FusedFunction:
         if not engine.backend.in_process:
             # The run's bookkeeping (and captured tensors) live in this process.
             raise InvalidArgumentError(f"{op}: fused functions run on local backends only")
-        bufs = tuple([engine.buffer(a, op) if type(a) is Tensor else _buffers(engine, a, op) for a in args])
+        found = None if kwargs else _own_tensors(engine, args)
+        if found is None:
+            bufs = tuple([engine.buffer(a, op) if type(a) is Tensor else _buffers(engine, a, op) for a in args])
+            key = _shape_key(args, kwargs)
+        else:
+            bufs, key = found
         kw = {k: _buffers(engine, v, op) for k, v in kwargs.items()} if kwargs else {}
-        key = _shape_key(args, kwargs)
         budget = Budget("a fused function")
         est = self._placement.estimate(key)
         ops = FusedOps(engine, budget, est is None, self._fn)
