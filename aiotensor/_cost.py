@@ -43,8 +43,8 @@ DEFAULT_INLINE_US = 50.0
 #: Once a run of inline ops has held the loop for this many inline thresholds (16 x 50 µs
 #: = 0.8 ms by default), the next op first yields to the loop once. The run is measured
 #: in time, not counted in ops: a run of 16 ops that each take the whole threshold holds
-#: the loop as long as ~250 small ones, and yielding after 16 of those (a loop iteration
-#: costs 4-5 µs on asyncio) made them ~10% dearer.
+#: the loop as long as ~230 small adds, and yielding after 16 of those (a loop iteration
+#: costs 4-5 µs on asyncio) made them ~5% dearer.
 HOLD_THRESHOLDS = 16
 #: What one inline op holds the loop for besides its kernel (its checks, registering the
 #: result, freeing what was dropped), counted towards ``HOLD_THRESHOLDS`` (seconds). The
