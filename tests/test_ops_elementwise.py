@@ -288,7 +288,7 @@ async def test_shape_mismatch_names_op_and_shapes(sc: at.AsyncEagerSession) -> N
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "bool"])
-@pytest.mark.parametrize("size", [5, 4096, RELU_CHUNK + 7, 3 * RELU_CHUNK])
+@pytest.mark.parametrize("size", [5, 4096, RELU_CHUNK, RELU_CHUNK + 7, 3 * RELU_CHUNK])
 def test_relu_into_is_maximum_with_zero_bit_for_bit(dtype: str, size: int) -> None:
     # The chunked path compares with a block of zeros instead of a scalar: same bits,
     # NaN and signed zeros included, with or without an out buffer, and on a non-contiguous view.
@@ -306,6 +306,11 @@ def test_relu_into_is_maximum_with_zero_bit_for_bit(dtype: str, size: int) -> No
     square = x[: (size // 2) * 2].reshape(2, -1)
     assert relu_into(square.T).tobytes() == np.maximum(square.T, np.zeros((), x.dtype)).tobytes()
     assert relu_into(square).shape == square.shape
+    # A C-contiguous 2-D array: one chunk compares against zeros of its own shape.
+    assert relu_into(square).tobytes() == np.maximum(square, np.zeros((), x.dtype)).tobytes()
+    out2 = np.full_like(square, 7)
+    assert relu_into(square, out2) is out2
+    assert out2.tobytes() == np.maximum(square, np.zeros((), x.dtype)).tobytes()
 
 
 async def test_relu_matches_numpy_on_large_tensors(s: at.AsyncEagerSession) -> None:

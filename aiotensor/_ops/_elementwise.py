@@ -58,9 +58,15 @@ def relu_into(x: Any, out: Any = None) -> Any:
     if zeros is None:
         zeros = _zeros[dt] = np.zeros(RELU_CHUNK, dt)
         zeros.flags.writeable = False
+    n = x.size
+    if n <= RELU_CHUNK:
+        # One chunk: the zeros as x's shape, without the loop's slicing (a third of the
+        # time at 16x512).
+        like = zeros[:n].reshape(x.shape)
+        return np.maximum(x, like) if out is None else np.maximum(x, like, out=out)
     if out is None:
         out = np.empty_like(x)
-    src, dst, n = x.reshape(-1), out.reshape(-1), x.size
+    src, dst = x.reshape(-1), out.reshape(-1)
     for i in range(0, n, RELU_CHUNK):
         j = min(i + RELU_CHUNK, n)
         np.maximum(src[i:j], zeros[: j - i], out=dst[i:j])
