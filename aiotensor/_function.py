@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 __all__ = ["FusedFunction", "FusedOps", "FusedValue", "function"]
 
 _ndarray = np.ndarray
+# isinstance against a tuple: ``tuple | list`` would build a union object on every call.
+_SEQUENCES = (tuple, list)
 _clock = time.perf_counter
 
 
@@ -160,7 +162,7 @@ class FusedOps:
         else:
             out = self._fn(self, *wrapped)  # type: ignore[misc]
         budget = self._budget
-        out = [_result(o, budget) for o in out] if isinstance(out, tuple | list) else _result(out, budget)
+        out = [_result(o, budget) for o in out] if isinstance(out, _SEQUENCES) else _result(out, budget)
         self._elapsed = (_clock() - start) * 1e6
         return out
 
@@ -201,7 +203,7 @@ class FusedOps:
             raise error from error.__cause__
         if type(out) is _ndarray:
             return self._made(out, label, args)
-        if isinstance(out, tuple | list):
+        if isinstance(out, _SEQUENCES):
             return [self._made(np.asarray(o), label, args) for o in out]
         return self._made(np.asarray(out), label)
 

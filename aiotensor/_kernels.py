@@ -32,6 +32,9 @@ __all__ = [
 #: dtype kinds a tensor may hold: bool, signed and unsigned ints, floats, complex.
 NUMERIC_KINDS = frozenset("biufc")
 _PY_NUMBERS = (bool, int, float, complex)
+# isinstance against tuples: ``a | b`` would build a union object on every call.
+_ARRAYS = (np.ndarray, np.generic)
+_SEQUENCES = (tuple, list)
 
 # Errors a kernel raises because of its arguments. ArithmeticError covers numpy's
 # FloatingPointError under np.errstate(all="raise"); RuntimeWarning is numpy's warning
@@ -70,7 +73,7 @@ def as_numeric(x: Any) -> Any:
     python scalars are "weak") still apply. ``None``, strings, objects and ragged lists
     raise, so that no op turns them into a result silently.
     """
-    if isinstance(x, np.ndarray | np.generic):
+    if isinstance(x, _ARRAYS):
         if x.dtype.kind not in NUMERIC_KINDS:
             raise _not_numeric("input", x.dtype)
         return x
@@ -141,7 +144,7 @@ def run_kernel(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
 
 def normalize(out: Any) -> KernelResult:
     """A kernel's return value as owned, read-only buffers."""
-    if isinstance(out, tuple | list):
+    if isinstance(out, _SEQUENCES):
         if not out:
             raise BadOutputError("kernel returned an empty sequence; expected at least one ndarray")
         return KernelResult([info(finalize(o)) for o in out], True)

@@ -31,6 +31,7 @@ __all__ = ["Budget", "Program", "Ref", "Slices", "Step", "compile_program", "com
 _ndarray = np.ndarray
 _new = object.__new__
 _clock = time.perf_counter
+_SEQUENCES = (list, tuple)  # for isinstance: ``list | tuple`` builds a union per call
 _PlanStep = tuple[
     OpDef,
     Callable[..., Any],
@@ -289,14 +290,14 @@ class Program:
                 budget.count, budget.live, budget.peak = count, live, peak
                 return _Pause(slot - self.nleaves)
         budget.count, budget.live, budget.peak = count, live, peak
-        if len(self.roots) == 1 and not isinstance(vals[self.roots[0]], list | tuple):
+        if len(self.roots) == 1 and not isinstance(vals[self.roots[0]], _SEQUENCES):
             budget.escaped = 1 if sizes[self.roots[0]] else 0
             return vals[self.roots[0]]  # one buffer: a backend keeps it as it is (one Dask task)
         results: list[Any] = []
         budget.escaped = sum(1 for r in set(self.roots) if sizes[r])
         for r in self.roots:  # a multi-output root (split) gives several buffers
             v = vals[r]
-            if isinstance(v, list | tuple):
+            if isinstance(v, _SEQUENCES):
                 results.extend(v)
             else:
                 results.append(v)
