@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from ._errors import InvalidArgumentError
-from ._function import FusedOps, FusedValue, _result, _wrap_arg
+from ._function import _SEQUENCES, FusedOps, FusedValue, _MadeValue, _result, _wrap_arg
 from ._opdef import OPS, OpDef
 from ._ops._elementwise import relu_into
 from ._program import Budget
@@ -163,7 +163,7 @@ def _alone() -> int:
         def _dead(self, arr: NDArray) -> None:
             seen.append(_getrefcount(arr))
 
-    FusedValue(np.empty(1), Probe(cast(Any, None), Budget("probe")), True)  # dropped at once
+    _MadeValue(np.empty(1), Probe(cast(Any, None), Budget("probe")))  # dropped at once
     return seen[0]
 
 
@@ -228,20 +228,20 @@ class BatchKernel:
         )
         # The stacked rows are made by this run: counted in its budget like an intermediate.
         if len(xs) == 1:
-            x = FusedValue(xs[0], ops, False)
+            x = FusedValue(xs[0], ops)
         else:
             x0 = xs[0]
             stacked = take((sum(self.counts), *x0.shape[1:]), x0.dtype)
             x = ops._made(np.concatenate(xs) if stacked is None else np.concatenate(xs, out=stacked), self.label)
         out = self.fn(ops, x, *[_wrap_arg(p, ops) for p in params])
         del x
-        self.multi = multi = isinstance(out, tuple | list)
+        self.multi = multi = isinstance(out, _SEQUENCES)
         outs = list(out) if multi else [out]
         rows = sum(self.counts)
         budget = self.budget
         arrays = []
         for i, o in enumerate(outs):
-            made = type(o) is FusedValue and o._made
+            made = isinstance(o, FusedValue) and o._made
             a = _result(o, budget)
             if type(a) is not np.ndarray or not a.ndim or a.shape[0] != rows:
                 shape = getattr(a, "shape", type(a).__name__)
@@ -252,7 +252,7 @@ class BatchKernel:
             if len(xs) > 1:
                 if made:
                     budget.escaped -= 1  # split below: the whole output is an intermediate, its pieces the results
-            elif type(o) is not FusedValue:
+            elif not isinstance(o, FusedValue):
                 # An array of fn's own returned as is (a global?): never take it over. (An
                 # argument returned as is is copied by _result, or by finalize if read-only.)
                 a = a.copy()

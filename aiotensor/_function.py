@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 __all__ = ["FusedFunction", "FusedOps", "FusedValue", "function"]
 
 _ndarray = np.ndarray
+_ufunc = np.ufunc
+_new = object.__new__
 # isinstance against a tuple: ``tuple | list`` would build a union object on every call.
 _SEQUENCES = (tuple, list)
 _clock = time.perf_counter
@@ -64,21 +66,14 @@ class FusedValue:
 
     # _keep: for a view, the value whose memory it views (set only then): holding it
     # keeps that value's bytes counted in the budget for as long as the view lives.
-    __slots__ = ("_arr", "_keep", "_made", "_ops")
+    __slots__ = ("_arr", "_keep", "_ops")
     _keep: FusedValue
+    #: Made inside this run (accounted in its budget), not an argument: a :class:`_MadeValue`.
+    _made = False
 
-    def __init__(self, arr: NDArray, ops: FusedOps, made: bool) -> None:
+    def __init__(self, arr: NDArray, ops: FusedOps) -> None:
         self._arr = arr
         self._ops = ops
-        self._made = made  # made inside this run (accounted), not an argument
-
-    def __del__(self) -> None:
-        if self._made:  # a value made in this run was dropped
-            ops = self._ops
-            if ops._fast:
-                ops._budget.live -= self._arr.nbytes
-            else:
-                ops._dead(self._arr)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -116,6 +111,21 @@ class FusedValue:
 
     def __repr__(self) -> str:
         return f"FusedValue(shape={self.shape}, dtype={self.dtype})"
+
+
+class _MadeValue(FusedValue):
+    # A value made inside the run: its bytes count in the run's budget until it is
+    # dropped. A subclass, so that arguments (most values of a short function) have no
+    # __del__ to run.
+    __slots__ = ()
+    _made = True
+
+    def __del__(self) -> None:
+        ops = self._ops
+        if ops._fast:
+            ops._budget.live -= self._arr.nbytes
+        else:
+            ops._dead(self._arr)
 
 
 class FusedOps:
@@ -156,19 +166,35 @@ class FusedOps:
         # The kernel of one call of ``_fn`` (the engine runs this bound method): wrap the
         # arguments, call the function, unwrap its results, time it all.
         start = _clock()
-        wrapped = [FusedValue(a, self, False) if type(a) is _ndarray else _wrap_arg(a, self) for a in args]
+        wrapped = []
+        for a in args:
+            if type(a) is _ndarray:  # a tensor's buffer: FusedValue(a, self), without the call
+                v = _new(FusedValue)
+                v._arr = a
+                v._ops = self
+                wrapped.append(v)
+            else:
+                wrapped.append(_wrap_arg(a, self))
         if kwargs:
             out = self._fn(self, *wrapped, **{k: _wrap_arg(v, self) for k, v in kwargs.items()})  # type: ignore[misc]
         else:
             out = self._fn(self, *wrapped)  # type: ignore[misc]
-        budget = self._budget
-        out = [_result(o, budget) for o in out] if isinstance(out, _SEQUENCES) else _result(out, budget)
+        if type(out) is _MadeValue and not out._arr.flags.writeable:
+            # The common result, one value made in this run: _result's first case, inline.
+            arr = out._arr
+            arr.setflags(True)  # type: ignore[call-arg]
+            self._budget.escaped += 1
+            out = arr
+        elif isinstance(out, _SEQUENCES):
+            out = [_result(o, self._budget) for o in out]
+        else:
+            out = _result(out, self._budget)
         self._elapsed = (_clock() - start) * 1e6
         return out
 
     def _arg(self, x: Any, op: str) -> Any:
         tx = type(x)
-        if tx is FusedValue:
+        if tx is _MadeValue or tx is FusedValue:
             return x._arr
         if tx is Tensor:  # e.g. weights captured by the function: read in place
             return self._engine.buffer(x, op)
@@ -185,7 +211,7 @@ class FusedOps:
         else:
             args, kw, _ = d.spec(*args, **kwargs)
         label = d.name
-        vals = tuple([a._arr if type(a) is FusedValue else self._arg(a, label) for a in args])
+        vals = tuple([a._arr if isinstance(a, FusedValue) else self._arg(a, label) for a in args])
         if kw:
             kw = {k: self._arg(v, label) for k, v in kw.items()}
         if self._estimate is not None:
@@ -211,12 +237,14 @@ class FusedOps:
         # The hot path of _run for a plain op (no spec) whose arguments are values and
         # Python numbers (``vals``, the arrays of the values), when ``_fast``: the same
         # steps without their calls.
+        kernel = d._np_kernel
         try:
-            out = d._np_kernel(*vals)  # type: ignore[misc]
+            out = kernel(*vals)  # type: ignore[misc]
         except Exception as exc:
             error = kernel_error(d.name, vals, exc, d.user)  # (arrays describe as values do)
             raise error from error.__cause__
-        if type(out) is _ndarray and out.base is None and out.flags.writeable:
+        # A ufunc's output (called without out=) is always a fresh array: no need to ask.
+        if type(out) is _ndarray and (type(kernel) is _ufunc or (out.base is None and out.flags.writeable)):
             out.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
             budget = self._budget
             live = budget.live + out.nbytes
@@ -226,9 +254,12 @@ class FusedOps:
             budget.live = live
             if live > budget.peak:
                 budget.peak = live
-            return FusedValue(out, self, True)
+            value = _new(_MadeValue)  # _MadeValue(out, self), without the call
+            value._arr = out
+            value._ops = self
+            return value
         if type(out) is _ndarray:
-            return FusedValue(out, self, False)
+            return FusedValue(out, self)
         return self._made(np.asarray(out), d.name)
 
     def _call(self, d: OpDef, kernel: Callable[..., Any], args: tuple[Any, ...], kw: dict[str, Any] | None) -> Any:
@@ -243,14 +274,14 @@ class FusedOps:
         if arr.base is None and arr.flags.writeable:
             arr.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
             self._budget.made(arr.nbytes, op)
-            return FusedValue(arr, self, True)
+            return _MadeValue(arr, self)
         # A view (or an input returned as is): no new memory to account for, but a view
         # keeps the value it views (and so its bytes in the budget) while it lives.
-        value = FusedValue(arr, self, False)
+        value = FusedValue(arr, self)
         base = arr.base
         if base is not None:
             for a in args:
-                if type(a) is FusedValue and (a._arr is base or a._arr.base is base):
+                if isinstance(a, FusedValue) and (a._arr is base or a._arr.base is base):
                     value._keep = a
                     break
         return value
@@ -269,7 +300,7 @@ def _fused_op(d: OpDef) -> Callable[..., Any]:
                 vals = []
                 for a in args:
                     ta = type(a)
-                    if ta is FusedValue:
+                    if ta is _MadeValue or ta is FusedValue:
                         vals.append(a._arr)
                     elif ta is float or ta is int or ta is _ndarray:
                         vals.append(a)
@@ -305,7 +336,7 @@ def _operator(name: str, reflected: bool = False) -> Callable[..., Any]:
         if fast and ops._fast:
             # A value and another value or a Python number: the hot path, unwrapped here.
             to = type(other)
-            if to is FusedValue:
+            if to is _MadeValue or to is FusedValue:
                 o = other._arr
                 return ops._plain(d, (o, self._arr) if reflected else (self._arr, o))
             if to is float or to is int:
@@ -337,7 +368,7 @@ setattr(FusedValue, "__getitem__", _operator("getitem"))  # noqa: B010 -- set li
 
 
 def _result(x: Any, budget: Budget) -> Any:
-    if type(x) is FusedValue:
+    if isinstance(x, FusedValue):
         arr = x._arr
         if x._made:
             if not arr.flags.writeable:
@@ -356,7 +387,7 @@ def _result(x: Any, budget: Budget) -> Any:
 
 def _wrap_arg(x: Any, ops: FusedOps) -> Any:
     if isinstance(x, np.ndarray):
-        return FusedValue(x, ops, False)
+        return FusedValue(x, ops)
     if type(x) in (list, tuple):
         return type(x)(_wrap_arg(e, ops) for e in x)
     return x
@@ -418,11 +449,12 @@ class Placement:
 
     def record(self, key: tuple[Any, ...], est: float, estimate: float, elapsed: float, limit: float) -> None:
         """Learn from a run made with ``est``: the cost model's ``estimate`` of it and its ``elapsed`` µs."""
-        if key not in self._timings:
-            # First call for these shapes ran on the pool: from now on the cost model's sum
-            # over the ops it ran decides, as for single ops.
-            self._timings[key] = estimate
-        elif est <= limit and elapsed > 4 * limit:
+        if est > limit:
+            if key not in self._timings:
+                # First call for these shapes ran on the pool: from now on the cost model's
+                # sum over the ops it ran decides, as for single ops.
+                self._timings[key] = estimate
+        elif elapsed > 4 * limit:
             # It ran inline and took far longer than the model said: a first run on this
             # thread may be cold once (BLAS warming up), but twice means the function does
             # work of its own between ops: back to the pool for these shapes. (Contention
@@ -433,7 +465,7 @@ class Placement:
                 self._model[key] = self._timings[key]
                 self._timings[key] = math.inf
                 self._struck[key] = 0
-        elif est <= limit and self._strikes:
+        elif self._strikes:
             self._strikes.pop(key, None)  # only consecutive slow runs count (a GC pause is one)
             if key in self._struck:  # a retry ran fast: inline again
                 self._timings[key] = self._model.pop(key)
@@ -482,7 +514,7 @@ class FusedFunction:
             done = await engine.call(op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget)
         tensors, multi = done
         estimate = math.inf if ops._estimate is None else ops._estimate
-        self._placement.record(key, est, estimate, ops._elapsed, engine.inline_us)
+        self._placement.record(key, est, estimate, ops._elapsed, engine._inline_us)
         return tuple(tensors) if multi else tensors[0]
 
 
