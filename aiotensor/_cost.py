@@ -51,7 +51,8 @@ HOLD_THRESHOLDS = 16
 #: lean path takes 2.5-3.5 µs here.
 HOLD_PER_OP_S = 3e-6
 #: An expression's program estimated at most this many inline thresholds runs on the
-#: loop in slices, each ending once it has held the loop for the threshold: a thread
+#: loop in slices, each ending once it has held the loop for the threshold (it yields
+#: between two slices once ``HOLD_THRESHOLDS`` is spent, as inline ops do): a thread
 #: hop costs 80-200 µs of latency here, and estimates run 2.5-3x above measured times,
 #: so such a program takes about what the hop would add.
 SLICED_MAX = 4

@@ -365,7 +365,7 @@ class Slices:
 
     An engine runs a program a little longer than an inline op would hold the loop
     this way: :meth:`advance` runs steps until one ends past its deadline, the engine
-    lets the loop run other tasks, and calls it again. Intermediates live here between
+    lets the loop run other tasks when its hold budget is spent, and calls it again. Intermediates live here between
     slices (and count in the program's budget); dropping the object frees them.
     """
 

@@ -184,11 +184,14 @@ def _no_pool(s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch) -> list[A
     return submitted
 
 
-def _every_step_a_slice(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A clock past every deadline: each step ends its slice.
-    from aiotensor import _program
+def _every_step_a_slice(monkeypatch: pytest.MonkeyPatch, *, yields: bool = True) -> None:
+    # A clock past every deadline: each step ends its slice. With ``yields``, sessions
+    # made afterwards have no hold budget, so the loop runs other tasks after each slice.
+    from aiotensor import _engine, _program
 
     monkeypatch.setattr(_program, "_clock", lambda: math.inf)
+    if yields:
+        monkeypatch.setattr(_engine, "HOLD_THRESHOLDS", 0)
 
 
 async def _session_for(estimate: float, factor: float, strategy: at.ResourceCleanupStrategy, **config: Any) -> Any:
@@ -228,6 +231,45 @@ async def test_where_an_expression_runs_follows_its_estimate(
         if where == "inline":
             assert during == 0  # one inline kernel: nothing else ran meanwhile
         del t, a
+    assert s.stats().live_tensors == 0
+
+
+async def test_a_sliced_run_yields_only_once_the_hold_budget_is_spent(
+    strategy: at.ResourceCleanupStrategy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Slices count towards the same budget as inline ops: within it the loop is held
+    # (as by a run of inline ops), past it the run yields at its next slice boundary.
+    est = await _estimate(_chain(await _probe_tensor()))
+    _every_step_a_slice(monkeypatch, yields=False)
+    async with await _session_for(est, 2.0, strategy) as s:
+        submitted = _no_pool(s, monkeypatch)
+        engine = s._engine
+        a = await s.constant(_V)
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        engine._held = 0.0
+        before = ticks
+        t = await _chain(a)
+        assert ticks == before  # five slices, no yield: the budget was not spent
+        assert engine._held > 0.0  # the slices' time counts
+        engine._held = engine._hold_s  # spent: the run yields after its first slice
+        before = ticks
+        u = await _chain(a)
+        assert ticks > before
+        assert engine._held < engine._hold_s  # the yield reset it
+        task.cancel()
+        assert submitted == []
+        for r in (t, u):
+            np.testing.assert_allclose(await r.numpy(), _chain(_V))
+        del t, u, a
     assert s.stats().live_tensors == 0
 
 
