@@ -86,14 +86,15 @@ class BackgroundCleanup(CleanupPolicy):
     strategy = ResourceCleanupStrategy.IN_BACKGROUND
     reclaims = True
 
-    def __init__(self) -> None:
-        self._registry: Registry | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
-        self._event: asyncio.Event | None = None
-        self._armed = False
-        self._stopping = False
-        self._task: asyncio.Task[None] | None = None
+    # Class-level defaults, set on the instance when they change: a request session
+    # makes one policy, and most never drop anything before close.
+    _registry: Registry | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+    _loop_thread = 0
+    _event: asyncio.Event | None = None
+    _armed = False
+    _stopping = False
+    _task: asyncio.Task[None] | None = None
 
     def start(self, registry: Registry, loop: asyncio.AbstractEventLoop) -> None:
         self._registry = registry
@@ -186,8 +187,11 @@ class BackgroundCleanup(CleanupPolicy):
         self._stopping = True
         if self._registry is not None:
             self._registry.on_drop = None
-        task, self._task = self._task, None
-        if task is not None and not task.done():
+        task = self._task
+        if task is None:
+            return None
+        self._task = None
+        if not task.done():
             task.cancel()
             return task
         return None

@@ -57,6 +57,8 @@ _ndarray = np.ndarray
 _ufunc = np.ufunc
 _UNKNOWN = Cost.UNKNOWN
 _get_loop = asyncio.get_running_loop
+#: The device variable of an engine no ``with s.device(...)`` has used: never set.
+_UNPLACED: contextvars.ContextVar[str | None] = contextvars.ContextVar("aiotensor_device_unplaced", default=None)
 _clock = time.perf_counter
 _new = object.__new__
 _base_run_inline = Backend.run_inline
@@ -77,6 +79,8 @@ class State(enum.Enum):
 
 
 _OPEN = State.OPEN
+# Module constants: an enum member looked up on its class costs ~80 ns (EnumType.__getattr__).
+_UNOPENED, _OPENING, _CLOSING, _CLOSED = State.UNOPENED, State.OPENING, State.CLOSING, State.CLOSED
 
 
 class _HasExpr(Exception):
@@ -103,7 +107,7 @@ class Engine:
         self.policy = policy
         self.registry = registry
         self.ancestors: tuple[Engine, ...] = () if parent is None else (parent, *parent.ancestors)
-        self.state = State.UNOPENED
+        self.state = _UNOPENED
         self.inflight = 0
         self._inline_us = backend.inline_limit_us(inline_us)
         self._xp_name = backend.namespace
@@ -135,7 +139,9 @@ class Engine:
         self._opening: asyncio.Task[None] | None = None
         self._idle: asyncio.Event | None = None
         self._closed_event: asyncio.Event | None = None
-        self.device_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("aiotensor_device", default=None)
+        # The requested device of ``with s.device(...)``: a variable of its own is made by
+        # the first such block (use_device); until then one that is never set.
+        self.device_var: contextvars.ContextVar[str | None] = _UNPLACED
         #: Whether ``device_var`` was ever set (a ``with s.device(...)``): until then the lean
         #: paths need not read it.
         self.placed = False
@@ -146,7 +152,7 @@ class Engine:
         state = self.state
         if state is _OPEN:
             return
-        if state is State.UNOPENED:
+        if state is _UNOPENED:
             try:
                 loop = _get_loop()
             except RuntimeError:  # e.g. trio, directly or through anyio
@@ -162,9 +168,9 @@ class Engine:
                 self.policy.start(self.registry, loop)
                 self._set_open()
                 return
-            self.state = State.OPENING
+            self.state = _OPENING
             self._opening = loop.create_task(self._start())
-        elif state is not State.OPENING:
+        elif state is not _OPENING:
             raise SessionClosedError(f"{self.session!r} is closed")
         assert self._opening is not None
         await asyncio.shield(self._opening)
@@ -180,12 +186,12 @@ class Engine:
         try:
             await self.backend.start()
         except BaseException:
-            self.state = State.CLOSED
+            self.state = _CLOSED
             if self._closed_event is not None:
                 self._closed_event.set()
             raise
         self.policy.start(self.registry, loop)
-        if self.state is State.OPENING:
+        if self.state is _OPENING:
             self._set_open()
 
     def _set_open(self) -> None:
@@ -211,27 +217,28 @@ class Engine:
     async def close(self, close_backend: Callable[[], Any] | None) -> None:
         """Refuse new ops, let in-flight ops settle, stop cleanup and free every buffer (idempotent)."""
         state = self.state
-        if state is State.CLOSED:
+        if state is _CLOSED:
             return
-        if state is State.CLOSING:
+        if state is _CLOSING:
             if self._closed_event is None:
                 self._closed_event = asyncio.Event()
             await self._closed_event.wait()
             return
-        if state is State.UNOPENED:
-            self.state = State.CLOSED
+        if state is _UNOPENED:
+            self.state = _CLOSED
             _defaults.replace_interactive(self.session, None)
             if close_backend is not None:
                 await close_backend()
             return
-        if state is State.OPENING:
+        if state is _OPENING:
             assert self._opening is not None
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._opening)
-            if self.state is State.CLOSED:
+            if self.state is _CLOSED:
                 return
-        self.check_loop()
-        self.state = State.CLOSING
+        if _get_loop() is not self._loop:  # (check_loop, inline: a running loop is certain in a coroutine)
+            raise self._wrong_loop()
+        self.state = _CLOSING
         self._lean_loop = None
         try:
             if self.inflight:
@@ -240,7 +247,7 @@ class Engine:
         finally:
             stopping = self.policy.stop()
             self.registry.close()
-            self.state = State.CLOSED
+            self.state = _CLOSED
             _defaults.replace_interactive(self.session, None)
             if self._closed_event is not None:
                 self._closed_event.set()
@@ -253,7 +260,7 @@ class Engine:
 
     def finalize_unclosed(self) -> bool:
         """The session was dropped open: free everything on its loop. False if it was not open."""
-        if self.state not in (_OPEN, State.CLOSING):
+        if self.state not in (_OPEN, _CLOSING):
             return False
         policy, registry, loop = self.policy, self.registry, self._loop
 
@@ -275,6 +282,13 @@ class Engine:
         return self._inline_us
 
     # -- placement and arguments ------------------------------------------------------
+    def use_device(self, name: str) -> contextvars.Token[str | None]:
+        """Request device ``name`` in the current context (``with s.device(name)``); reset with the token."""
+        if not self.placed:
+            self.device_var = contextvars.ContextVar("aiotensor_device", default=None)
+            self.placed = True  # from now on, ops read device_var
+        return self.device_var.set(name)
+
     def place(self, op: str) -> str:
         """The device ``op`` runs on."""
         requested = self.device_var.get()
