@@ -69,6 +69,8 @@ _NS_PER_FLOP = 0.025
 _SMALL_DATA = (int, float, bool, complex, list, tuple, np.generic)
 _SCALARS = frozenset({int, float, bool, complex})
 _ndarray = np.ndarray
+# Module constants: an enum member looked up on its class costs ~80 ns (EnumType.__getattr__).
+_UNKNOWN, _CREATE, _PRODUCT, _INDEX = Cost.UNKNOWN, Cost.CREATE, Cost.PRODUCT, Cost.INDEX
 
 
 class Spec:
@@ -116,10 +118,10 @@ def out_spec(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> 
     """An upper bound on the size of ``d``'s output (for the estimate of what follows it)."""
     cost = d.cost
     arrays = _arrays(args, kwargs)
-    if not arrays or cost is Cost.UNKNOWN or cost is Cost.CREATE:
+    if not arrays or cost is _UNKNOWN or cost is _CREATE:
         return None
     itemsize = 8 if d.name == "astype" else max(8, *(a.itemsize for a in arrays))
-    if cost is Cost.PRODUCT:
+    if cost is _PRODUCT:
         if d.name != "matmul" or len(arrays) != 2:
             return None
         a, b = arrays
@@ -128,7 +130,7 @@ def out_spec(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> 
         return Spec((a.shape[0], b.shape[-1]), itemsize)
     if d.name in ("concat", "stack", "split"):
         return Spec((sum(a.size for a in arrays),), itemsize)
-    if cost is Cost.INDEX:
+    if cost is _INDEX:
         return None if len(arrays) > 1 else Spec(tuple(arrays[0].shape), itemsize)
     shape = _broadcast(arrays)
     return None if shape is None else Spec(shape, itemsize)
@@ -161,7 +163,7 @@ def estimate_us(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, 
     """The estimated kernel time of ``d`` on these arguments in µs; ``inf`` when it cannot be bounded cheaply."""
     cost = d.cost
     per_byte = PER_BYTE.get(cost)
-    if per_byte is not None and cost is not Cost.INDEX and nbytes is None and not kwargs:
+    if per_byte is not None and cost is not _INDEX and nbytes is None and not kwargs:
         # The hot case (an element-wise op on same-shaped arrays and scalars), in one
         # pass; anything else takes the general path below, which gives the same value.
         total = size = 0
@@ -181,22 +183,22 @@ def estimate_us(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, 
         else:
             if shape is not None:
                 return (OVERHEAD_NS + (total + size * itemsize) * per_byte) / 1000.0
-    if cost is Cost.UNKNOWN:
+    if cost is _UNKNOWN:
         return math.inf
     arrays = _arrays(args, kwargs)
     if arrays is None:
         return math.inf
-    if cost is Cost.CREATE:
+    if cost is _CREATE:
         if nbytes is None:
             if d.name not in ("constant", "asarray") or arrays or not isinstance(args[0], _SMALL_DATA):
                 return math.inf  # an object with __array__ (another library's tensor): size unknown
             return OVERHEAD_NS / 1000.0
         return (OVERHEAD_NS + nbytes * PER_BYTE[cost]) / 1000.0
-    if cost is Cost.PRODUCT:
+    if cost is _PRODUCT:
         if not arrays:
             return math.inf
         return (OVERHEAD_NS + _product_flops(d, arrays) * _NS_PER_FLOP) / 1000.0
-    if cost is Cost.INDEX:
+    if cost is _INDEX:
         if not arrays:
             return math.inf
         x, rest = arrays[0], arrays[1:]

@@ -41,6 +41,10 @@ class Cost(enum.Enum):
     CREATE = "create"  # creation ops: output bytes known before the kernel runs
     UNKNOWN = "unknown"  # never inlined (apply, anything new)
 
+    # Members are singletons compared by identity: hash them so too. Enum's own hash is
+    # a Python method (~100 ns), paid by every cost-table lookup of an op's estimate.
+    __hash__ = object.__hash__
+
 
 class OpDef:
     """One op: its spec (signature, checks, docstring), kernel and cost class."""
