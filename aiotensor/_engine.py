@@ -461,6 +461,7 @@ class Engine:
                     else:
                         out = kernel(*bufs)  # type: ignore[misc]
                 except Exception as exc:
+                    self._held += HOLD_PER_OP_S  # a failing op holds the loop too: a loop of them yields
                     error = kernel_error(d.name, args, exc, False)
                     raise error from error.__cause__
                 took = _clock() - start
@@ -576,6 +577,7 @@ class Engine:
                 return finalize(out)  # an input returned as it is
             return normalize(out)
         except Exception as exc:
+            self._held += HOLD_PER_OP_S  # a failing op holds the loop too: a loop of them yields
             error = kernel_error(label, args, exc, d.user)
             raise error from error.__cause__
 
@@ -623,6 +625,13 @@ class Engine:
         A :class:`~aiotensor._program.Program` estimated at most ``SLICED_MAX``
         thresholds runs on the loop in slices (:meth:`_run_sliced`).
         """
+        if self._held >= self._hold_s and est_us <= SLICED_MAX * self._inline_us:
+            # As in op(): a run of inline work has held the loop for the budget, and this
+            # one would not suspend either. Free what the run dropped, then yield once.
+            self._held = 0.0
+            if self.policy.inline_point is not None:
+                self.policy.inline_point()
+            await asyncio.sleep(0)
         lean_loop = self._lean_loop
         if lean_loop is not None and _get_loop() is lean_loop and (not self.placed or self.device_var.get() is None):
             device = self._device  # open, on its loop, the default device: the checks below in one
@@ -723,11 +732,14 @@ class Engine:
         """:meth:`call`'s common case without a coroutine frame, or ``None`` (then await :meth:`call`).
 
         It applies to a lean session (open, on its loop, numpy, no memory limit) on its
-        default device, for a kernel whose ``est_us`` is within the inline threshold.
+        default device, for a kernel whose ``est_us`` is within the inline threshold,
+        while the run of inline work has not spent its hold budget (then :meth:`call`
+        yields first).
         """
         lean_loop = self._lean_loop
         if (
             est_us > self._inline_us
+            or self._held >= self._hold_s  # time to yield: call() does
             or lean_loop is None
             or _get_loop() is not lean_loop
             or (self.placed and self.device_var.get() is not None)
@@ -764,8 +776,10 @@ class Engine:
             fresh = type(out) is _ndarray and out.base is None and out.flags.writeable
             result = None if fresh else normalize(out)
         except (asyncio.CancelledError, AioTensorError):
+            self._held += HOLD_PER_OP_S  # (an op inside a fused function failed)
             raise
         except Exception as exc:
+            self._held += HOLD_PER_OP_S
             error = kernel_error(label, described, exc, user)
             raise error from error.__cause__
         finally:

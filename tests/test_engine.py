@@ -63,22 +63,64 @@ class _Recording(at.LocalBackend):
         self._released.append(handle)
 
 
-async def test_ops_after_a_run_of_inline_ops_still_let_other_tasks_run(s: at.AsyncEagerSession) -> None:
+@pytest.mark.parametrize("kind", ["op", "fused", "expression"])
+async def test_ops_after_a_run_of_inline_ops_still_let_other_tasks_run(s: at.AsyncEagerSession, kind: str) -> None:
     ran = asyncio.Event()
 
     async def other() -> None:
         ran.set()
 
-    task = asyncio.create_task(other())
     x = await s.constant([1.0])
+    inc = s.function(lambda ops, v: ops.add(v, 1.0))
+    await inc(x)  # the first call of a shape runs on the pool (and suspends); later ones inline
+    step = {
+        "op": lambda v: s.add(v, 1.0),  # the lean path
+        "fused": inc,  # Engine.call_inline
+        "expression": lambda v: _awaited((v * 1.0) + 1.0),  # a program of two steps, inline
+    }[kind]
+    task = asyncio.create_task(other())
     # Small ops run inline; once they have held the loop for the budget, the next yields
     # once. Each counts at least HOLD_PER_OP_S, so this many spend it on any machine.
     n = math.ceil(HOLD_THRESHOLDS * s.config.inline_threshold_us / 1e6 / HOLD_PER_OP_S) + 2
     for _ in range(n):
-        x = await s.add(x, 1.0)
+        x = await step(x)
     assert ran.is_set()
     await task
     np.testing.assert_array_equal(await x.numpy(), [n + 1.0])
+
+
+@pytest.mark.parametrize("path", ["lean", "general", "fused"])
+async def test_a_loop_of_failing_inline_ops_still_lets_other_tasks_run(s: at.AsyncEagerSession, path: str) -> None:
+    # An op that fails inline held the loop as one that succeeds: a service that retries
+    # (or logs and goes on) in a loop must not starve the other tasks.
+    ran = asyncio.Event()
+
+    async def other() -> None:
+        ran.set()
+
+    z = await s.constant(np.ones(3, dtype=np.complex128))
+    a, b = await s.constant(np.ones(3)), await s.constant(np.ones(4))
+
+    def checked(ops: at.FusedOps, x: Any, fail: bool) -> Any:
+        if fail:
+            raise ValueError("refused")
+        return ops.add(x, 1.0)
+
+    fused = s.function(checked)
+    await fused(a, False)  # the first call of these shapes runs on the pool; later ones inline
+    calls = {
+        "lean": lambda: s.floor(z),  # same shapes: the lean path, whose kernel refuses complex
+        "general": lambda: s.add(a, b),  # shapes differ: the general path, inline
+        "fused": lambda: fused(a, True),
+    }
+    error = at.KernelError if path == "fused" else at.InvalidArgumentError
+    task = asyncio.create_task(other())
+    n = math.ceil(HOLD_THRESHOLDS * s.config.inline_threshold_us / 1e6 / HOLD_PER_OP_S) + 2
+    for _ in range(n):
+        with pytest.raises(error):
+            await calls[path]()
+    assert ran.is_set()
+    await task
 
 
 # -- the lean path of element-wise ops (Engine.op): the same results, errors and accounting as the general one
@@ -206,7 +248,7 @@ async def test_where_an_expression_runs_follows_its_estimate(
     strategy: at.ResourceCleanupStrategy, monkeypatch: pytest.MonkeyPatch, factor: float, where: str
 ) -> None:
     est = await _estimate(_chain(await _probe_tensor()))
-    _every_step_a_slice(monkeypatch)
+    _every_step_a_slice(monkeypatch, yields=where == "sliced")  # (no budget: inline work would yield first)
     async with await _session_for(est, factor, strategy) as s:
         submitted = _no_pool(s, monkeypatch)
         a = await s.constant(_V)
