@@ -123,6 +123,22 @@ async def test_a_loop_of_failing_inline_ops_still_lets_other_tasks_run(s: at.Asy
     await task
 
 
+async def test_a_loop_of_small_fetches_still_lets_other_tasks_run(s: at.AsyncEagerSession) -> None:
+    # A small fetch copies on the loop without suspending; each counts as an op does.
+    ran = asyncio.Event()
+
+    async def other() -> None:
+        ran.set()
+
+    x = await s.constant(np.arange(4.0))
+    task = asyncio.create_task(other())
+    n = math.ceil(HOLD_THRESHOLDS * s.config.inline_threshold_us / 1e6 / HOLD_PER_OP_S) + 2
+    for _ in range(n):
+        np.testing.assert_array_equal(await x.numpy(), np.arange(4.0))
+    assert ran.is_set()
+    await task
+
+
 # -- the lean path of element-wise ops (Engine.op): the same results, errors and accounting as the general one
 
 
