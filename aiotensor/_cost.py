@@ -14,7 +14,7 @@ side, so that a mis-estimate sends a kernel to the pool rather than stalling the
 
 The estimate reads only shapes and byte counts (no numpy call on the common path, where
 every array argument has the same shape). It works on arrays and on :class:`Spec`
-objects, the shapes an expression's intermediates will have (see ``_program``).
+objects, the shapes an expression's intermediates will have (see ``_compile.program_cost``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ placement, arguments to buffers, safe points, memory, inline-or-submit, cancella
 error mapping, registration and fetch. :meth:`Engine.op` is the path of one op (the
 session methods, module-level ops and one-node expressions); :meth:`Engine.call` runs
 any kernel (a :class:`~aiotensor._program.Program`, a fused function, an op sent to
-the pool); :meth:`Engine.evaluate` compiles expressions into one program.
+the pool); :meth:`Engine.evaluate` compiles expressions into one program (``_compile``).
 The session (``_session.py``) is a facade over it.
 """
 
@@ -27,7 +27,8 @@ import numpy as np
 from . import _defaults
 from ._allocator import out_for
 from ._backend import Backend
-from ._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS, OVERHEAD_NS, PER_BYTE, SLICED_MAX, Spec, estimate_us, out_spec
+from ._compile import compile_program, compiled, program_cost
+from ._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS, OVERHEAD_NS, PER_BYTE, SLICED_MAX, estimate_us
 from ._errors import (
     AioTensorError,
     BackendError,
@@ -41,7 +42,7 @@ from ._expr import Expr
 from ._kernels import KernelResult, as_numeric, finalize, info, kernel_error, normalize
 from ._opdef import OPS, Cost, OpDef, namespace
 from ._ops._apply import label as apply_label
-from ._program import Program, Ref, Step, compile_program, compiled
+from ._program import Program, Step
 from ._registry import Registry
 from ._tensor import Tensor, make_tensor
 
@@ -962,7 +963,7 @@ class Engine:
         bufs = tuple([self.buffer(t, label) for t in leaves])
         est = costs.get(self._inline_us)
         if est is None:
-            est = costs[self._inline_us] = self._program_cost(program, leaves)
+            est = costs[self._inline_us] = program_cost(program, leaves, self._inline_us)
         tensors, _ = await self.call(
             label,
             program,
@@ -978,30 +979,6 @@ class Engine:
         if len(roots) == 1 and roots[0]._d.returns != "one":
             return [_shape_result(roots[0]._d, tensors, True)]
         return tensors
-
-    def _program_cost(self, program: Program, leaves: list[Tensor]) -> float:
-        limit = self._inline_us
-        if not limit:
-            return math.inf
-        steps = program.steps
-        # The common case first: element-wise and reduction steps over leaves of one shape.
-        shape = leaves[0]._shape if leaves else None
-        if shape is not None and all(t._shape == shape for t in leaves):
-            est = _elementwise_cost(steps, shape, leaves)
-            if est is not None:
-                return est
-        specs: list[Any] = [Spec(t._shape, t._dtype.itemsize) for t in leaves]
-        total = 0.0
-        for d, templates, kwargs, _, _ in steps:
-            try:
-                args = tuple(_spec_of(t, specs) for t in templates)
-            except _Unknown:
-                return math.inf
-            total += estimate_us(d, args, kwargs, None)
-            if total > limit:
-                return math.inf
-            specs.append(out_spec(d, args, kwargs))
-        return total
 
     async def run_values(self, fetches: list[Any], api: str) -> list[NDArray]:
         """The numpy values of tensors and expressions; results made for them are freed at once."""
@@ -1067,44 +1044,6 @@ class _NoRegistry:
 _NO_REGISTRY = _NoRegistry()
 
 
-_ELEMENTWISE_COSTS = (Cost.MEMORY, Cost.MATH, Cost.DIVMOD)
-# Ops of those classes whose output may hold more items than their array input.
-_GROWING = frozenset({"broadcast_to", "concat", "stack", "expand_dims"})
-
-
-def _elementwise_cost(steps: list[Any], shape: tuple[int, ...], leaves: list[Tensor]) -> float | None:
-    """The estimate of a program of element-wise and reduction steps over leaves of one shape, or None.
-
-    No intermediate is larger than that shape, so a step touches at most its array
-    arguments plus its output, each of that many items. Items are the leaves' own size
-    when they are floats and every constant a plain number (numpy keeps a float dtype
-    against python numbers), else 8 bytes. Anything else (products, indexing, ops whose
-    output may outgrow their input, arrays among the constants) is None: the
-    step-by-step estimate.
-    """
-    narrow = all(t._dtype.kind == "f" for t in leaves)
-    arrays_per_byte = 0.0
-    for d, templates, _, _, _ in steps:
-        cost = d.cost
-        if cost not in _ELEMENTWISE_COSTS or d.name in _GROWING:
-            return None
-        arrays = 1  # the output
-        for t in templates:
-            tt = type(t)
-            if tt is Ref:
-                arrays += 1
-            elif tt is _ndarray:
-                return None
-            elif tt is list or tt is tuple:
-                arrays += sum(1 for e in t if type(e) is Ref)
-                narrow = False
-            elif tt is not float and tt is not int and tt is not bool:
-                narrow = False  # a dtype (astype), None, ...: the items may grow
-        arrays_per_byte += max(arrays, 2) * PER_BYTE[cost]
-    itemsize = max(t._dtype.itemsize for t in leaves) if narrow else 8
-    return (len(steps) * OVERHEAD_NS + itemsize * math.prod(shape) * arrays_per_byte) / 1000.0
-
-
 def _is_tensor(x: Any) -> bool:
     return type(x) is Tensor
 
@@ -1117,21 +1056,6 @@ def _flat(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[Any]:
         else:
             out.append(a)
     return out
-
-
-def _spec_of(template: Any, specs: list[Any]) -> Any:
-    if type(template) is Ref:
-        spec = specs[template.slot]
-        if spec is None:
-            raise _Unknown
-        return spec
-    if type(template) in (list, tuple):
-        return type(template)(_spec_of(e, specs) for e in template)
-    return template
-
-
-class _Unknown(Exception):
-    pass
 
 
 def _shape_result(d: OpDef, tensors: list[Tensor], multi: bool) -> Any:

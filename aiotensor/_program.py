@@ -1,9 +1,8 @@
 """Kernels made of ops: one op (:class:`Step`), or a whole expression (:class:`Program`).
 
-Evaluating an expression compiles its graph into a :class:`Program`: the nodes in an
-order where each comes after its inputs, common subexpressions merged (two nodes with
-the same op on the same inputs and values are one node), each intermediate dropped right
-after its last use. The program runs as *one* kernel, so a ten-op expression costs one
+``_compile`` turns an expression's graph into a :class:`Program` (its steps in order,
+common subexpressions merged, each intermediate dropped after its last use); this
+module runs it. The program runs as *one* kernel, so a ten-op expression costs one
 dispatch (one thread hop, or one Dask task), and only its results are registered.
 
 Both classes are plain picklable objects (ops pickle by name), so a backend may run
@@ -12,7 +11,6 @@ them in another process.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -24,9 +22,9 @@ from ._kernels import as_numeric, kernel_error
 from ._opdef import OpDef, namespace
 
 if TYPE_CHECKING:
-    from ._expr import Expr
+    pass
 
-__all__ = ["Budget", "Program", "Ref", "Slices", "Step", "compile_program", "compiled"]
+__all__ = ["Budget", "Program", "Ref", "Slices", "Step"]
 
 _ndarray = np.ndarray
 _new = object.__new__
@@ -463,178 +461,3 @@ def _writable_into(y: Any, other: Any) -> bool:
         # for a value the dtype cannot hold.
         return _NEP50 or np.result_type(y, other) == y.dtype
     return type(other) is _ndarray and other.dtype == y.dtype and other.shape == y.shape
-
-
-def _check_constants(d: OpDef, args: tuple[Any, ...]) -> tuple[tuple[Any, ...], int]:
-    """Constant data arguments checked numeric once, at compile time: (args, 0); or, when
-    one fails (or holds values only known at run time), (args, ``d.data``) so that the run
-    checks them and raises the op's own error."""
-    n = d.data
-    out = list(args)
-    for i, a in enumerate(args[:n]):
-        ta = type(a)
-        if ta is Ref:
-            continue
-        if (ta is list or ta is tuple) and any(type(e) is Ref for e in a):
-            return args, n
-        try:
-            out[i] = as_numeric(a)
-        except Exception:
-            return args, n
-    return tuple(out), 0
-
-
-def _children(node: Expr) -> list[Any]:
-    found: list[Any] = []
-    for a in (*node._args, *(node._kwargs or {}).values()):
-        if type(a) in (list, tuple):
-            found.extend(a)
-        else:
-            found.append(a)
-    return found
-
-
-def compile_program(
-    roots: list[Expr], is_leaf: Callable[[Any], bool], xp: str, expr_type: type[Expr]
-) -> tuple[Program, list[Any]]:
-    """The program of ``roots`` and its leaves (the tensors it reads, each once, in slot order)."""
-    order: list[Expr] = []
-    leaves: list[Any] = []
-    slots: dict[int, int] = {}  # id(tensor or expr) -> slot of its value
-    stack: list[tuple[Expr, bool]] = [(r, False) for r in reversed(roots)]
-    visited: set[int] = set()
-    while stack:  # iterative post-order: a 10,000-deep expression must not recurse
-        node, ready = stack.pop()
-        if ready:
-            order.append(node)
-            continue
-        if id(node) in visited:
-            continue
-        visited.add(id(node))
-        stack.append((node, True))
-        for x in _children(node):
-            if type(x) is expr_type:
-                if id(x) not in visited:
-                    stack.append((x, False))
-            elif id(x) not in slots and is_leaf(x):
-                slots[id(x)] = len(leaves)
-                leaves.append(x)
-
-    nleaves = len(leaves)
-    refs: list[Ref] = [Ref(i) for i in range(nleaves + len(order))]
-    _scalars = _SCALAR_TYPES
-
-    def arg(x: Any) -> tuple[Any, Any]:
-        # (template, CSE key) of one argument, in one pass
-        tx = type(x)
-        if tx in _scalars:
-            if tx is float and x == 0.0:  # 0.0 == -0.0, but they give different results
-                return x, (tx, x, math.copysign(1.0, x))
-            return x, (tx, x)
-        slot = slots.get(id(x))
-        if slot is not None and (tx is expr_type or is_leaf(x)):
-            return refs[slot], slot
-        if tx is list or tx is tuple:
-            pairs = [arg(e) for e in x]
-            return tx(p[0] for p in pairs), (tx, tuple(p[1] for p in pairs))
-        return x, ("id", id(x))  # arrays, dtypes, user objects: the same object only
-
-    merged: dict[Any, int] = {}  # structural key -> slot
-    steps: list[list[Any]] = []
-    last: dict[int, int] = {}  # slot -> index of the last step reading it
-    for node in order:
-        d = node._d
-        pairs = [arg(a) for a in node._args]
-        args = tuple(p[0] for p in pairs)
-        key: Any = (d, *[p[1] for p in pairs])
-        kwargs = None
-        if node._kwargs:
-            kw_pairs = {k: arg(v) for k, v in node._kwargs.items()}
-            kwargs = {k: p[0] for k, p in kw_pairs.items()}
-            key = (*key, "kw", *[(k, p[1]) for k, p in sorted(kw_pairs.items())])
-        hit = merged.get(key)
-        if hit is not None:  # a common subexpression: computed once
-            slots[id(node)] = hit
-            continue
-        checked = 0
-        if d.data:
-            args, checked = _check_constants(d, args)
-        index = len(steps)
-        for a in (*args, *kwargs.values()) if kwargs else args:
-            if type(a) is Ref:
-                last[a.slot] = index
-            elif type(a) in (list, tuple):
-                for e in a:
-                    if type(e) is Ref:
-                        last[e.slot] = index
-        slots[id(node)] = merged[key] = nleaves + index
-        steps.append([d, args, kwargs, checked, ()])
-    root_slots = [slots[id(r)] for r in roots]
-    keep = set(root_slots)
-    for s, i in last.items():
-        if s >= nleaves and s not in keep:
-            steps[i][4] = (*steps[i][4], s)
-    program = Program([(s[0], s[1], s[2], s[3], s[4]) for s in steps], root_slots, nleaves, xp)
-    return program, leaves
-
-
-_SCALAR_TYPES = frozenset({int, float, bool, complex, str, type(None)})
-
-
-class _Entry:
-    __slots__ = ("costs", "perm", "program")
-
-    def __init__(self, program: Program, perm: tuple[int, ...]) -> None:
-        self.program = program
-        self.perm = perm  # the leaves in program order, as indices into the distinct tensors
-        self.costs: dict[float, float] = {}  # the engine's inline threshold -> estimate (µs)
-
-
-#: Compiled programs by expression signature (``Expr._sig``) with where its tensors go,
-#: their shapes and dtypes, and the array namespace. Bounded; the oldest entry goes first.
-_CACHE: dict[Any, _Entry] = {}
-_CACHE_ENTRIES = 512
-
-
-def compiled(
-    root: Expr, is_leaf: Callable[[Any], bool], xp: str, expr_type: type[Expr]
-) -> tuple[Program, list[Any], dict[float, float]]:
-    """The program of ``root`` (for one run), its leaves, and the cache of its cost estimates.
-
-    A formula evaluated again on tensors of the same shapes (a loop, a request handler)
-    is compiled once: the second time costs a dictionary lookup on its signature. The
-    signature has every constant by value and type (``-0.0`` apart from ``0.0``), so a
-    cached program computes exactly what compiling anew would.
-    """
-    sig = root._sig
-    if sig is None:
-        program, leaves = compile_program([root], is_leaf, xp, expr_type)
-        return program, leaves, {}
-    lv = root._lv
-    distinct: list[Any]
-    if len(lv) == 1:
-        distinct = [lv[0]]
-        key: Any = (sig, xp, lv[0]._shape, lv[0]._dtype)
-    else:
-        index: dict[int, int] = {}
-        distinct = []
-        pattern = []
-        for t in lv:
-            i = index.get(id(t))
-            if i is None:
-                i = index[id(t)] = len(distinct)
-                distinct.append(t)
-            pattern.append(i)
-        key = (sig, xp, tuple(pattern), *[(t._shape, t._dtype) for t in distinct])
-    entry = _CACHE.get(key)
-    if entry is None:
-        program, leaves = compile_program([root], is_leaf, xp, expr_type)
-        where = {id(t): i for i, t in enumerate(distinct)}
-        perm = tuple(where.get(id(t), -1) for t in leaves)
-        if len(leaves) != len(distinct) or -1 in perm:  # tensors nested deeper than compiling looks
-            return program, leaves, {}
-        if len(_CACHE) >= _CACHE_ENTRIES:
-            del _CACHE[next(iter(_CACHE))]
-        entry = _CACHE[key] = _Entry(program, perm)
-        return program.fresh(), leaves, entry.costs
-    return entry.program.fresh(), [distinct[i] for i in entry.perm], entry.costs

@@ -219,14 +219,14 @@ _V = np.linspace(-2.0, 2.0, 4096)
 
 async def _estimate(e: Any) -> float:
     # What the engine estimates for this expression under the default threshold.
+    from aiotensor._compile import compile_program, program_cost
     from aiotensor._engine import _is_tensor
     from aiotensor._expr import Expr
-    from aiotensor._program import compile_program
 
     e._used = True
     async with at.AsyncEagerSession() as probe:
         program, leaves = compile_program([e], _is_tensor, "numpy", Expr)
-        return probe._engine._program_cost(program, leaves)  # type: ignore[no-any-return]
+        return program_cost(program, leaves, probe._engine.inline_us)
 
 
 def _no_pool(s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch) -> list[Any]:

@@ -146,7 +146,7 @@ async def test_common_subexpressions_are_computed_once(s: at.AsyncEagerSession) 
 
 
 def _compile(roots: list[at.Expr]) -> Any:
-    from aiotensor._program import compile_program
+    from aiotensor._compile import compile_program
 
     for r in roots:
         r._used = True
