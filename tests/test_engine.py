@@ -259,6 +259,22 @@ async def _session_for(estimate: float, factor: float, strategy: at.ResourceClea
     )
 
 
+class _Ticks:
+    """A task that counts the turns of the loop it gets (``n``), until ``stop()``."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            self.n += 1
+            await asyncio.sleep(0)
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
 @pytest.mark.parametrize(("factor", "where"), [(0.5, "inline"), (2.0, "sliced"), (6.0, "pool")])
 async def test_where_an_expression_runs_follows_its_estimate(
     strategy: at.ResourceCleanupStrategy, monkeypatch: pytest.MonkeyPatch, factor: float, where: str
@@ -268,20 +284,12 @@ async def test_where_an_expression_runs_follows_its_estimate(
     async with await _session_for(est, factor, strategy) as s:
         submitted = _no_pool(s, monkeypatch)
         a = await s.constant(_V)
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0)
-
-        task = asyncio.create_task(ticker())
+        ticks = _Ticks()
         await asyncio.sleep(0)
-        before = ticks
+        before = ticks.n
         t = await _chain(a)
-        during = ticks - before
-        task.cancel()
+        during = ticks.n - before
+        ticks.stop()
         np.testing.assert_allclose(await t.numpy(), _chain(_V))
         assert len(submitted) == (1 if where == "pool" else 0)
         if where == "sliced":
@@ -303,27 +311,19 @@ async def test_a_sliced_run_yields_only_once_the_hold_budget_is_spent(
         submitted = _no_pool(s, monkeypatch)
         engine = s._engine
         a = await s.constant(_V)
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0)
-
-        task = asyncio.create_task(ticker())
+        ticks = _Ticks()
         await asyncio.sleep(0)
         engine._held = 0.0
-        before = ticks
+        before = ticks.n
         t = await _chain(a)
-        assert ticks == before  # five slices, no yield: the budget was not spent
+        assert ticks.n == before  # five slices, no yield: the budget was not spent
         assert engine._held > 0.0  # the slices' time counts
         engine._held = engine._hold_s  # spent: the run yields after its first slice
-        before = ticks
+        before = ticks.n
         u = await _chain(a)
-        assert ticks > before
+        assert ticks.n > before
         assert engine._held < engine._hold_s  # the yield reset it
-        task.cancel()
+        ticks.stop()
         assert submitted == []
         for r in (t, u):
             np.testing.assert_allclose(await r.numpy(), _chain(_V))

@@ -15,17 +15,7 @@ from aiotensor._engine import _is_tensor
 from aiotensor._expr import Expr
 from aiotensor._opdef import OPS
 
-
-def _formula(t: Any) -> Any:
-    y = t * 2.0 + 1.0
-    y = y * y - t
-    return abs(y) / 3.0
-
-
-def _formula_np(v: Any) -> Any:
-    y = v * 2.0 + 1.0
-    y = y * y - v
-    return abs(y) / 3.0
+from ._formulas import formula as _formula
 
 
 async def test_a_run_accounts_its_intermediates(s: at.AsyncEagerSession) -> None:
@@ -47,7 +37,7 @@ async def test_a_program_pickles_without_its_kernels(s: at.AsyncEagerSession) ->
     program, _, _ = compiled(e, _is_tensor, "numpy", Expr)
     program(np.arange(4.0))  # resolves its kernels
     clone = pickle.loads(pickle.dumps(program))
-    np.testing.assert_allclose(clone(np.arange(4.0)), _formula_np(np.arange(4.0)))
+    np.testing.assert_allclose(clone(np.arange(4.0)), _formula(np.arange(4.0)))
 
 
 # -- writing into dying intermediates, and runs in slices
