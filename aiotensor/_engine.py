@@ -282,6 +282,16 @@ class Engine:
         """How long (estimated µs) a kernel may run inline on the loop; 0: never."""
         return self._inline_us
 
+    async def _yield_held(self) -> None:
+        # Inline work (ops, fused calls, expressions, small fetches) never suspends: once
+        # a run of it has held the loop for the budget (HOLD_THRESHOLDS), the next piece
+        # lets other tasks have the loop once. What the run dropped is freed first, so
+        # the cleanup task need not wake for it.
+        self._held = 0.0
+        if self.policy.inline_point is not None:
+            self.policy.inline_point()
+        await asyncio.sleep(0)
+
     # -- placement and arguments ------------------------------------------------------
     def use_device(self, name: str) -> contextvars.Token[str | None]:
         """Request device ``name`` in the current context (``with s.device(name)``); reset with the token."""
@@ -340,13 +350,7 @@ class Engine:
     ) -> Any:
         """Run op ``d`` on prepared arguments; its tensor (a list for ``split``, a tuple for multi-output ``apply``)."""
         if self._held >= self._hold_s:
-            # Inline ops never suspend: after a run of them, let other tasks (and the
-            # cleanup task) have the loop once. Before anything is reserved or run; what
-            # the run dropped is freed first, so the cleanup task need not wake for it.
-            self._held = 0.0
-            if self.policy.inline_point is not None:
-                self.policy.inline_point()
-            await asyncio.sleep(0)
+            await self._yield_held()  # before anything is reserved or run
         if kwargs is None and d in _ELEMENTWISE:
             t = self.lean(d, args, name)  # (again after a yield: the lean path refuses during one)
             if t is not None:
@@ -627,12 +631,7 @@ class Engine:
         thresholds runs on the loop in slices (:meth:`_run_sliced`).
         """
         if self._held >= self._hold_s and est_us <= SLICED_MAX * self._inline_us:
-            # As in op(): a run of inline work has held the loop for the budget, and this
-            # one would not suspend either. Free what the run dropped, then yield once.
-            self._held = 0.0
-            if self.policy.inline_point is not None:
-                self.policy.inline_point()
-            await asyncio.sleep(0)
+            await self._yield_held()  # this kernel would not suspend either
         lean_loop = self._lean_loop
         if lean_loop is not None and _get_loop() is lean_loop and (not self.placed or self.device_var.get() is None):
             device = self._device  # open, on its loop, the default device: the checks below in one
@@ -713,8 +712,7 @@ class Engine:
             if done:
                 return normalize(run.result)
             if self._held >= self._hold_s:
-                self._held = 0.0
-                await asyncio.sleep(0)
+                await self._yield_held()
                 if self.state is not _OPEN:
                     raise SessionClosedError(f"{label}: the session was closed while the op ran")
 
@@ -1009,10 +1007,7 @@ class Engine:
         self.check_loop()
         handles = [self.buffer(t, api) for t in tensors]
         if self._held >= self._hold_s:
-            # A small fetch copies on the loop without suspending: a loop of them yields
-            # once the run of inline work has held the loop for the budget, as ops do.
-            self._held = 0.0
-            await asyncio.sleep(0)
+            await self._yield_held()  # a small fetch copies on the loop without suspending
         safe_point = self.policy.safe_point
         if safe_point is not None:
             safe_point()
