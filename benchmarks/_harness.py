@@ -9,6 +9,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 
 try:
@@ -122,6 +124,23 @@ class Report:
     def target(self, number: int, text: str, measured: str, met: bool | None) -> None:
         """Record a target's verdict."""
         self.targets.append(Target(number, text, measured, met))
+
+
+def settle_allocator() -> None:
+    """Put glibc's malloc in the state of a process that has run a while, before measuring.
+
+    glibc raises its mmap threshold (and its trim threshold, twice that) to the size of
+    the largest mmapped block freed so far. Until a block larger than the arrays being
+    measured has been freed, each 256 KiB temporary may be a fresh ``mmap`` or sit
+    above a heap top that is trimmed at every free, and then every page of it faults:
+    numpy's own 10-op chain on 256x256 float32 measured 66 µs or 265 µs in the same
+    benchmark depending on what earlier code happened to free. Freeing one 16 MiB
+    block settles it for every size used here (mmap threshold 16 MiB, trim threshold
+    32 MiB), for the baselines and for aiotensor alike. (A block over 32 MiB, glibc's
+    largest dynamic threshold on 64-bit, would leave the thresholds where they are.)
+    """
+    block = np.ones(4 << 20, dtype=np.float32)  # 16 MiB: allocated with mmap, every page touched
+    del block
 
 
 def rounds_of(rounds: int, measure: Callable[[], float]) -> Stat:

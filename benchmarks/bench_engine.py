@@ -2,7 +2,9 @@
 
 ``python -m benchmarks.bench_engine`` prints, for asyncio and uvloop, the median over
 interleaved rounds of each variant and its ratio to the numpy baseline of the same
-round. Nothing is written to the checkout.
+round. Nothing is written to the checkout. The C allocator is settled first
+(``_harness.settle_allocator``): otherwise whether numpy's 256x256 temporaries fault
+depends on what the process freed before.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 import numpy as np
 
 import aiotensor as at
+
+from ._harness import settle_allocator
 
 Timer = Callable[[], Awaitable[float]]
 
@@ -38,6 +42,7 @@ def _sync_per_call(fn: Callable[[], Any], n: int) -> float:
 async def _rows(rounds: int, n: int) -> dict[str, tuple[float, float, float]]:
     """name -> (variant µs, baseline µs, ratio), medians over interleaved rounds."""
     results: dict[str, list[tuple[float, float]]] = {}
+    settle_allocator()
     rng = np.random.default_rng(0)
     async with at.AsyncEagerSession() as s:
         small = rng.standard_normal(16).astype(np.float32)
