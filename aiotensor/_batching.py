@@ -42,8 +42,9 @@ from ._batch_kernel import BatchKernel
 from ._engine import Engine, State
 from ._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
 from ._expr import Operand
-from ._function import FusedOps, Placement, _buffers
+from ._function import FusedOps, _buffers
 from ._kernels import NUMERIC_KINDS, KernelResult, info, numeric_array
+from ._placement import Placement
 from ._program import Budget
 from ._tensor import Tensor
 
