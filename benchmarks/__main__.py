@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import bench_batching, bench_dispatch, bench_kernels, bench_memory, bench_overheads, bench_pool
-from ._harness import Report
+from ._harness import Report, settle_allocator
 from ._report import markdown, plot, print_console
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (2 if args.quick else 5)
     report = Report(quick=args.quick, rounds=rounds)
     start = time.perf_counter()
+    settle_allocator()
     for name in args.only or SCENARIOS:
         t0 = time.perf_counter()
         try:

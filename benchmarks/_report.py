@@ -129,7 +129,9 @@ def markdown(report: Report, command: str, images: list[str], commentary: str) -
         f"Measured with `{command}` on {machine()}."
         f" Each figure is the median over {report.rounds} rounds, with the fastest and slowest round in"
         " brackets; ratios compare medians measured in the same run. The machine was shared while this ran,"
-        " so absolute times are noisy: read the ratios.",
+        " so absolute times are noisy: read the ratios. glibc's allocator is settled before the first"
+        " scenario (`benchmarks/_harness.py`, `settle_allocator`), so that no baseline pays page faults"
+        " that depend on what the process happened to free earlier.",
         "",
         "## Targets",
         "",
