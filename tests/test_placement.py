@@ -54,11 +54,17 @@ def test_a_fast_run_between_two_slow_ones_resets_the_count() -> None:
     assert p.estimate(KEY) == 10.0
 
 
-def test_a_shape_sent_to_the_pool_retries_inline_once_in_a_while_and_stays_if_fast() -> None:
+def _struck() -> Placement:
+    # A shape measured once, then sent to the pool by two slow inline runs in a row.
     p = Placement()
     _run(p, KEY, elapsed=900.0)
     _run(p, KEY, elapsed=5 * LIMIT)
     _run(p, KEY, elapsed=5 * LIMIT)
+    return p
+
+
+def test_a_shape_sent_to_the_pool_retries_inline_once_in_a_while_and_stays_if_fast() -> None:
+    p = _struck()
     ests = [_run(p, KEY, elapsed=80.0) for _ in range(RETRY_INLINE_EVERY - 1)]
     assert ests == [math.inf] * (RETRY_INLINE_EVERY - 1)  # on the pool meanwhile
     assert _run(p, KEY, elapsed=1.0) == 10.0  # the retry runs inline, and is fast
@@ -67,10 +73,7 @@ def test_a_shape_sent_to_the_pool_retries_inline_once_in_a_while_and_stays_if_fa
 
 
 def test_a_slow_retry_keeps_the_shape_on_the_pool() -> None:
-    p = Placement()
-    _run(p, KEY, elapsed=900.0)
-    _run(p, KEY, elapsed=5 * LIMIT)
-    _run(p, KEY, elapsed=5 * LIMIT)
+    p = _struck()
     for _ in range(3):
         for _ in range(RETRY_INLINE_EVERY - 1):
             assert _run(p, KEY, elapsed=80.0) == math.inf
