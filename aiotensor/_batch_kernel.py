@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from ._errors import InvalidArgumentError
-from ._function import _SEQUENCES, FusedOps, FusedValue, _MadeValue, _result, _wrap_arg
+from ._function import FusedOps, FusedValue, _MadeValue, _result, _wrap_arg
+from ._kernels import SEQUENCES
 from ._opdef import OPS, OpDef
 from ._ops._elementwise import relu_into
 from ._program import Budget
@@ -235,7 +236,7 @@ class BatchKernel:
             x = ops._made(np.concatenate(xs) if stacked is None else np.concatenate(xs, out=stacked), self.label)
         out = self.fn(ops, x, *[_wrap_arg(p, ops) for p in params])
         del x
-        self.multi = multi = isinstance(out, _SEQUENCES)
+        self.multi = multi = isinstance(out, SEQUENCES)
         outs = list(out) if multi else [out]
         rows = sum(self.counts)
         budget = self.budget

@@ -39,7 +39,7 @@ import numpy as np
 from ._cost import estimate_us
 from ._engine import Engine, engine_of
 from ._errors import InvalidArgumentError
-from ._kernels import as_numeric, kernel_error
+from ._kernels import SEQUENCES, as_numeric, kernel_error
 from ._opdef import BINARY_OPERATORS, OPS, UNARY_OPERATORS, OpDef
 from ._placement import Placement
 from ._program import Budget
@@ -53,8 +53,6 @@ __all__ = ["FusedFunction", "FusedOps", "FusedValue", "function"]
 _ndarray = np.ndarray
 _ufunc = np.ufunc
 _new = object.__new__
-# isinstance against a tuple: ``tuple | list`` would build a union object on every call.
-_SEQUENCES = (tuple, list)
 _clock = time.perf_counter
 
 
@@ -186,7 +184,7 @@ class FusedOps:
             arr.setflags(True)  # type: ignore[call-arg]
             self._budget.escaped += 1
             out = arr
-        elif isinstance(out, _SEQUENCES):
+        elif isinstance(out, SEQUENCES):
             out = [_result(o, self._budget) for o in out]
         else:
             out = _result(out, self._budget)
@@ -230,7 +228,7 @@ class FusedOps:
             raise error from error.__cause__
         if type(out) is _ndarray:
             return self._made(out, label, args)
-        if isinstance(out, _SEQUENCES):
+        if isinstance(out, SEQUENCES):
             return [self._made(np.asarray(o), label, args) for o in out]
         return self._made(np.asarray(out), label)
 

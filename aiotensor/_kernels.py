@@ -17,6 +17,7 @@ from ._types import NDArray
 
 __all__ = [
     "NUMERIC_KINDS",
+    "SEQUENCES",
     "BadOutputError",
     "BufferInfo",
     "KernelResult",
@@ -34,7 +35,8 @@ NUMERIC_KINDS = frozenset("biufc")
 _PY_NUMBERS = (bool, int, float, complex)
 # isinstance against tuples: ``a | b`` would build a union object on every call.
 _ARRAYS = (np.ndarray, np.generic)
-_SEQUENCES = (tuple, list)
+#: ``isinstance(x, SEQUENCES)``: a list or tuple (a tuple of types, not a union built per call).
+SEQUENCES = (tuple, list)
 
 # Errors a kernel raises because of its arguments. ArithmeticError covers numpy's
 # FloatingPointError under np.errstate(all="raise"); RuntimeWarning is numpy's warning
@@ -144,7 +146,7 @@ def run_kernel(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
 
 def normalize(out: Any) -> KernelResult:
     """A kernel's return value as owned, read-only buffers."""
-    if isinstance(out, _SEQUENCES):
+    if isinstance(out, SEQUENCES):
         if not out:
             raise BadOutputError("kernel returned an empty sequence; expected at least one ndarray")
         return KernelResult([info(finalize(o)) for o in out], True)

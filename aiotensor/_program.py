@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._errors import ResourceExhaustedError
-from ._kernels import as_numeric, kernel_error
+from ._kernels import SEQUENCES, as_numeric, kernel_error
 from ._opdef import OpDef, namespace
 
 if TYPE_CHECKING:
@@ -29,7 +29,6 @@ __all__ = ["Budget", "Program", "Ref", "Slices", "Step"]
 _ndarray = np.ndarray
 _new = object.__new__
 _clock = time.perf_counter
-_SEQUENCES = (list, tuple)  # for isinstance: ``list | tuple`` builds a union per call
 _PlanStep = tuple[
     OpDef,
     Callable[..., Any],
@@ -288,14 +287,14 @@ class Program:
                 budget.count, budget.live, budget.peak = count, live, peak
                 return _Pause(slot - self.nleaves)
         budget.count, budget.live, budget.peak = count, live, peak
-        if len(self.roots) == 1 and not isinstance(vals[self.roots[0]], _SEQUENCES):
+        if len(self.roots) == 1 and not isinstance(vals[self.roots[0]], SEQUENCES):
             budget.escaped = 1 if sizes[self.roots[0]] else 0
             return vals[self.roots[0]]  # one buffer: a backend keeps it as it is (one Dask task)
         results: list[Any] = []
         budget.escaped = sum(1 for r in set(self.roots) if sizes[r])
         for r in self.roots:  # a multi-output root (split) gives several buffers
             v = vals[r]
-            if isinstance(v, _SEQUENCES):
+            if isinstance(v, SEQUENCES):
                 results.extend(v)
             else:
                 results.append(v)
