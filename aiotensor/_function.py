@@ -392,29 +392,16 @@ def _wrap_arg(x: Any, ops: FusedOps) -> Any:
     return x
 
 
-def _own_tensors(engine: Engine, args: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
-    # The common call, on live tensors of the engine's own session: their buffers and the
-    # shape key in one pass, without a call per argument; None for anything else.
-    bufs = []
-    key = []
-    for a in args:
-        if type(a) is not Tensor or a._engine is not engine:
-            return None
-        entry = a._registry._buffers.get(a._rid)
-        if entry is None:
-            return None
-        bufs.append(entry[0])
-        key.append((a._shape, a._dtype))
-    return tuple(bufs), tuple(key)
-
-
 def _shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(
-        [
-            (a._shape, a._dtype) if type(a) is Tensor else (type(a), getattr(a, "shape", None))
-            for a in ((*args, *kwargs.values()) if kwargs else args)
-        ]
-    )
+    # Flat, two entries per argument (a tensor's shape and dtype, or another value's type
+    # and shape), as FusedFunction.__call__ builds it for tensors without this call.
+    key: list[Any] = []
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if type(a) is Tensor:
+            key += (a._shape, a._dtype)
+        else:
+            key += (type(a), getattr(a, "shape", None))
+    return tuple(key)
 
 
 class FusedFunction:
@@ -441,12 +428,25 @@ class FusedFunction:
         if not engine.backend.in_process:
             # The run's bookkeeping (and captured tensors) live in this process.
             raise InvalidArgumentError(f"{op}: fused functions run on local backends only")
-        found = None if kwargs else _own_tensors(engine, args)
-        if found is None:
+        bufs = None
+        if not kwargs:
+            # The common call, on live tensors of the engine's own session: their buffers and
+            # the shape key in one pass, without a call per argument.
+            found = []
+            shapes: list[Any] = []
+            for a in args:
+                if type(a) is not Tensor or a._engine is not engine:
+                    break
+                entry = a._registry._buffers.get(a._rid)
+                if entry is None:
+                    break
+                found.append(entry[0])
+                shapes += (a._shape, a._dtype)
+            else:
+                bufs, key = tuple(found), tuple(shapes)
+        if bufs is None:
             bufs = tuple([engine.buffer(a, op) if type(a) is Tensor else _buffers(engine, a, op) for a in args])
             key = _shape_key(args, kwargs)
-        else:
-            bufs, key = found
         kw = {k: _buffers(engine, v, op) for k, v in kwargs.items()} if kwargs else {}
         budget = Budget("a fused function")
         est = self._placement.estimate(key)
