@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from ._errors import InvalidArgumentError
-from ._function import FusedOps, FusedValue, _MadeValue, _result, _wrap_arg
+from ._function import FusedOps, FusedValue, _MadeValue, _result, _wrap_arg, unknown_op
 from ._kernels import SEQUENCES
 from ._opdef import OPS, OpDef
 from ._ops._elementwise import relu_into
@@ -234,7 +234,13 @@ class BatchKernel:
             x0 = xs[0]
             stacked = take((sum(self.counts), *x0.shape[1:]), x0.dtype)
             x = ops._made(np.concatenate(xs) if stacked is None else np.concatenate(xs, out=stacked), self.label)
-        out = self.fn(ops, x, *[_wrap_arg(p, ops) for p in params])
+        try:
+            out = self.fn(ops, x, *[_wrap_arg(p, ops) for p in params])
+        except AttributeError as exc:
+            error = unknown_op(exc, ops)
+            if error is exc:
+                raise
+            raise error from None
         del x
         self.multi = multi = isinstance(out, SEQUENCES)
         outs = list(out) if multi else [out]

@@ -48,7 +48,7 @@ from ._tensor import Tensor
 if TYPE_CHECKING:
     from ._types import NDArray
 
-__all__ = ["FusedFunction", "FusedOps", "FusedValue", "function"]
+__all__ = ["FusedFunction", "FusedOps", "FusedValue", "function", "unknown_op"]
 
 _ndarray = np.ndarray
 _ufunc = np.ufunc
@@ -158,8 +158,9 @@ class FusedOps:
         super().__init_subclass__(**kwargs)
         cls._plain_kernels = cls._call is FusedOps._call and cls._dead is FusedOps._dead
 
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        raise AttributeError(f"fused functions have no op {name!r}")
+    if TYPE_CHECKING:  # (for type checkers only: see unknown_op)
+
+        def __getattr__(self, name: str) -> Callable[..., Any]: ...
 
     def _kernel(self, *args: Any, **kwargs: Any) -> Any:
         # The kernel of one call of ``_fn`` (the engine runs this bound method): wrap the
@@ -174,10 +175,16 @@ class FusedOps:
                 wrapped.append(v)
             else:
                 wrapped.append(_wrap_arg(a, self))
-        if kwargs:
-            out = self._fn(self, *wrapped, **{k: _wrap_arg(v, self) for k, v in kwargs.items()})  # type: ignore[misc]
-        else:
-            out = self._fn(self, *wrapped)  # type: ignore[misc]
+        try:
+            if kwargs:
+                out = self._fn(self, *wrapped, **{k: _wrap_arg(v, self) for k, v in kwargs.items()})  # type: ignore[misc]
+            else:
+                out = self._fn(self, *wrapped)  # type: ignore[misc]
+        except AttributeError as exc:
+            error = unknown_op(exc, self)
+            if error is exc:
+                raise
+            raise error from None
         if type(out) is _MadeValue and not out._arr.flags.writeable:
             # The common result, one value made in this run: _result's first case, inline.
             arr = out._arr
@@ -382,6 +389,20 @@ def _result(x: Any, budget: Budget) -> Any:
             return arr.copy()
         return arr  # a tensor's buffer (read-only): finalize copies it
     return x
+
+
+def unknown_op(exc: AttributeError, ops: FusedOps) -> AttributeError:
+    """``exc`` as it should read: "fused functions have no op 'name'" if it is ``ops.name`` that failed.
+
+    FusedOps has no ``__getattr__`` to say so itself: CPython cannot specialize attribute
+    reads on a class that has one (each costs ~3x), and the hot path of a fused function
+    reads the ops object's attributes several times per op. Other errors come back as
+    they are.
+    """
+    if exc.obj is not ops or exc.name is None:
+        return exc
+    error = AttributeError(f"fused functions have no op {exc.name!r}", name=exc.name, obj=ops)
+    return error.with_traceback(exc.__traceback__)
 
 
 def _wrap_arg(x: Any, ops: FusedOps) -> Any:

@@ -440,6 +440,17 @@ async def test_a_kernel_error_fails_every_caller_of_its_batch_with_the_error_of_
     del ok
 
 
+async def test_an_unknown_op_inside_says_so(s: at.AsyncEagerSession) -> None:
+    w = await s.constant(W1)
+
+    def unknown(ops: at.FusedOps, x: Any, w: Any) -> Any:
+        return ops.not_an_op(x, w)
+
+    with pytest.raises(at.KernelError, match="no op 'not_an_op'") as info:
+        await at.batched(unknown)(rows(2), w)
+    assert isinstance(info.value.__cause__, AttributeError)
+
+
 async def test_a_kernel_error_leaves_other_batches_alone(s: at.AsyncEagerSession) -> None:
     w, w_other = await s.constant(W1), await s.constant(W1)
     f = at.batched(picky)

@@ -160,6 +160,40 @@ async def test_errors_inside(s: at.AsyncEagerSession) -> None:
     assert after.allocated - after.freed == stats.allocated - stats.freed
 
 
+async def test_an_unknown_op_names_itself_and_other_attribute_errors_pass_as_they_are(
+    s: at.AsyncEagerSession,
+) -> None:
+    # FusedOps has no __getattr__ (it would slow every attribute read of ops): the
+    # "no op" message is made where the function is called, from the AttributeError.
+    x = await s.constant(np.ones(3))
+
+    def unknown(ops: at.FusedOps, x: Any) -> Any:
+        return ops.not_an_op(x)
+
+    with pytest.raises(at.KernelError, match="no op 'not_an_op'") as info:
+        await s.function(unknown)(x)
+    cause = info.value.__cause__
+    assert isinstance(cause, AttributeError)
+    assert cause.name == "not_an_op"
+    assert cause.__suppress_context__  # the generic message does not follow it
+    frames = [tb.tb_frame.f_code.co_name for tb in _walk(cause.__traceback__)]
+    assert "unknown" in frames  # the traceback still reaches the line that asked
+
+    def other(ops: at.FusedOps, x: Any) -> Any:
+        return x.not_a_method()
+
+    with pytest.raises(at.KernelError, match="'FusedValue' object has no attribute 'not_a_method'") as info:
+        await s.function(other)(x)
+    assert isinstance(info.value.__cause__, AttributeError)
+    assert not hasattr(at.FusedOps, "__getattr__")
+
+
+def _walk(tb: Any) -> Any:
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
 async def test_memory_limit_applies_to_intermediates() -> None:
     async with at.AsyncEagerSession(config=at.SessionConfig(memory_limit=100_000)) as s:
         x = await s.zeros(5000)  # 40 kB of the 100 kB
