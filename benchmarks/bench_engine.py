@@ -83,6 +83,14 @@ async def _rows(rounds: int, n: int) -> dict[str, tuple[float, float, float]]:
             return ops.relu(v @ w1) @ w2
 
         fused = s.function(mlp)
+        # "A fused call costs less than the same ops one by one whenever it has more than
+        # two ops": the smallest such function, on tiny tensors (all overhead, no kernel).
+        fused3 = s.function(lambda ops, v, w: (v + w) * w - v)
+
+        async def three_ops() -> Any:
+            h = await s.add(a16, b16)
+            h = await s.multiply(h, b16)
+            return await s.subtract(h, a16)
 
         async def mlp_ops() -> Any:
             h = await s.matmul(tx, tw1)
@@ -120,12 +128,18 @@ async def _rows(rounds: int, n: int) -> dict[str, tuple[float, float, float]]:
                 lambda: _per_call(mlp_ops, n // 4),
             ),
             (
+                "fused 3 ops 16 f32 vs one by one",
+                lambda: _per_call(lambda: fused3(a16, b16), n),
+                lambda: _per_call(three_ops, n),
+            ),
+            (
                 "request session + add vs add",
                 lambda: _per_call(request, n),
                 lambda: _per_call(lambda: s.add(a16, b16), n),
             ),
         ]
         await fused(tx, tw1, tw2)  # the first call of a shape is timed on the pool
+        await fused3(a16, b16)
         for _ in range(rounds):
             for name, variant, baseline in cases:
                 v, b = await variant(), await baseline()

@@ -54,7 +54,8 @@ async def test_engine_benchmark_measures_every_case() -> None:
     from benchmarks import bench_engine
 
     rows = await bench_engine._rows(rounds=1, n=8)
-    assert len(rows) == 6
+    assert len(rows) == 7
+    assert "fused 3 ops 16 f32 vs one by one" in rows
     for variant, baseline, ratio in rows.values():
         assert variant > 0
         assert baseline > 0
