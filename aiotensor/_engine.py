@@ -921,6 +921,42 @@ class Engine:
             return engine
         return found
 
+    def evaluate_inline(self, expr: Expr) -> Any:
+        """``await expr`` without a coroutine: its result when its program runs inline, else ``None``.
+
+        ``Expr.__await__`` tries this first: in a lean session, a program within the
+        inline threshold runs at once through :meth:`call_inline`, as fused calls do,
+        with no coroutine of :meth:`evaluate_expr`, :meth:`_run_program` and
+        :meth:`call` around it. ``None`` (one node, a session that is not lean, a
+        program over the threshold, a spent hold budget, a freed tensor) means await
+        :meth:`evaluate_expr`, which checks and raises what this skips.
+        """
+        if expr._n == 1:
+            return None
+        expr._used = True
+        program, leaves, costs = compiled(expr, _is_tensor, self._xp_name, Expr)
+        engine = self._engine_for(leaves)  # (which may read every leaf: no check per buffer below)
+        lean_loop = engine._lean_loop
+        if lean_loop is None or _get_loop() is not lean_loop:
+            return None
+        bufs = []
+        for t in leaves:
+            entry = t._registry._buffers.get(t._rid)
+            if entry is None:
+                return None
+            bufs.append(entry[0])
+        inline_us = engine._inline_us
+        est = costs.get(inline_us)
+        if est is None:
+            est = costs[inline_us] = program_cost(program, leaves, inline_us)
+        d = expr._d
+        done = engine.call_inline(
+            d.name, program, tuple(bufs), {}, tuple(leaves), user=False, est_us=est, budget=program.budget
+        )
+        if done is None:
+            return None
+        return done[0][0] if d.returns == "one" else _shape_result(d, done[0], True)
+
     async def evaluate_expr(self, expr: Expr) -> Tensor:
         """``await expr``: its tensor, in the session that may read all its tensors."""
         if expr._n == 1:  # one node: the op path (see evaluate)

@@ -315,8 +315,12 @@ class Expr(Operand):
 
     def __await__(self) -> Generator[Any, None, Any]:  # gives a Tensor
         self._used = True
-        waiting: Generator[Any, None, Any] = self._leaf()._engine.evaluate_expr(self).__await__()
-        return waiting
+        engine = self._leaf()._engine
+        # A program that runs inline needs no coroutine: its result is ready at once.
+        done = engine.evaluate_inline(self)
+        if done is not None:
+            return done
+        return (yield from engine.evaluate_expr(self).__await__())
 
     async def eval(self, session: Any = None) -> NDArray:
         """The numpy value, computed in ``session`` (default: the session of its tensors), like ``Tensor.eval``."""

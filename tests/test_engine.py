@@ -399,3 +399,36 @@ async def test_a_sliced_run_fails_as_the_op_would_and_keeps_the_memory_limit(
 
 async def _awaited(e: Any) -> Any:
     return await e
+
+
+async def test_an_expression_that_runs_inline_needs_no_coroutine_and_the_others_take_the_general_path(
+    strategy: at.ResourceCleanupStrategy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Expr.__await__ runs an inline program at once (Engine.evaluate_inline); a session
+    # that is not lean, or a program over the inline threshold, awaits evaluate_expr.
+    from aiotensor._engine import Engine
+
+    general: list[Any] = []
+    original = Engine.evaluate_expr
+
+    async def counted(self: Engine, expr: at.Expr) -> at.Tensor:
+        general.append(expr)
+        return await original(self, expr)
+
+    monkeypatch.setattr(Engine, "evaluate_expr", counted)
+    v = np.arange(6.0)
+    configs: list[tuple[at.SessionConfig, bool]] = [
+        (at.SessionConfig(), True),
+        (at.SessionConfig(memory_limit=1 << 20), False),  # a limit to fit results under: not lean
+        (at.SessionConfig(inline_threshold_us=0.001), False),  # over the threshold: the pool
+    ]
+    for config, inline in configs:
+        general.clear()
+        async with at.AsyncEagerSession(cleanup=strategy, config=config) as s:
+            a = await s.constant(v)
+            t = await ((a * 2.0 + 1.0) / 4.0)
+            np.testing.assert_array_equal(await t.numpy(), (v * 2.0 + 1.0) / 4.0)
+            assert len(general) == (0 if inline else 1), config
+            assert s.stats().live_tensors == 2  # a and the result: no intermediate registered
+            del t, a
+        assert s.stats().live_tensors == 0
