@@ -921,52 +921,48 @@ class Engine:
             return engine
         return found
 
-    def evaluate_inline(self, expr: Expr) -> Any:
-        """``await expr`` without a coroutine: its result when its program runs inline, else ``None``.
+    def evaluate_expr(self, expr: Expr) -> Any:
+        """``await expr``: its tensor at once when its program runs inline, else a coroutine giving it.
 
-        ``Expr.__await__`` tries this first: in a lean session, a program within the
-        inline threshold runs at once through :meth:`call_inline`, as fused calls do,
-        with no coroutine of :meth:`evaluate_expr`, :meth:`_run_program` and
-        :meth:`call` around it. ``None`` (one node, a session that is not lean, a
-        program over the threshold, a spent hold budget, a freed tensor) means await
-        :meth:`evaluate_expr`, which checks and raises what this skips.
+        ``Expr.__await__`` calls this. In a lean session, a program within the inline
+        threshold runs here through :meth:`call_inline`, as fused calls do, with no
+        coroutine of :meth:`_run_program` and :meth:`call` around it. Otherwise (one
+        node, a session that is not lean, a program over the threshold, a spent hold
+        budget, a freed tensor) the coroutine takes the general path, with its checks
+        and errors, on the program compiled here.
         """
-        if expr._n == 1:
-            return None
+        if expr._n == 1:  # one node: the op path (see evaluate)
+            return self._evaluate_one(expr)
         expr._used = True
         program, leaves, costs = compiled(expr, _is_tensor, self._xp_name, Expr)
         engine = self._engine_for(leaves)  # (which may read every leaf: no check per buffer below)
         lean_loop = engine._lean_loop
-        if lean_loop is None or _get_loop() is not lean_loop:
-            return None
-        bufs = []
-        for t in leaves:
-            entry = t._registry._buffers.get(t._rid)
-            if entry is None:
-                return None
-            bufs.append(entry[0])
-        inline_us = engine._inline_us
-        est = costs.get(inline_us)
-        if est is None:
-            est = costs[inline_us] = program_cost(program, leaves, inline_us)
-        d = expr._d
-        done = engine.call_inline(
-            d.name, program, tuple(bufs), {}, tuple(leaves), user=False, est_us=est, budget=program.budget
-        )
-        if done is None:
-            return None
-        return done[0][0] if d.returns == "one" else _shape_result(d, done[0], True)
+        if lean_loop is not None and _get_loop() is lean_loop:
+            bufs = []
+            for t in leaves:
+                entry = t._registry._buffers.get(t._rid)
+                if entry is None:
+                    break
+                bufs.append(entry[0])
+            else:
+                inline_us = engine._inline_us
+                est = costs.get(inline_us)
+                if est is None:
+                    est = costs[inline_us] = program_cost(program, leaves, inline_us)
+                done = engine.call_inline(
+                    expr._d.name, program, tuple(bufs), {}, tuple(leaves), user=False, est_us=est, budget=program.budget
+                )
+                if done is not None:  # (None: nothing ran, the program is still fresh)
+                    return done[0][0] if expr._d.returns == "one" else _shape_result(expr._d, done[0], True)
+        return engine._run_expr(program, leaves, expr, costs)
 
-    async def evaluate_expr(self, expr: Expr) -> Tensor:
-        """``await expr``: its tensor, in the session that may read all its tensors."""
-        if expr._n == 1:  # one node: the op path (see evaluate)
-            (t,) = await self.evaluate([expr], None, choose=True)
-            return t  # type: ignore[no-any-return]
-        expr._used = True
-        program, leaves, costs = compiled(expr, _is_tensor, self._xp_name, Expr)
-        engine = self._engine_for(leaves)
-        tensors = await engine._run_program(program, leaves, [expr], None, costs)
-        return tensors[0]  # type: ignore[no-any-return]
+    async def _evaluate_one(self, expr: Expr) -> Tensor:
+        (t,) = await self.evaluate([expr], None, choose=True)
+        return t  # type: ignore[no-any-return]
+
+    async def _run_expr(self, program: Program, leaves: list[Tensor], expr: Expr, costs: dict[float, float]) -> Any:
+        tensors = await self._run_program(program, leaves, [expr], None, costs)
+        return tensors[0]
 
     async def evaluate(self, roots: list[Expr], name: str | None = None, *, choose: bool = False) -> list[Any]:
         """Evaluate expressions in one program; only their results are registered."""

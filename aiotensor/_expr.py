@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Generator, Sequence
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -315,12 +316,11 @@ class Expr(Operand):
 
     def __await__(self) -> Generator[Any, None, Any]:  # gives a Tensor
         self._used = True
-        engine = self._leaf()._engine
-        # A program that runs inline needs no coroutine: its result is ready at once.
-        done = engine.evaluate_inline(self)
-        if done is not None:
-            return done
-        return (yield from engine.evaluate_expr(self).__await__())
+        # A program that runs inline needs no coroutine: its result is there at once.
+        result = self._leaf()._engine.evaluate_expr(self)
+        if type(result) is CoroutineType:
+            result = yield from result.__await__()
+        return result
 
     async def eval(self, session: Any = None) -> NDArray:
         """The numpy value, computed in ``session`` (default: the session of its tensors), like ``Tensor.eval``."""

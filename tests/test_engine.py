@@ -404,18 +404,27 @@ async def _awaited(e: Any) -> Any:
 async def test_an_expression_that_runs_inline_needs_no_coroutine_and_the_others_take_the_general_path(
     strategy: at.ResourceCleanupStrategy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Expr.__await__ runs an inline program at once (Engine.evaluate_inline); a session
-    # that is not lean, or a program over the inline threshold, awaits evaluate_expr.
+    # Expr.__await__ gets an inline program's result at once from Engine.evaluate_expr; a
+    # session that is not lean, or a program over the inline threshold, awaits the
+    # general path (_run_program), on the program compiled once.
+    from aiotensor import _engine
     from aiotensor._engine import Engine
 
     general: list[Any] = []
-    original = Engine.evaluate_expr
+    original = Engine._run_program
+    compiles: list[Any] = []
+    compiled = _engine.compiled
 
-    async def counted(self: Engine, expr: at.Expr) -> at.Tensor:
-        general.append(expr)
-        return await original(self, expr)
+    async def counted(self: Engine, *args: Any) -> Any:
+        general.append(args)
+        return await original(self, *args)
 
-    monkeypatch.setattr(Engine, "evaluate_expr", counted)
+    def counted_compile(*args: Any) -> Any:
+        compiles.append(args)
+        return compiled(*args)
+
+    monkeypatch.setattr(Engine, "_run_program", counted)
+    monkeypatch.setattr(_engine, "compiled", counted_compile)
     v = np.arange(6.0)
     configs: list[tuple[at.SessionConfig, bool]] = [
         (at.SessionConfig(), True),
@@ -424,11 +433,13 @@ async def test_an_expression_that_runs_inline_needs_no_coroutine_and_the_others_
     ]
     for config, inline in configs:
         general.clear()
+        compiles.clear()
         async with at.AsyncEagerSession(cleanup=strategy, config=config) as s:
             a = await s.constant(v)
             t = await ((a * 2.0 + 1.0) / 4.0)
             np.testing.assert_array_equal(await t.numpy(), (v * 2.0 + 1.0) / 4.0)
             assert len(general) == (0 if inline else 1), config
+            assert len(compiles) == 1
             assert s.stats().live_tensors == 2  # a and the result: no intermediate registered
             del t, a
         assert s.stats().live_tensors == 0
