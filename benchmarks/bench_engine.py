@@ -21,6 +21,7 @@ import numpy as np
 import aiotensor as at
 
 from ._harness import settle_allocator
+from ._minimal import MinimalSession
 
 Timer = Callable[[], Awaitable[float]]
 
@@ -52,6 +53,9 @@ async def _rows(rounds: int, n: int) -> dict[str, tuple[float, float, float]]:
         small2, big2 = small.copy(), big.copy()
         a16, b16 = await s.constant(small), await s.constant(small2)
         a256, b256 = await s.constant(big), await s.constant(big2)
+        # The reference: the least a session of owned tensors can do (_minimal.py).
+        m = MinimalSession()
+        m16, n16, m256, n256 = (m.constant(v) for v in (small, small2, big, big2))
         x = rng.standard_normal((16, 64)).astype(np.float32)
         w1 = rng.standard_normal((64, 512)).astype(np.float32) * 0.1
         w2 = rng.standard_normal((512, 10)).astype(np.float32) * 0.1
@@ -113,6 +117,16 @@ async def _rows(rounds: int, n: int) -> dict[str, tuple[float, float, float]]:
                 lambda: _np(lambda: np.add(big, big2), n // 4),
             ),
             (
+                "minimal session: add 16 f32",
+                lambda: _per_call(lambda: m.add(m16, n16), n),
+                lambda: _np(lambda: np.add(small, small2), n),
+            ),
+            (
+                "minimal session: add 256x256",
+                lambda: _per_call(lambda: m.add(m256, n256), n // 4),
+                lambda: _np(lambda: np.add(big, big2), n // 4),
+            ),
+            (
                 "10-op expr 16 f32",
                 lambda: _per_call(lambda: _awaited(chain_expr(a16)), n),
                 lambda: _np(lambda: chain_np(small), n),
@@ -144,6 +158,7 @@ async def _rows(rounds: int, n: int) -> dict[str, tuple[float, float, float]]:
             for name, variant, baseline in cases:
                 v, b = await variant(), await baseline()
                 results.setdefault(name, []).append((v, b))
+    m.close()
     out = {}
     for name, pairs in results.items():
         v = statistics.median(p[0] for p in pairs)
