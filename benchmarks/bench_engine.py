@@ -106,26 +106,10 @@ async def _rows(rounds: int, n: int) -> dict[str, tuple[float, float, float]]:
                 return await r.add(a16, b16)
 
         cases: list[tuple[str, Timer, Timer]] = [
-            (
-                "add 16 f32",
-                lambda: _per_call(lambda: s.add(a16, b16), n),
-                lambda: _np(lambda: np.add(small, small2), n),
-            ),
-            (
-                "add 256x256 f32",
-                lambda: _per_call(lambda: s.add(a256, b256), n // 4),
-                lambda: _np(lambda: np.add(big, big2), n // 4),
-            ),
-            (
-                "minimal session: add 16 f32",
-                lambda: _per_call(lambda: m.add(m16, n16), n),
-                lambda: _np(lambda: np.add(small, small2), n),
-            ),
-            (
-                "minimal session: add 256x256",
-                lambda: _per_call(lambda: m.add(m256, n256), n // 4),
-                lambda: _np(lambda: np.add(big, big2), n // 4),
-            ),
+            _add_case("add 16 f32", lambda: s.add(a16, b16), small, small2, n),
+            _add_case("add 256x256 f32", lambda: s.add(a256, b256), big, big2, n // 4),
+            _add_case("minimal session: add 16 f32", lambda: m.add(m16, n16), small, small2, n),
+            _add_case("minimal session: add 256x256", lambda: m.add(m256, n256), big, big2, n // 4),
             (
                 "10-op expr 16 f32",
                 lambda: _per_call(lambda: _awaited(chain_expr(a16)), n),
@@ -165,6 +149,11 @@ async def _rows(rounds: int, n: int) -> dict[str, tuple[float, float, float]]:
         b = statistics.median(p[1] for p in pairs)
         out[name] = (v, b, statistics.median(p[0] / p[1] for p in pairs))
     return out
+
+
+def _add_case(name: str, add: Callable[[], Awaitable[Any]], x: Any, y: Any, n: int) -> tuple[str, Timer, Timer]:
+    # An add (awaited) against numpy's np.add(x, y) on the loop thread, n calls each.
+    return name, lambda: _per_call(add, n), lambda: _np(lambda: np.add(x, y), n)
 
 
 async def _awaited(e: at.Expr) -> Any:
