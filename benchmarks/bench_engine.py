@@ -2,9 +2,11 @@
 
 ``python -m benchmarks.bench_engine`` prints, for asyncio and uvloop, the median over
 interleaved rounds of each variant and its ratio to the numpy baseline of the same
-round. Nothing is written to the checkout. The C allocator is settled first
-(``_harness.settle_allocator``): otherwise whether numpy's 256x256 temporaries fault
-depends on what the process freed before.
+round. The "minimal session" rows time the issue's reference implementation
+(``_minimal.py``: the least a session of owned tensors can do) against the same
+baseline, so each run shows the floor beside aiotensor. Nothing is written to the
+checkout. The C allocator is settled first (``_harness.settle_allocator``): otherwise
+whether numpy's 256x256 temporaries fault depends on what the process freed before.
 """
 
 from __future__ import annotations
