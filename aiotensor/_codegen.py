@@ -15,6 +15,7 @@ is one ``@op`` entry in ``_ops/`` and a run of this module.
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 from pathlib import Path
 
@@ -31,6 +32,12 @@ BEGIN, END = (
 #: Other names of an op: the same op under a numpy-familiar name.
 ALIASES = {"asarray": "constant"}
 _RETURNS = {"one": "Tensor", "list": "list[Tensor]", "any": "Tensor | tuple[Tensor, ...]"}
+
+
+def _returns(d: OpDef) -> str:
+    """The return annotation of the op's coroutines (a ``result`` makes the list a tuple)."""
+    return "tuple[Tensor, ...]" if d.result is not None else _RETURNS[d.returns]
+
 
 _BINARY = BINARY_OPERATORS
 _UNARY = UNARY_OPERATORS
@@ -101,7 +108,7 @@ def _doc(d: OpDef, indent: str) -> str:
 
 def _body(d: OpDef, call: str, target: str, has_name: bool, indent: str) -> str:
     name = "name" if has_name else "None"
-    ret = _RETURNS[d.returns]
+    ret = _returns(d)
     if d.elementwise:
         # The engine's synchronous lean path first: one coroutine frame fewer when it applies.
         args = f"({call}{',' if call.count(',') == 0 and call else ''})"
@@ -133,6 +140,11 @@ from ._opdef import OPS
 '''
 
 
+def _natural(name: str) -> list[str | int]:
+    """Sort key ordering digit runs by value (``log2`` before ``log10``), as ruff's RUF022 wants ``__all__``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
 def _surface() -> list[tuple[str, OpDef]]:
     """Each public name with its op: every op, then the aliases."""
     return [(d.name, d) for d in OPS.values()] + [(alias, OPS[name]) for alias, name in ALIASES.items()]
@@ -156,7 +168,7 @@ def session_ops() -> str:
     ]
     for alias, d in _surface():
         params, call, has_name = _params(d)
-        out.append(f"\n    async def {alias}(self, {params}) -> {_RETURNS[d.returns]}:\n")
+        out.append(f"\n    async def {alias}(self, {params}) -> {_returns(d)}:\n")
         out.append(_doc(d, "        "))
         out.append(_body(d, call, "self._engine", has_name, "        "))
     return "".join(out)
@@ -178,7 +190,9 @@ def functional() -> str:
         ),
         "\nif TYPE_CHECKING:\n    from ._tensor import Tensor\n"
         "    from ._types import AxisLike, DTypeLike, ShapeLike, TensorLike\n\n",
-        "__all__ = [\n" + "".join(f'    "{n}",\n' for n in sorted(name for name, _ in _surface())) + "]\n\n",
+        "__all__ = [\n"
+        + "".join(f'    "{n}",\n' for n in sorted((name for name, _ in _surface()), key=_natural))
+        + "]\n\n",
         _bindings(),
     ]
     for alias, d in _surface():
@@ -192,7 +206,7 @@ def functional() -> str:
         seen_kw = "{" + ", ".join(f'"{k}": {k}' for k in kw) + "}" if kw else "None"
         if varkw:
             seen_kw = varkw[0]
-        out.append(f"\n\nasync def {alias}({params}) -> {_RETURNS[d.returns]}:\n")
+        out.append(f"\n\nasync def {alias}({params}) -> {_returns(d)}:\n")
         out.append(_doc(d, "    "))
         out.append(_body(d, call, f"engine_of({seen}, {seen_kw})", has_name, "    "))
     out.append(

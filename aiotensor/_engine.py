@@ -1087,7 +1087,7 @@ def _flat(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[Any]:
 
 def _shape_result(d: OpDef, tensors: list[Tensor], multi: bool) -> Any:
     if d.returns == "list":
-        return tensors
+        return tensors if d.result is None else d.result(tensors)
     if d.returns == "any" and multi:
         return tuple(tensors)
     return tensors[0]

@@ -236,7 +236,8 @@ class FusedOps:
         if type(out) is _ndarray:
             return self._made(out, label, args)
         if isinstance(out, SEQUENCES):
-            return [self._made(np.asarray(o), label, args) for o in out]
+            outs = [self._made(np.asarray(o), label, args) for o in out]
+            return outs if d.result is None else d.result(outs)
         return self._made(np.asarray(out), label)
 
     def _plain(self, d: OpDef, vals: tuple[Any, ...]) -> Any:

@@ -22,24 +22,47 @@ if TYPE_CHECKING:
 
 __all__ = [
     "abs",
+    "acos",
+    "acosh",
     "add",
+    "all",
+    "any",
     "apply",
     "arange",
     "argmax",
     "argmin",
     "asarray",
+    "asin",
+    "asinh",
     "astype",
+    "atan",
+    "atan2",
+    "atanh",
+    "bitwise_and",
+    "bitwise_invert",
+    "bitwise_left_shift",
+    "bitwise_or",
+    "bitwise_right_shift",
+    "bitwise_xor",
     "broadcast_to",
     "ceil",
     "clip",
     "concat",
+    "conj",
     "constant",
+    "copysign",
     "cos",
+    "cosh",
+    "count_nonzero",
+    "cumulative_prod",
+    "cumulative_sum",
+    "diff",
     "divide",
     "einsum",
     "equal",
     "exp",
     "expand_dims",
+    "expm1",
     "eye",
     "floor",
     "floor_divide",
@@ -47,17 +70,24 @@ __all__ = [
     "getitem",
     "greater",
     "greater_equal",
+    "hypot",
+    "imag",
     "isfinite",
+    "isinf",
     "isnan",
     "less",
     "less_equal",
     "linspace",
     "log",
     "log1p",
+    "log2",
+    "log10",
     "log_softmax",
+    "logaddexp",
     "logical_and",
     "logical_not",
     "logical_or",
+    "logical_xor",
     "matmul",
     "max",
     "maximum",
@@ -66,21 +96,27 @@ __all__ = [
     "minimum",
     "multiply",
     "negative",
+    "nextafter",
     "not_equal",
     "ones",
     "ones_like",
     "permute_dims",
+    "positive",
     "pow",
     "prod",
     "random_normal",
     "random_uniform",
+    "real",
+    "reciprocal",
     "relu",
     "remainder",
     "reshape",
     "round",
     "sigmoid",
     "sign",
+    "signbit",
     "sin",
+    "sinh",
     "softmax",
     "split",
     "sqrt",
@@ -91,8 +127,10 @@ __all__ = [
     "subtract",
     "sum",
     "take",
+    "tan",
     "tanh",
     "tensordot",
+    "trunc",
     "var",
     "where",
     "zeros",
@@ -149,6 +187,38 @@ _isfinite = OPS["isfinite"]
 _round = OPS["round"]
 _clip = OPS["clip"]
 _where = OPS["where"]
+_acos = OPS["acos"]
+_acosh = OPS["acosh"]
+_asin = OPS["asin"]
+_asinh = OPS["asinh"]
+_atan = OPS["atan"]
+_atan2 = OPS["atan2"]
+_atanh = OPS["atanh"]
+_tan = OPS["tan"]
+_sinh = OPS["sinh"]
+_cosh = OPS["cosh"]
+_expm1 = OPS["expm1"]
+_log2 = OPS["log2"]
+_log10 = OPS["log10"]
+_logaddexp = OPS["logaddexp"]
+_hypot = OPS["hypot"]
+_copysign = OPS["copysign"]
+_nextafter = OPS["nextafter"]
+_reciprocal = OPS["reciprocal"]
+_positive = OPS["positive"]
+_trunc = OPS["trunc"]
+_signbit = OPS["signbit"]
+_isinf = OPS["isinf"]
+_conj = OPS["conj"]
+_real = OPS["real"]
+_imag = OPS["imag"]
+_logical_xor = OPS["logical_xor"]
+_bitwise_and = OPS["bitwise_and"]
+_bitwise_or = OPS["bitwise_or"]
+_bitwise_xor = OPS["bitwise_xor"]
+_bitwise_invert = OPS["bitwise_invert"]
+_bitwise_left_shift = OPS["bitwise_left_shift"]
+_bitwise_right_shift = OPS["bitwise_right_shift"]
 _sum = OPS["sum"]
 _prod = OPS["prod"]
 _mean = OPS["mean"]
@@ -160,6 +230,12 @@ _argmax = OPS["argmax"]
 _argmin = OPS["argmin"]
 _softmax = OPS["softmax"]
 _log_softmax = OPS["log_softmax"]
+_all = OPS["all"]
+_any = OPS["any"]
+_count_nonzero = OPS["count_nonzero"]
+_cumulative_sum = OPS["cumulative_sum"]
+_cumulative_prod = OPS["cumulative_prod"]
+_diff = OPS["diff"]
 _matmul = OPS["matmul"]
 _tensordot = OPS["tensordot"]
 _einsum = OPS["einsum"]
@@ -614,6 +690,294 @@ async def where(condition: TensorLike, x1: TensorLike, x2: TensorLike, /, *, nam
     return r
 
 
+async def acos(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise inverse cosine, in radians (``numpy.arccos``)."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_acos, (x,), name)
+    if r is None:
+        r = await engine.op(_acos, (x,), None, None, name)
+    return r
+
+
+async def acosh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise inverse hyperbolic cosine (``numpy.arccosh``)."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_acosh, (x,), name)
+    if r is None:
+        r = await engine.op(_acosh, (x,), None, None, name)
+    return r
+
+
+async def asin(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise inverse sine, in radians (``numpy.arcsin``)."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_asin, (x,), name)
+    if r is None:
+        r = await engine.op(_asin, (x,), None, None, name)
+    return r
+
+
+async def asinh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise inverse hyperbolic sine (``numpy.arcsinh``)."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_asinh, (x,), name)
+    if r is None:
+        r = await engine.op(_asinh, (x,), None, None, name)
+    return r
+
+
+async def atan(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise inverse tangent, in radians (``numpy.arctan``)."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_atan, (x,), name)
+    if r is None:
+        r = await engine.op(_atan, (x,), None, None, name)
+    return r
+
+
+async def atan2(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise angle of the point ``(x2, x1)``, quadrant-aware (``numpy.arctan2``)."""
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_atan2, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_atan2, (x1, x2), None, None, name)
+    return r
+
+
+async def atanh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise inverse hyperbolic tangent (``numpy.arctanh``)."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_atanh, (x,), name)
+    if r is None:
+        r = await engine.op(_atanh, (x,), None, None, name)
+    return r
+
+
+async def tan(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise tangent."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_tan, (x,), name)
+    if r is None:
+        r = await engine.op(_tan, (x,), None, None, name)
+    return r
+
+
+async def sinh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise hyperbolic sine."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_sinh, (x,), name)
+    if r is None:
+        r = await engine.op(_sinh, (x,), None, None, name)
+    return r
+
+
+async def cosh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise hyperbolic cosine."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_cosh, (x,), name)
+    if r is None:
+        r = await engine.op(_cosh, (x,), None, None, name)
+    return r
+
+
+async def expm1(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise ``e ** x - 1``, exact for small x."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_expm1, (x,), name)
+    if r is None:
+        r = await engine.op(_expm1, (x,), None, None, name)
+    return r
+
+
+async def log2(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise base-2 logarithm."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_log2, (x,), name)
+    if r is None:
+        r = await engine.op(_log2, (x,), None, None, name)
+    return r
+
+
+async def log10(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise base-10 logarithm."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_log10, (x,), name)
+    if r is None:
+        r = await engine.op(_log10, (x,), None, None, name)
+    return r
+
+
+async def logaddexp(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise ``log(exp(x1) + exp(x2))``, without overflow."""
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_logaddexp, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_logaddexp, (x1, x2), None, None, name)
+    return r
+
+
+async def hypot(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise ``sqrt(x1 ** 2 + x2 ** 2)``, without overflow."""
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_hypot, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_hypot, (x1, x2), None, None, name)
+    return r
+
+
+async def copysign(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise ``|x1|`` with the sign of ``x2`` (signed zeros and NaN signs included)."""
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_copysign, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_copysign, (x1, x2), None, None, name)
+    return r
+
+
+async def nextafter(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise next representable float after ``x1`` towards ``x2``."""
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_nextafter, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_nextafter, (x1, x2), None, None, name)
+    return r
+
+
+async def reciprocal(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise ``1 / x`` (``numpy.reciprocal``: integer input gives integer results)."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_reciprocal, (x,), name)
+    if r is None:
+        r = await engine.op(_reciprocal, (x,), None, None, name)
+    return r
+
+
+async def positive(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise ``+x`` (a copy of numeric ``x``)."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_positive, (x,), name)
+    if r is None:
+        r = await engine.op(_positive, (x,), None, None, name)
+    return r
+
+
+async def trunc(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise rounding towards zero."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_trunc, (x,), name)
+    if r is None:
+        r = await engine.op(_trunc, (x,), None, None, name)
+    return r
+
+
+async def signbit(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise whether the sign bit is set (true for ``-0.0``; bool)."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_signbit, (x,), name)
+    if r is None:
+        r = await engine.op(_signbit, (x,), None, None, name)
+    return r
+
+
+async def isinf(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise whether ``+inf`` or ``-inf`` (bool)."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_isinf, (x,), name)
+    if r is None:
+        r = await engine.op(_isinf, (x,), None, None, name)
+    return r
+
+
+async def conj(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise complex conjugate (real input unchanged)."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_conj, (x,), name)
+    if r is None:
+        r = await engine.op(_conj, (x,), None, None, name)
+    return r
+
+
+async def real(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise real part (``float32`` for ``complex64``; real input copied)."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_real, (x,), name)
+    if r is None:
+        r = await engine.op(_real, (x,), None, None, name)
+    return r
+
+
+async def imag(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise imaginary part (``float32`` for ``complex64``; zeros for real input)."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_imag, (x,), name)
+    if r is None:
+        r = await engine.op(_imag, (x,), None, None, name)
+    return r
+
+
+async def logical_xor(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise logical exclusive or (bool)."""
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_logical_xor, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_logical_xor, (x1, x2), None, None, name)
+    return r
+
+
+async def bitwise_and(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise bitwise ``x1 & x2`` (integer or bool)."""
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_bitwise_and, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_bitwise_and, (x1, x2), None, None, name)
+    return r
+
+
+async def bitwise_or(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise bitwise ``x1 | x2`` (integer or bool)."""
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_bitwise_or, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_bitwise_or, (x1, x2), None, None, name)
+    return r
+
+
+async def bitwise_xor(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise bitwise ``x1 ^ x2`` (integer or bool)."""
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_bitwise_xor, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_bitwise_xor, (x1, x2), None, None, name)
+    return r
+
+
+async def bitwise_invert(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise bitwise ``~x`` (integer or bool)."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_bitwise_invert, (x,), name)
+    if r is None:
+        r = await engine.op(_bitwise_invert, (x,), None, None, name)
+    return r
+
+
+async def bitwise_left_shift(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise ``x1 << x2`` (integers; ``x2`` non-negative)."""
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_bitwise_left_shift, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_bitwise_left_shift, (x1, x2), None, None, name)
+    return r
+
+
+async def bitwise_right_shift(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise ``x1 >> x2``, arithmetic for signed integers (``x2`` non-negative)."""
+    engine = engine_of((x1, x2,), None)
+    r = engine.lean(_bitwise_right_shift, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_bitwise_right_shift, (x1, x2), None, None, name)
+    return r
+
+
 async def sum(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
     """Sum over ``axis``."""
     p_args, p_kwargs, p_nbytes = _sum.spec(x, axis=axis, keepdims=keepdims, dtype=dtype)
@@ -688,6 +1052,48 @@ async def log_softmax(x: TensorLike, /, *, axis: int = -1, name: str | None = No
     """``log(softmax(x))`` along ``axis``, computed stably."""
     p_args, p_kwargs, p_nbytes = _log_softmax.spec(x, axis=axis)
     r: Tensor = await engine_of((x,), {"axis": axis}).op(_log_softmax, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def all(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+    """Whether every element along ``axis`` is true (non-zero; NaN counts as true; bool)."""
+    p_args, p_kwargs, p_nbytes = _all.spec(x, axis=axis, keepdims=keepdims)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(_all, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def any(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+    """Whether any element along ``axis`` is true (non-zero; NaN counts as true; bool)."""
+    p_args, p_kwargs, p_nbytes = _any.spec(x, axis=axis, keepdims=keepdims)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(_any, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def count_nonzero(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+    """The number of non-zero elements along ``axis`` (int64)."""
+    p_args, p_kwargs, p_nbytes = _count_nonzero.spec(x, axis=axis, keepdims=keepdims)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(_count_nonzero, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def cumulative_sum(x: TensorLike, /, *, axis: int | None = None, dtype: DTypeLike | None = None, include_initial: bool = False, name: str | None = None) -> Tensor:
+    """Cumulative sum along ``axis`` (optional for 1-d ``x``); ``include_initial`` starts with a 0."""
+    p_args, p_kwargs, p_nbytes = _cumulative_sum.spec(x, axis=axis, dtype=dtype, include_initial=include_initial)
+    r: Tensor = await engine_of((x,), {"axis": axis, "dtype": dtype, "include_initial": include_initial}).op(_cumulative_sum, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def cumulative_prod(x: TensorLike, /, *, axis: int | None = None, dtype: DTypeLike | None = None, include_initial: bool = False, name: str | None = None) -> Tensor:
+    """Cumulative product along ``axis`` (optional for 1-d ``x``); ``include_initial`` starts with a 1."""
+    p_args, p_kwargs, p_nbytes = _cumulative_prod.spec(x, axis=axis, dtype=dtype, include_initial=include_initial)
+    r: Tensor = await engine_of((x,), {"axis": axis, "dtype": dtype, "include_initial": include_initial}).op(_cumulative_prod, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def diff(x: TensorLike, /, *, axis: int = -1, n: int = 1, prepend: TensorLike | None = None, append: TensorLike | None = None, name: str | None = None) -> Tensor:
+    """The ``n``-th forward difference ``x[i + 1] - x[i]`` along ``axis``, after joining ``prepend``/``append``."""
+    p_args, p_kwargs, p_nbytes = _diff.spec(x, axis=axis, n=n, prepend=prepend, append=append)
+    r: Tensor = await engine_of((x,), {"axis": axis, "n": n, "prepend": prepend, "append": append}).op(_diff, p_args, p_kwargs, p_nbytes, name)
     return r
 
 

@@ -58,6 +58,7 @@ class OpDef:
         "label",
         "name",
         "plain",
+        "result",
         "returns",
         "spec",
         "ufunc",
@@ -76,6 +77,7 @@ class OpDef:
         blas: bool,
         user: bool,
         ufunc: bool = False,
+        result: Callable[[list[Any]], Any] | None = None,
     ) -> None:
         self.name: str = spec.__name__.rstrip("_")
         #: What an unnamed result of the op is labelled with (its name is made from it when read).
@@ -95,6 +97,9 @@ class OpDef:
         #: The kernel is one element-wise ufunc over the data args, called without keyword
         #: args: a backend may split a large one across workers (``_split``).
         self.ufunc = ufunc
+        #: What a ``returns="list"`` op gives instead of the list of its results: ``tuple``,
+        #: or a named tuple's ``_make`` (``unique_all`` gives ``UniqueAllResult``).
+        self.result = result
         self._np_kernel: Callable[..., Any] | None = None
 
     @property
@@ -181,6 +186,7 @@ def op(
     blas: bool = False,
     user: bool = False,
     ufunc: bool = False,
+    result: Callable[[list[Any]], Any] | None = None,
 ) -> Callable[[Callable[..., Prepared | None]], OpDef]:
     """Define an op from its spec function (see the module docstring)."""
 
@@ -196,6 +202,7 @@ def op(
             blas=blas,
             user=user,
             ufunc=ufunc,
+            result=result,
         )
         if d.name in OPS:
             raise RuntimeError(f"op {d.name!r} is defined twice")

@@ -11,6 +11,7 @@ import pytest
 import aiotensor as at
 
 from ._opcheck import assert_invalid, check_op
+from ._stdcheck import ParityCase, check_std, strict
 
 REDUCTIONS: dict[str, Callable[..., Any]] = {
     "sum": np.sum,
@@ -145,3 +146,126 @@ async def test_reduction_errors(
     t = await sc.constant(np.arange(6.0).reshape(2, 3))
     await assert_invalid(sc, lambda: call(sc, t), op, *fragments)
     np.testing.assert_array_equal(await (await sc.sum(t, axis=0)).numpy(), [3.0, 5.0, 7.0])
+
+
+# -- the standard's utility and cumulative functions ----------------------------------
+
+
+def values(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """Small integers (exact in every dtype) of ``dtype``; bools from their truth."""
+    return np.asarray(_rng.integers(-3, 4, size=shape)).astype(dtype)
+
+
+def _count_nonzero(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    return np.asarray(np.count_nonzero(x, axis=axis, keepdims=keepdims), dtype=np.int64)
+
+
+def _cumulative(fn: Callable[..., Any], initial: int) -> Callable[..., Any]:
+    def ref(x: Any, axis: Any = None, dtype: Any = None, include_initial: bool = False) -> Any:
+        x = np.asarray(x)
+        if axis is None:
+            if x.ndim != 1:
+                raise ValueError("axis required")
+            axis = 0
+        out = fn(x, axis=axis, dtype=dtype)
+        if include_initial:
+            shape = list(out.shape)
+            shape[axis] = 1
+            out = np.concatenate([np.full(shape, initial, out.dtype), out], axis=axis)
+        return out
+
+    return ref
+
+
+STD_UTILITIES: dict[str, Callable[..., Any]] = {
+    "all": np.all,
+    "any": np.any,
+    "count_nonzero": _count_nonzero,
+}
+CUMULATIVE: dict[str, Callable[..., Any]] = {
+    "cumulative_sum": _cumulative(np.cumsum, 0),
+    "cumulative_prod": _cumulative(np.cumprod, 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STD_UTILITIES))
+async def test_all_any_count_nonzero(s: at.AsyncEagerSession, name: str) -> None:
+    ref = STD_UTILITIES[name]
+    special = np.array([[0.0, np.nan], [-0.0, np.inf]])
+    cases = [values((2, 3, 4), dt) for dt in DTYPES] + [special, np.array(0.0), np.zeros((0, 3)), np.array([1j, 0j])]
+    for x in cases:
+        for axis in [None, 0, -1, (0, 1)]:
+            for keepdims in (False, True):
+                if x.ndim == 0 and axis not in (None,):
+                    continue
+                await check_std(s, name, ref, x, exact=True, axis=axis, keepdims=keepdims)
+    await check_std(s, name, strict(name), np.array([[True, False], [False, False]]), axis=1)
+    await check_std(s, name, strict(name), special, axis=(0, 1), keepdims=True)
+    await check_std(s, name, ref, values((2, 3), np.float64), axis=2)  # out of range: InvalidArgumentError
+
+
+@pytest.mark.parametrize("name", sorted(CUMULATIVE))
+async def test_cumulative(s: at.AsyncEagerSession, name: str) -> None:
+    ref = CUMULATIVE[name]
+    for dt in DTYPES:
+        for include_initial in (False, True):
+            await check_std(s, name, ref, values((5,), dt), include_initial=include_initial)
+            await check_std(s, name, ref, values((2, 3), dt), axis=1, include_initial=include_initial)
+            await check_std(s, name, ref, values((2, 0, 3), dt), axis=1, include_initial=include_initial)
+            await check_std(s, name, ref, values((2, 3), dt), axis=-2, include_initial=include_initial)
+        if dt is not np.bool_:  # (the standard leaves bool out; numpy counts it as 0 and 1)
+            await check_std(s, name, strict(name), values((4,), dt))
+    await check_std(s, name, ref, values((3,), np.int32), dtype=np.float32, include_initial=True)
+    await check_std(s, name, strict(name), values((2, 3), np.float32), axis=0, include_initial=True)
+    await check_std(s, name, ref, np.array([np.nan, 1.0, np.inf, -0.0]), exact=True)
+    await check_std(s, name, ref, values((2, 3), np.float64))  # axis is required past 1-d
+    await check_std(s, name, ref, np.array(1.0))  # and a 0-d input has no axis
+    await check_std(s, name, ref, values((3,), np.float64), axis=1)
+
+
+def _diff(x: Any, axis: int = -1, n: int = 1, prepend: Any = None, append: Any = None) -> Any:
+    kwargs = {k: v for k, v in (("prepend", prepend), ("append", append)) if v is not None}
+    return np.diff(x, n=n, axis=axis, **kwargs)
+
+
+async def test_diff(s: at.AsyncEagerSession) -> None:
+    for dt in DTYPES[:-1]:
+        x = values((3, 5), dt)
+        await check_std(s, "diff", _diff, x)
+        await check_std(s, "diff", _diff, x, axis=0)
+        await check_std(s, "diff", _diff, x, n=2)
+        await check_std(s, "diff", _diff, x, n=0)
+        await check_std(s, "diff", _diff, x, n=7)  # more than the axis: empty
+        await check_std(s, "diff", _diff, x, axis=0, prepend=values((1, 5), dt), append=values((2, 5), dt))
+    await check_std(s, "diff", _diff, np.array([True, False, True]))  # numpy: not_equal
+    await check_std(s, "diff", _diff, np.array([1.0, np.inf, np.inf, np.nan]))
+    await check_std(s, "diff", _diff, values((4,), np.float64), prepend=values((1,), np.float64))
+    await check_std(s, "diff", strict("diff"), values((2, 4), np.int32), axis=1, n=2)
+    await check_std(s, "diff", _diff, np.array(1.0))  # 0-d: no axis to difference
+    await check_std(s, "diff", _diff, values((3,), np.float64), axis=3)
+
+
+async def test_utility_bad_arguments(sc: at.AsyncEagerSession) -> None:
+    x = await sc.constant(values((2, 3), np.float64))
+    await assert_invalid(sc, lambda: sc.diff(x, n=-1), "diff", "n")
+    await assert_invalid(sc, lambda: sc.diff(x, n="2"), "diff", "n")  # type: ignore[arg-type]
+    await assert_invalid(sc, lambda: sc.cumulative_sum(x), "cumulative_sum", "axis")
+    await assert_invalid(sc, lambda: sc.cumulative_prod(x, axis=0, dtype="S3"), "cumulative_prod")
+    await assert_invalid(sc, lambda: sc.all(x, axis="0"), "all")  # type: ignore[arg-type]
+    await assert_invalid(sc, lambda: sc.count_nonzero(x, axis=5), "count_nonzero")
+    await assert_invalid(sc, lambda: sc.any(None), "any")
+
+
+PARITY_CASES: list[ParityCase] = [
+    ("all", (values((2, 3), np.float64),), {"axis": 0}, np.all),
+    ("any", (values((2, 3), np.int32),), {"axis": None, "keepdims": True}, np.any),
+    ("count_nonzero", (values((2, 3), np.float64),), {"axis": 1}, _count_nonzero),
+    (
+        "cumulative_sum",
+        (values((2, 3), np.float32),),
+        {"axis": 1, "include_initial": True},
+        CUMULATIVE["cumulative_sum"],
+    ),
+    ("cumulative_prod", (values((4,), np.int64),), {}, CUMULATIVE["cumulative_prod"]),
+    ("diff", (values((2, 5), np.float64),), {"axis": -1, "n": 2}, _diff),
+]

@@ -80,6 +80,24 @@ def _k_clip(xp: Any, x: Any, lo: Any, hi: Any) -> Any:
     return xp.clip(x, lo, hi)
 
 
+def _k_floor_divide(xp: Any, x1: Any, x2: Any) -> Any:
+    q = xp.floor_divide(x1, x2)
+    if xp is not np or q.dtype.kind != "f":
+        return q
+    # The standard's special cases numpy misses (it gives NaN for inf // 2 and -1 for
+    # -1 // inf): where one operand is infinite and the other finite, the result is the
+    # true quotient, an infinity or a signed zero.
+    a, b = np.asarray(x1), np.asarray(x2)
+    inf_a, inf_b = np.isinf(a), np.isinf(b)
+    if not (inf_a.any() or inf_b.any()):
+        return q
+    mask = (inf_a & np.isfinite(b)) | (np.isfinite(a) & inf_b)
+    q = np.array(q)  # writable, also when numpy gave a scalar
+    with np.errstate(all="ignore"):  # the quotient elsewhere (inf / inf) is not used
+        np.copyto(q, np.true_divide(a, b), casting="unsafe", where=mask)
+    return q
+
+
 # fmt: off
 @op("add", data=2, cost=M, plain=True, ufunc=True)
 def add(x1: TensorLike, x2: TensorLike, /) -> None:
@@ -97,7 +115,7 @@ def multiply(x1: TensorLike, x2: TensorLike, /) -> None:
 def divide(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 / x2`` (true division)."""
 
-@op("floor_divide", data=2, cost=Cost.DIVMOD, plain=True, ufunc=True)
+@op(_k_floor_divide, data=2, cost=Cost.DIVMOD, plain=True)
 def floor_divide(x1: TensorLike, x2: TensorLike, /) -> None:
     """Element-wise ``x1 // x2``."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._opdef import Cost, Prepared, op
-from ._checks import check_dtype
+from ._checks import check_dtype, count
 
 if TYPE_CHECKING:
     from .._types import AxisLike, DTypeLike, TensorLike
@@ -95,3 +95,76 @@ def softmax(x: TensorLike, /, *, axis: int = -1) -> Prepared:
 def log_softmax(x: TensorLike, /, *, axis: int = -1) -> Prepared:
     """``log(softmax(x))`` along ``axis``, computed stably."""
     return (x,), {"axis": axis}, None
+
+
+@op("all", data=1, cost=M)
+def all(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False) -> Prepared:
+    """Whether every element along ``axis`` is true (non-zero; NaN counts as true; bool)."""
+    return (x,), {"axis": _axes(axis), "keepdims": keepdims}, None
+
+
+@op("any", data=1, cost=M)
+def any(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False) -> Prepared:
+    """Whether any element along ``axis`` is true (non-zero; NaN counts as true; bool)."""
+    return (x,), {"axis": _axes(axis), "keepdims": keepdims}, None
+
+
+def _k_count_nonzero(xp: Any, x: Any, axis: Any, keepdims: bool) -> Any:
+    n = xp.count_nonzero(x, axis=axis, keepdims=keepdims)
+    return xp.asarray(n, dtype=xp.int64)  # numpy gives a python int for the whole array
+
+
+@op(_k_count_nonzero, data=1, cost=M)
+def count_nonzero(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False) -> Prepared:
+    """The number of non-zero elements along ``axis`` (int64)."""
+    return (x, _axes(axis), keepdims), None, None
+
+
+def _k_cumulative(xp: Any, x: Any, fn: str, axis: int | None, dtype: Any, include_initial: bool) -> Any:
+    x = xp.asarray(x)
+    if axis is None:
+        if x.ndim != 1:  # the standard requires the axis unless x is 1-d
+            raise ValueError(f"axis is required for a {x.ndim}-d input (axis=None only for 1-d)")
+        axis = 0
+    out = getattr(xp, fn)(x, axis=axis, dtype=dtype)
+    if include_initial:
+        shape = list(out.shape)
+        shape[axis] = 1
+        initial = xp.full(shape, 0 if fn == "cumsum" else 1, dtype=out.dtype)
+        out = xp.concatenate([initial, out], axis=axis)
+    return out
+
+
+@op(_k_cumulative, data=1, cost=M)
+def cumulative_sum(
+    x: TensorLike, /, *, axis: int | None = None, dtype: DTypeLike | None = None, include_initial: bool = False
+) -> Prepared:
+    """Cumulative sum along ``axis`` (optional for 1-d ``x``); ``include_initial`` starts with a 0."""
+    return (x, "cumsum", axis, check_dtype(dtype, "cumulative_sum"), include_initial), None, None
+
+
+@op(_k_cumulative, data=1, cost=M)
+def cumulative_prod(
+    x: TensorLike, /, *, axis: int | None = None, dtype: DTypeLike | None = None, include_initial: bool = False
+) -> Prepared:
+    """Cumulative product along ``axis`` (optional for 1-d ``x``); ``include_initial`` starts with a 1."""
+    return (x, "cumprod", axis, check_dtype(dtype, "cumulative_prod"), include_initial), None, None
+
+
+def _k_diff(xp: Any, x: Any, axis: int, n: int, prepend: Any, append: Any) -> Any:
+    kwargs = {k: v for k, v in (("prepend", prepend), ("append", append)) if v is not None}
+    return xp.diff(x, n=n, axis=axis, **kwargs)
+
+
+@op(_k_diff, data=1, cost=M)
+def diff(
+    x: TensorLike,
+    /,
+    *,
+    axis: int = -1,
+    n: int = 1,
+    prepend: TensorLike | None = None,
+    append: TensorLike | None = None,
+) -> Prepared:
+    """The ``n``-th forward difference ``x[i + 1] - x[i]`` along ``axis``, after joining ``prepend``/``append``."""
+    return (x, axis, count(n, "n", "diff"), prepend, append), None, None
