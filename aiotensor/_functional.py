@@ -31,6 +31,7 @@ __all__ = [
     "arange",
     "argmax",
     "argmin",
+    "argsort",
     "asarray",
     "asin",
     "asinh",
@@ -44,6 +45,7 @@ __all__ = [
     "bitwise_or",
     "bitwise_right_shift",
     "bitwise_xor",
+    "broadcast_arrays",
     "broadcast_to",
     "ceil",
     "clip",
@@ -59,20 +61,26 @@ __all__ = [
     "diff",
     "divide",
     "einsum",
+    "empty",
+    "empty_like",
     "equal",
     "exp",
     "expand_dims",
     "expm1",
     "eye",
+    "flip",
     "floor",
     "floor_divide",
+    "from_dlpack",
     "full",
+    "full_like",
     "getitem",
     "greater",
     "greater_equal",
     "hypot",
     "imag",
     "isfinite",
+    "isin",
     "isinf",
     "isnan",
     "less",
@@ -89,14 +97,18 @@ __all__ = [
     "logical_or",
     "logical_xor",
     "matmul",
+    "matrix_transpose",
     "max",
     "maximum",
     "mean",
+    "meshgrid",
     "min",
     "minimum",
+    "moveaxis",
     "multiply",
     "negative",
     "nextafter",
+    "nonzero",
     "not_equal",
     "ones",
     "ones_like",
@@ -110,14 +122,18 @@ __all__ = [
     "reciprocal",
     "relu",
     "remainder",
+    "repeat",
     "reshape",
+    "roll",
     "round",
+    "searchsorted",
     "sigmoid",
     "sign",
     "signbit",
     "sin",
     "sinh",
     "softmax",
+    "sort",
     "split",
     "sqrt",
     "square",
@@ -127,11 +143,21 @@ __all__ = [
     "subtract",
     "sum",
     "take",
+    "take_along_axis",
     "tan",
     "tanh",
     "tensordot",
+    "tile",
+    "tril",
+    "triu",
     "trunc",
+    "unique_all",
+    "unique_counts",
+    "unique_inverse",
+    "unique_values",
+    "unstack",
     "var",
+    "vecdot",
     "where",
     "zeros",
     "zeros_like",
@@ -149,6 +175,13 @@ _linspace = OPS["linspace"]
 _eye = OPS["eye"]
 _random_uniform = OPS["random_uniform"]
 _random_normal = OPS["random_normal"]
+_empty = OPS["empty"]
+_empty_like = OPS["empty_like"]
+_full_like = OPS["full_like"]
+_tril = OPS["tril"]
+_triu = OPS["triu"]
+_from_dlpack = OPS["from_dlpack"]
+_meshgrid = OPS["meshgrid"]
 _add = OPS["add"]
 _subtract = OPS["subtract"]
 _multiply = OPS["multiply"]
@@ -187,6 +220,14 @@ _isfinite = OPS["isfinite"]
 _round = OPS["round"]
 _clip = OPS["clip"]
 _where = OPS["where"]
+_flip = OPS["flip"]
+_roll = OPS["roll"]
+_moveaxis = OPS["moveaxis"]
+_repeat = OPS["repeat"]
+_tile = OPS["tile"]
+_unstack = OPS["unstack"]
+_broadcast_arrays = OPS["broadcast_arrays"]
+_take_along_axis = OPS["take_along_axis"]
 _acos = OPS["acos"]
 _acosh = OPS["acosh"]
 _asin = OPS["asin"]
@@ -236,6 +277,15 @@ _count_nonzero = OPS["count_nonzero"]
 _cumulative_sum = OPS["cumulative_sum"]
 _cumulative_prod = OPS["cumulative_prod"]
 _diff = OPS["diff"]
+_sort = OPS["sort"]
+_argsort = OPS["argsort"]
+_searchsorted = OPS["searchsorted"]
+_nonzero = OPS["nonzero"]
+_unique_all = OPS["unique_all"]
+_unique_counts = OPS["unique_counts"]
+_unique_inverse = OPS["unique_inverse"]
+_unique_values = OPS["unique_values"]
+_isin = OPS["isin"]
 _matmul = OPS["matmul"]
 _tensordot = OPS["tensordot"]
 _einsum = OPS["einsum"]
@@ -250,6 +300,8 @@ _broadcast_to = OPS["broadcast_to"]
 _astype = OPS["astype"]
 _take = OPS["take"]
 _getitem = OPS["getitem"]
+_matrix_transpose = OPS["matrix_transpose"]
+_vecdot = OPS["vecdot"]
 
 
 async def apply(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Tensor | tuple[Tensor, ...]:
@@ -269,72 +321,76 @@ async def apply(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Tensor 
     return r
 
 
-async def constant(value: TensorLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
-    """A tensor holding a copy of ``value`` (nested lists, scalars, ndarrays).
+async def constant(value: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None, copy: bool | None = None) -> Tensor:
+    """A tensor holding a copy of ``value`` (nested lists, scalars, ndarrays, tensors).
+
+    ``device`` and ``copy`` are the standard's keywords of ``asarray``: the tensor is
+    made on the device its session places the op on (``device`` must be ``None`` or a
+    device name), and it always owns a copy, so ``copy=False`` (never copy) raises.
 
     Raises:
         InvalidArgumentError: ``value`` is ragged, not numeric (strings, bytes, objects,
             ``None``), or does not fit ``dtype``. A ``dtype`` never makes strings or
-            ``None`` numeric.
+            ``None`` numeric. ``copy=False``: a tensor owns its memory, so a copy is needed.
     """
-    p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype)
-    r: Tensor = await engine_of((value, dtype,), None).op(_constant, p_args, p_kwargs, p_nbytes, name)
+    p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype, device=device, copy=copy)
+    r: Tensor = await engine_of((value, dtype,), {"device": device, "copy": copy}).op(_constant, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def zeros(shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+async def zeros(shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
     """A tensor of zeros (default dtype float64)."""
-    p_args, p_kwargs, p_nbytes = _zeros.spec(shape, dtype)
-    r: Tensor = await engine_of((shape, dtype,), None).op(_zeros, p_args, p_kwargs, p_nbytes, name)
+    p_args, p_kwargs, p_nbytes = _zeros.spec(shape, dtype, device=device)
+    r: Tensor = await engine_of((shape, dtype,), {"device": device}).op(_zeros, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def ones(shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+async def ones(shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
     """A tensor of ones (default dtype float64)."""
-    p_args, p_kwargs, p_nbytes = _ones.spec(shape, dtype)
-    r: Tensor = await engine_of((shape, dtype,), None).op(_ones, p_args, p_kwargs, p_nbytes, name)
+    p_args, p_kwargs, p_nbytes = _ones.spec(shape, dtype, device=device)
+    r: Tensor = await engine_of((shape, dtype,), {"device": device}).op(_ones, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def full(shape: ShapeLike, fill_value: bool | complex, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+async def full(shape: ShapeLike, fill_value: bool | complex, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
     """A tensor filled with ``fill_value`` (dtype inferred from it, as numpy does)."""
-    p_args, p_kwargs, p_nbytes = _full.spec(shape, fill_value, dtype)
-    r: Tensor = await engine_of((shape, fill_value, dtype,), None).op(_full, p_args, p_kwargs, p_nbytes, name)
+    p_args, p_kwargs, p_nbytes = _full.spec(shape, fill_value, dtype, device=device)
+    r: Tensor = await engine_of((shape, fill_value, dtype,), {"device": device}).op(_full, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def zeros_like(x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+async def zeros_like(x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
     """Zeros with the shape (and, by default, the dtype) of ``x``."""
-    p_args, p_kwargs, p_nbytes = _zeros_like.spec(x, dtype)
-    r: Tensor = await engine_of((x, dtype,), None).op(_zeros_like, p_args, p_kwargs, p_nbytes, name)
+    p_args, p_kwargs, p_nbytes = _zeros_like.spec(x, dtype, device=device)
+    r: Tensor = await engine_of((x, dtype,), {"device": device}).op(_zeros_like, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def ones_like(x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+async def ones_like(x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
     """Ones with the shape (and, by default, the dtype) of ``x``."""
-    p_args, p_kwargs, p_nbytes = _ones_like.spec(x, dtype)
-    r: Tensor = await engine_of((x, dtype,), None).op(_ones_like, p_args, p_kwargs, p_nbytes, name)
+    p_args, p_kwargs, p_nbytes = _ones_like.spec(x, dtype, device=device)
+    r: Tensor = await engine_of((x, dtype,), {"device": device}).op(_ones_like, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def arange(start: float, stop: float | None = None, step: float = 1, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+async def arange(start: float, stop: float | None = None, step: float = 1, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
     """Evenly spaced values in ``[start, stop)`` (``arange(n)`` counts from 0), as numpy's ``arange``."""
-    p_args, p_kwargs, p_nbytes = _arange.spec(start, stop, step, dtype)
-    r: Tensor = await engine_of((start, stop, step, dtype,), None).op(_arange, p_args, p_kwargs, p_nbytes, name)
+    p_args, p_kwargs, p_nbytes = _arange.spec(start, stop, step, dtype, device=device)
+    r: Tensor = await engine_of((start, stop, step, dtype,), {"device": device}).op(_arange, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def linspace(start: float, stop: float, num: int = 50, endpoint: bool = True, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
-    """``num`` evenly spaced values from ``start`` to ``stop``."""
-    p_args, p_kwargs, p_nbytes = _linspace.spec(start, stop, num, endpoint, dtype)
-    r: Tensor = await engine_of((start, stop, num, endpoint, dtype,), None).op(_linspace, p_args, p_kwargs, p_nbytes, name)
+async def linspace(start: float, stop: float, num: int = 50, endpoint: bool = True, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+    """``num`` evenly spaced values from ``start`` to ``stop`` (without ``stop`` unless ``endpoint``)."""
+    p_args, p_kwargs, p_nbytes = _linspace.spec(start, stop, num, endpoint, dtype, device=device)
+    r: Tensor = await engine_of((start, stop, num, endpoint, dtype,), {"device": device}).op(_linspace, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def eye(n_rows: int, n_cols: int | None = None, k: int = 0, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+async def eye(n_rows: int, n_cols: int | None = None, k: int = 0, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
     """A 2-d tensor with ones on diagonal ``k`` and zeros elsewhere."""
-    p_args, p_kwargs, p_nbytes = _eye.spec(n_rows, n_cols, k, dtype)
-    r: Tensor = await engine_of((n_rows, n_cols, k, dtype,), None).op(_eye, p_args, p_kwargs, p_nbytes, name)
+    p_args, p_kwargs, p_nbytes = _eye.spec(n_rows, n_cols, k, dtype, device=device)
+    r: Tensor = await engine_of((n_rows, n_cols, k, dtype,), {"device": device}).op(_eye, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -349,6 +405,62 @@ async def random_normal(shape: ShapeLike, mean: float = 0.0, stddev: float = 1.0
     """Normal values of the given mean and standard deviation; the same ``seed`` gives the same values."""
     p_args, p_kwargs, p_nbytes = _random_normal.spec(shape, mean, stddev, dtype, seed)
     r: Tensor = await engine_of((shape, mean, stddev, dtype, seed,), None).op(_random_normal, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def empty(shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+    """A tensor whose contents the standard leaves unspecified: zeros here (default dtype float64).
+
+    Zeros rather than uninitialized memory, so that a tensor never shows the bytes of
+    one freed before it (another request's data, in a service).
+    """
+    p_args, p_kwargs, p_nbytes = _empty.spec(shape, dtype, device=device)
+    r: Tensor = await engine_of((shape, dtype,), {"device": device}).op(_empty, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def empty_like(x: TensorLike, /, *, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+    """A tensor of ``x``'s shape (and, by default, dtype) with unspecified contents: zeros here."""
+    p_args, p_kwargs, p_nbytes = _empty_like.spec(x, dtype=dtype, device=device)
+    r: Tensor = await engine_of((x,), {"dtype": dtype, "device": device}).op(_empty_like, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def full_like(x: TensorLike, /, fill_value: bool | complex, *, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+    """``fill_value`` in the shape (and, by default, the dtype) of ``x``."""
+    p_args, p_kwargs, p_nbytes = _full_like.spec(x, fill_value, dtype=dtype, device=device)
+    r: Tensor = await engine_of((x, fill_value,), {"dtype": dtype, "device": device}).op(_full_like, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def tril(x: TensorLike, /, *, k: int = 0, name: str | None = None) -> Tensor:
+    """The lower triangle of each matrix of ``x``: zeros above diagonal ``k`` (the last two dimensions)."""
+    p_args, p_kwargs, p_nbytes = _tril.spec(x, k=k)
+    r: Tensor = await engine_of((x,), {"k": k}).op(_tril, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def triu(x: TensorLike, /, *, k: int = 0, name: str | None = None) -> Tensor:
+    """The upper triangle of each matrix of ``x``: zeros below diagonal ``k`` (the last two dimensions)."""
+    p_args, p_kwargs, p_nbytes = _triu.spec(x, k=k)
+    r: Tensor = await engine_of((x,), {"k": k}).op(_triu, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def from_dlpack(x: Any, /, *, device: str | None = None, copy: bool | None = None, name: str | None = None) -> Tensor:
+    """A tensor holding a copy of the data of ``x``, any object with ``__dlpack__`` (a torch tensor, an ndarray).
+
+    ``copy=False`` (never copy) raises: a tensor always owns its memory.
+    """
+    p_args, p_kwargs, p_nbytes = _from_dlpack.spec(x, device=device, copy=copy)
+    r: Tensor = await engine_of((x,), {"device": device, "copy": copy}).op(_from_dlpack, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def meshgrid(*arrays: TensorLike, indexing: str = 'xy', name: str | None = None) -> list[Tensor]:
+    """Coordinate grids from 1-d tensors, as a list (``indexing="xy"``: Cartesian, ``"ij"``: matrix)."""
+    p_args, p_kwargs, p_nbytes = _meshgrid.spec(*arrays, indexing=indexing)
+    r: list[Tensor] = await engine_of((*arrays,), {"indexing": indexing}).op(_meshgrid, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -687,6 +799,66 @@ async def where(condition: TensorLike, x1: TensorLike, x2: TensorLike, /, *, nam
     r = engine.lean(_where, (condition, x1, x2), name)
     if r is None:
         r = await engine.op(_where, (condition, x1, x2), None, None, name)
+    return r
+
+
+async def flip(x: TensorLike, /, *, axis: AxisLike = None, name: str | None = None) -> Tensor:
+    """``x`` with the order of elements reversed along ``axis`` (all axes if ``None``)."""
+    p_args, p_kwargs, p_nbytes = _flip.spec(x, axis=axis)
+    r: Tensor = await engine_of((x,), {"axis": axis}).op(_flip, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def roll(x: TensorLike, /, shift: int | Sequence[int], *, axis: AxisLike = None, name: str | None = None) -> Tensor:
+    """Elements shifted by ``shift`` along ``axis``, wrapping around (of the flattened ``x`` if ``None``)."""
+    p_args, p_kwargs, p_nbytes = _roll.spec(x, shift, axis=axis)
+    r: Tensor = await engine_of((x, shift,), {"axis": axis}).op(_roll, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def moveaxis(x: TensorLike, source: int | Sequence[int], destination: int | Sequence[int], /, *, name: str | None = None) -> Tensor:
+    """``x`` with the axes ``source`` moved to the positions ``destination`` (the others keep their order)."""
+    p_args, p_kwargs, p_nbytes = _moveaxis.spec(x, source, destination)
+    r: Tensor = await engine_of((x, source, destination,), None).op(_moveaxis, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def repeat(x: TensorLike, repeats: int | TensorLike, /, *, axis: int | None = None, name: str | None = None) -> Tensor:
+    """Each element repeated ``repeats`` times (one count, or one per element along ``axis``).
+
+    With ``axis=None`` the flattened ``x`` is repeated. A tensor of counts makes the
+    output's size depend on the data.
+    """
+    p_args, p_kwargs, p_nbytes = _repeat.spec(x, repeats, axis=axis)
+    r: Tensor = await engine_of((x, repeats,), {"axis": axis}).op(_repeat, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def tile(x: TensorLike, repetitions: Sequence[int], /, *, name: str | None = None) -> Tensor:
+    """``x`` repeated ``repetitions[i]`` times along each dimension (leading ones added as needed)."""
+    p_args, p_kwargs, p_nbytes = _tile.spec(x, repetitions)
+    r: Tensor = await engine_of((x, repetitions,), None).op(_tile, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def unstack(x: TensorLike, /, *, axis: int = 0, name: str | None = None) -> tuple[Tensor, ...]:
+    """``x`` split along ``axis`` into a tuple of its slices (each without that axis): ``stack``'s inverse."""
+    p_args, p_kwargs, p_nbytes = _unstack.spec(x, axis=axis)
+    r: tuple[Tensor, ...] = await engine_of((x,), {"axis": axis}).op(_unstack, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def broadcast_arrays(*arrays: TensorLike, name: str | None = None) -> list[Tensor]:
+    """The tensors broadcast to their common shape, as a list (materialized: each owns its memory)."""
+    p_args, p_kwargs, p_nbytes = _broadcast_arrays.spec(*arrays)
+    r: list[Tensor] = await engine_of((*arrays,), None).op(_broadcast_arrays, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def take_along_axis(x: TensorLike, indices: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
+    """Elements of ``x`` at ``indices`` along ``axis`` (``indices`` as ``argsort`` gives them), as numpy's."""
+    p_args, p_kwargs, p_nbytes = _take_along_axis.spec(x, indices, axis=axis)
+    r: Tensor = await engine_of((x, indices,), {"axis": axis}).op(_take_along_axis, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1097,6 +1269,79 @@ async def diff(x: TensorLike, /, *, axis: int = -1, n: int = 1, prepend: TensorL
     return r
 
 
+async def sort(x: TensorLike, /, *, axis: int = -1, descending: bool = False, stable: bool = True, name: str | None = None) -> Tensor:
+    """``x`` sorted along ``axis`` (NaN last ascending, first descending; ``stable`` keeps ties in order)."""
+    p_args, p_kwargs, p_nbytes = _sort.spec(x, axis=axis, descending=descending, stable=stable)
+    r: Tensor = await engine_of((x,), {"axis": axis, "descending": descending, "stable": stable}).op(_sort, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def argsort(x: TensorLike, /, *, axis: int = -1, descending: bool = False, stable: bool = True, name: str | None = None) -> Tensor:
+    """The indices that sort ``x`` along ``axis`` (equal elements in their order when ``stable``)."""
+    p_args, p_kwargs, p_nbytes = _argsort.spec(x, axis=axis, descending=descending, stable=stable)
+    r: Tensor = await engine_of((x,), {"axis": axis, "descending": descending, "stable": stable}).op(_argsort, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def searchsorted(x1: TensorLike, x2: TensorLike, /, *, side: str = 'left', sorter: TensorLike | None = None, name: str | None = None) -> Tensor:
+    """Indices at which ``x2``'s elements would be inserted into the sorted 1-d ``x1`` to keep it sorted.
+
+    ``side="left"`` gives the first such index, ``"right"`` the last; ``sorter`` is the
+    ``argsort`` of an unsorted ``x1``.
+    """
+    p_args, p_kwargs, p_nbytes = _searchsorted.spec(x1, x2, side=side, sorter=sorter)
+    r: Tensor = await engine_of((x1, x2,), {"side": side, "sorter": sorter}).op(_searchsorted, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def nonzero(x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor, ...]:
+    """The indices of the non-zero elements: a tuple of one int64 tensor per dimension (not for 0-d ``x``)."""
+    p_args, p_kwargs, p_nbytes = _nonzero.spec(x)
+    r: tuple[Tensor, ...] = await engine_of((x,), None).op(_nonzero, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def unique_all(x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor, ...]:
+    """The unique values of ``x``, sorted, with first indices, inverse indices (``x``'s shape) and counts.
+
+    Each NaN is a value of its own, as the standard says. Gives a :class:`UniqueAllResult`.
+    """
+    p_args, p_kwargs, p_nbytes = _unique_all.spec(x)
+    r: tuple[Tensor, ...] = await engine_of((x,), None).op(_unique_all, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def unique_counts(x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor, ...]:
+    """The unique values of ``x``, sorted, and their counts: a :class:`UniqueCountsResult`."""
+    p_args, p_kwargs, p_nbytes = _unique_counts.spec(x)
+    r: tuple[Tensor, ...] = await engine_of((x,), None).op(_unique_counts, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def unique_inverse(x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor, ...]:
+    """The unique values of ``x``, sorted, and the inverse indices: a :class:`UniqueInverseResult`.
+
+    ``values[inverse_indices]`` rebuilds ``x`` (``inverse_indices`` has ``x``'s shape).
+    """
+    p_args, p_kwargs, p_nbytes = _unique_inverse.spec(x)
+    r: tuple[Tensor, ...] = await engine_of((x,), None).op(_unique_inverse, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def unique_values(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """The unique values of ``x``, sorted, as a 1-d tensor (each NaN its own value)."""
+    p_args, p_kwargs, p_nbytes = _unique_values.spec(x)
+    r: Tensor = await engine_of((x,), None).op(_unique_values, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def isin(x1: TensorLike, x2: TensorLike, /, *, invert: bool = False, name: str | None = None) -> Tensor:
+    """Element-wise whether each element of ``x1`` is in ``x2`` (not in it with ``invert``; bool)."""
+    p_args, p_kwargs, p_nbytes = _isin.spec(x1, x2, invert=invert)
+    r: Tensor = await engine_of((x1, x2,), {"invert": invert}).op(_isin, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
 async def matmul(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Matrix product ``x1 @ x2``, batched over leading dimensions."""
     r: Tensor = await engine_of((x1, x2,), None).op(_matmul, (x1, x2), None, None, name)
@@ -1117,10 +1362,14 @@ async def einsum(subscripts: str, /, *operands: TensorLike, name: str | None = N
     return r
 
 
-async def reshape(x: TensorLike, /, shape: ShapeLike, *, name: str | None = None) -> Tensor:
-    """The same elements in a new shape (one dimension may be -1)."""
-    p_args, p_kwargs, p_nbytes = _reshape.spec(x, shape)
-    r: Tensor = await engine_of((x, shape,), None).op(_reshape, p_args, p_kwargs, p_nbytes, name)
+async def reshape(x: TensorLike, /, shape: ShapeLike, *, copy: bool | None = None, name: str | None = None) -> Tensor:
+    """The same elements in a new shape (one dimension may be -1).
+
+    ``copy`` is the standard's keyword: tensors are immutable, so whether the result
+    shares memory with ``x`` cannot be observed, and every value of it is accepted.
+    """
+    p_args, p_kwargs, p_nbytes = _reshape.spec(x, shape, copy=copy)
+    r: Tensor = await engine_of((x, shape,), {"copy": copy}).op(_reshape, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1173,10 +1422,15 @@ async def broadcast_to(x: TensorLike, /, shape: ShapeLike, *, name: str | None =
     return r
 
 
-async def astype(x: TensorLike, dtype: DTypeLike, /, *, name: str | None = None) -> Tensor:
-    """``x`` converted to ``dtype`` (numpy's casting rules, ``unsafe`` as numpy's ``astype``)."""
-    p_args, p_kwargs, p_nbytes = _astype.spec(x, dtype)
-    r: Tensor = await engine_of((x, dtype,), None).op(_astype, p_args, p_kwargs, p_nbytes, name)
+async def astype(x: TensorLike, dtype: DTypeLike, /, *, copy: bool = True, device: str | None = None, name: str | None = None) -> Tensor:
+    """``x`` converted to ``dtype`` (numpy's casting rules, ``unsafe`` as numpy's ``astype``).
+
+    ``copy`` and ``device`` are the standard's keywords: the result is always a tensor of
+    its own (tensors are immutable, so a copy cannot be told from none), on the device
+    the session places the op on (``device`` must be ``None`` or a device name).
+    """
+    p_args, p_kwargs, p_nbytes = _astype.spec(x, dtype, copy=copy, device=device)
+    r: Tensor = await engine_of((x, dtype,), {"copy": copy, "device": device}).op(_astype, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1194,16 +1448,34 @@ async def getitem(x: TensorLike, key: Any, /, *, name: str | None = None) -> Ten
     return r
 
 
-async def asarray(value: TensorLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
-    """A tensor holding a copy of ``value`` (nested lists, scalars, ndarrays).
+async def matrix_transpose(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """The last two dimensions of ``x`` swapped (a stack of matrices, each transposed)."""
+    p_args, p_kwargs, p_nbytes = _matrix_transpose.spec(x)
+    r: Tensor = await engine_of((x,), None).op(_matrix_transpose, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def vecdot(x1: TensorLike, x2: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
+    """Dot products of vectors along ``axis`` (``x1`` conjugated), broadcast over the other dimensions."""
+    p_args, p_kwargs, p_nbytes = _vecdot.spec(x1, x2, axis=axis)
+    r: Tensor = await engine_of((x1, x2,), {"axis": axis}).op(_vecdot, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def asarray(value: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None, copy: bool | None = None) -> Tensor:
+    """A tensor holding a copy of ``value`` (nested lists, scalars, ndarrays, tensors).
+
+    ``device`` and ``copy`` are the standard's keywords of ``asarray``: the tensor is
+    made on the device its session places the op on (``device`` must be ``None`` or a
+    device name), and it always owns a copy, so ``copy=False`` (never copy) raises.
 
     Raises:
         InvalidArgumentError: ``value`` is ragged, not numeric (strings, bytes, objects,
             ``None``), or does not fit ``dtype``. A ``dtype`` never makes strings or
-            ``None`` numeric.
+            ``None`` numeric. ``copy=False``: a tensor owns its memory, so a copy is needed.
     """
-    p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype)
-    r: Tensor = await engine_of((value, dtype,), None).op(_constant, p_args, p_kwargs, p_nbytes, name)
+    p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype, device=device, copy=copy)
+    r: Tensor = await engine_of((value, dtype,), {"device": device, "copy": copy}).op(_constant, p_args, p_kwargs, p_nbytes, name)
     return r
 
 

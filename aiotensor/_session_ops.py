@@ -26,6 +26,13 @@ _linspace = OPS["linspace"]
 _eye = OPS["eye"]
 _random_uniform = OPS["random_uniform"]
 _random_normal = OPS["random_normal"]
+_empty = OPS["empty"]
+_empty_like = OPS["empty_like"]
+_full_like = OPS["full_like"]
+_tril = OPS["tril"]
+_triu = OPS["triu"]
+_from_dlpack = OPS["from_dlpack"]
+_meshgrid = OPS["meshgrid"]
 _add = OPS["add"]
 _subtract = OPS["subtract"]
 _multiply = OPS["multiply"]
@@ -64,6 +71,14 @@ _isfinite = OPS["isfinite"]
 _round = OPS["round"]
 _clip = OPS["clip"]
 _where = OPS["where"]
+_flip = OPS["flip"]
+_roll = OPS["roll"]
+_moveaxis = OPS["moveaxis"]
+_repeat = OPS["repeat"]
+_tile = OPS["tile"]
+_unstack = OPS["unstack"]
+_broadcast_arrays = OPS["broadcast_arrays"]
+_take_along_axis = OPS["take_along_axis"]
 _acos = OPS["acos"]
 _acosh = OPS["acosh"]
 _asin = OPS["asin"]
@@ -113,6 +128,15 @@ _count_nonzero = OPS["count_nonzero"]
 _cumulative_sum = OPS["cumulative_sum"]
 _cumulative_prod = OPS["cumulative_prod"]
 _diff = OPS["diff"]
+_sort = OPS["sort"]
+_argsort = OPS["argsort"]
+_searchsorted = OPS["searchsorted"]
+_nonzero = OPS["nonzero"]
+_unique_all = OPS["unique_all"]
+_unique_counts = OPS["unique_counts"]
+_unique_inverse = OPS["unique_inverse"]
+_unique_values = OPS["unique_values"]
+_isin = OPS["isin"]
 _matmul = OPS["matmul"]
 _tensordot = OPS["tensordot"]
 _einsum = OPS["einsum"]
@@ -127,6 +151,8 @@ _broadcast_to = OPS["broadcast_to"]
 _astype = OPS["astype"]
 _take = OPS["take"]
 _getitem = OPS["getitem"]
+_matrix_transpose = OPS["matrix_transpose"]
+_vecdot = OPS["vecdot"]
 
 
 class SessionOps:
@@ -151,63 +177,67 @@ class SessionOps:
         r: Tensor | tuple[Tensor, ...] = await self._engine.op(_apply, p_args, p_kwargs, p_nbytes, None)
         return r
 
-    async def constant(self, value: TensorLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
-        """A tensor holding a copy of ``value`` (nested lists, scalars, ndarrays).
+    async def constant(self, value: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None, copy: bool | None = None) -> Tensor:
+        """A tensor holding a copy of ``value`` (nested lists, scalars, ndarrays, tensors).
+
+        ``device`` and ``copy`` are the standard's keywords of ``asarray``: the tensor is
+        made on the device its session places the op on (``device`` must be ``None`` or a
+        device name), and it always owns a copy, so ``copy=False`` (never copy) raises.
 
         Raises:
             InvalidArgumentError: ``value`` is ragged, not numeric (strings, bytes, objects,
                 ``None``), or does not fit ``dtype``. A ``dtype`` never makes strings or
-                ``None`` numeric.
+                ``None`` numeric. ``copy=False``: a tensor owns its memory, so a copy is needed.
         """
-        p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype)
+        p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype, device=device, copy=copy)
         r: Tensor = await self._engine.op(_constant, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def zeros(self, shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+    async def zeros(self, shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
         """A tensor of zeros (default dtype float64)."""
-        p_args, p_kwargs, p_nbytes = _zeros.spec(shape, dtype)
+        p_args, p_kwargs, p_nbytes = _zeros.spec(shape, dtype, device=device)
         r: Tensor = await self._engine.op(_zeros, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def ones(self, shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+    async def ones(self, shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
         """A tensor of ones (default dtype float64)."""
-        p_args, p_kwargs, p_nbytes = _ones.spec(shape, dtype)
+        p_args, p_kwargs, p_nbytes = _ones.spec(shape, dtype, device=device)
         r: Tensor = await self._engine.op(_ones, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def full(self, shape: ShapeLike, fill_value: bool | complex, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+    async def full(self, shape: ShapeLike, fill_value: bool | complex, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
         """A tensor filled with ``fill_value`` (dtype inferred from it, as numpy does)."""
-        p_args, p_kwargs, p_nbytes = _full.spec(shape, fill_value, dtype)
+        p_args, p_kwargs, p_nbytes = _full.spec(shape, fill_value, dtype, device=device)
         r: Tensor = await self._engine.op(_full, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def zeros_like(self, x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+    async def zeros_like(self, x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
         """Zeros with the shape (and, by default, the dtype) of ``x``."""
-        p_args, p_kwargs, p_nbytes = _zeros_like.spec(x, dtype)
+        p_args, p_kwargs, p_nbytes = _zeros_like.spec(x, dtype, device=device)
         r: Tensor = await self._engine.op(_zeros_like, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def ones_like(self, x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+    async def ones_like(self, x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
         """Ones with the shape (and, by default, the dtype) of ``x``."""
-        p_args, p_kwargs, p_nbytes = _ones_like.spec(x, dtype)
+        p_args, p_kwargs, p_nbytes = _ones_like.spec(x, dtype, device=device)
         r: Tensor = await self._engine.op(_ones_like, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def arange(self, start: float, stop: float | None = None, step: float = 1, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+    async def arange(self, start: float, stop: float | None = None, step: float = 1, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
         """Evenly spaced values in ``[start, stop)`` (``arange(n)`` counts from 0), as numpy's ``arange``."""
-        p_args, p_kwargs, p_nbytes = _arange.spec(start, stop, step, dtype)
+        p_args, p_kwargs, p_nbytes = _arange.spec(start, stop, step, dtype, device=device)
         r: Tensor = await self._engine.op(_arange, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def linspace(self, start: float, stop: float, num: int = 50, endpoint: bool = True, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
-        """``num`` evenly spaced values from ``start`` to ``stop``."""
-        p_args, p_kwargs, p_nbytes = _linspace.spec(start, stop, num, endpoint, dtype)
+    async def linspace(self, start: float, stop: float, num: int = 50, endpoint: bool = True, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+        """``num`` evenly spaced values from ``start`` to ``stop`` (without ``stop`` unless ``endpoint``)."""
+        p_args, p_kwargs, p_nbytes = _linspace.spec(start, stop, num, endpoint, dtype, device=device)
         r: Tensor = await self._engine.op(_linspace, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def eye(self, n_rows: int, n_cols: int | None = None, k: int = 0, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+    async def eye(self, n_rows: int, n_cols: int | None = None, k: int = 0, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
         """A 2-d tensor with ones on diagonal ``k`` and zeros elsewhere."""
-        p_args, p_kwargs, p_nbytes = _eye.spec(n_rows, n_cols, k, dtype)
+        p_args, p_kwargs, p_nbytes = _eye.spec(n_rows, n_cols, k, dtype, device=device)
         r: Tensor = await self._engine.op(_eye, p_args, p_kwargs, p_nbytes, name)
         return r
 
@@ -221,6 +251,55 @@ class SessionOps:
         """Normal values of the given mean and standard deviation; the same ``seed`` gives the same values."""
         p_args, p_kwargs, p_nbytes = _random_normal.spec(shape, mean, stddev, dtype, seed)
         r: Tensor = await self._engine.op(_random_normal, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def empty(self, shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+        """A tensor whose contents the standard leaves unspecified: zeros here (default dtype float64).
+
+        Zeros rather than uninitialized memory, so that a tensor never shows the bytes of
+        one freed before it (another request's data, in a service).
+        """
+        p_args, p_kwargs, p_nbytes = _empty.spec(shape, dtype, device=device)
+        r: Tensor = await self._engine.op(_empty, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def empty_like(self, x: TensorLike, /, *, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+        """A tensor of ``x``'s shape (and, by default, dtype) with unspecified contents: zeros here."""
+        p_args, p_kwargs, p_nbytes = _empty_like.spec(x, dtype=dtype, device=device)
+        r: Tensor = await self._engine.op(_empty_like, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def full_like(self, x: TensorLike, /, fill_value: bool | complex, *, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+        """``fill_value`` in the shape (and, by default, the dtype) of ``x``."""
+        p_args, p_kwargs, p_nbytes = _full_like.spec(x, fill_value, dtype=dtype, device=device)
+        r: Tensor = await self._engine.op(_full_like, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def tril(self, x: TensorLike, /, *, k: int = 0, name: str | None = None) -> Tensor:
+        """The lower triangle of each matrix of ``x``: zeros above diagonal ``k`` (the last two dimensions)."""
+        p_args, p_kwargs, p_nbytes = _tril.spec(x, k=k)
+        r: Tensor = await self._engine.op(_tril, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def triu(self, x: TensorLike, /, *, k: int = 0, name: str | None = None) -> Tensor:
+        """The upper triangle of each matrix of ``x``: zeros below diagonal ``k`` (the last two dimensions)."""
+        p_args, p_kwargs, p_nbytes = _triu.spec(x, k=k)
+        r: Tensor = await self._engine.op(_triu, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def from_dlpack(self, x: Any, /, *, device: str | None = None, copy: bool | None = None, name: str | None = None) -> Tensor:
+        """A tensor holding a copy of the data of ``x``, any object with ``__dlpack__`` (a torch tensor, an ndarray).
+
+        ``copy=False`` (never copy) raises: a tensor always owns its memory.
+        """
+        p_args, p_kwargs, p_nbytes = _from_dlpack.spec(x, device=device, copy=copy)
+        r: Tensor = await self._engine.op(_from_dlpack, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def meshgrid(self, *arrays: TensorLike, indexing: str = 'xy', name: str | None = None) -> list[Tensor]:
+        """Coordinate grids from 1-d tensors, as a list (``indexing="xy"``: Cartesian, ``"ij"``: matrix)."""
+        p_args, p_kwargs, p_nbytes = _meshgrid.spec(*arrays, indexing=indexing)
+        r: list[Tensor] = await self._engine.op(_meshgrid, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def add(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
@@ -521,6 +600,58 @@ class SessionOps:
         r = engine.lean(_where, (condition, x1, x2), name)
         if r is None:
             r = await engine.op(_where, (condition, x1, x2), None, None, name)
+        return r
+
+    async def flip(self, x: TensorLike, /, *, axis: AxisLike = None, name: str | None = None) -> Tensor:
+        """``x`` with the order of elements reversed along ``axis`` (all axes if ``None``)."""
+        p_args, p_kwargs, p_nbytes = _flip.spec(x, axis=axis)
+        r: Tensor = await self._engine.op(_flip, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def roll(self, x: TensorLike, /, shift: int | Sequence[int], *, axis: AxisLike = None, name: str | None = None) -> Tensor:
+        """Elements shifted by ``shift`` along ``axis``, wrapping around (of the flattened ``x`` if ``None``)."""
+        p_args, p_kwargs, p_nbytes = _roll.spec(x, shift, axis=axis)
+        r: Tensor = await self._engine.op(_roll, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def moveaxis(self, x: TensorLike, source: int | Sequence[int], destination: int | Sequence[int], /, *, name: str | None = None) -> Tensor:
+        """``x`` with the axes ``source`` moved to the positions ``destination`` (the others keep their order)."""
+        p_args, p_kwargs, p_nbytes = _moveaxis.spec(x, source, destination)
+        r: Tensor = await self._engine.op(_moveaxis, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def repeat(self, x: TensorLike, repeats: int | TensorLike, /, *, axis: int | None = None, name: str | None = None) -> Tensor:
+        """Each element repeated ``repeats`` times (one count, or one per element along ``axis``).
+
+        With ``axis=None`` the flattened ``x`` is repeated. A tensor of counts makes the
+        output's size depend on the data.
+        """
+        p_args, p_kwargs, p_nbytes = _repeat.spec(x, repeats, axis=axis)
+        r: Tensor = await self._engine.op(_repeat, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def tile(self, x: TensorLike, repetitions: Sequence[int], /, *, name: str | None = None) -> Tensor:
+        """``x`` repeated ``repetitions[i]`` times along each dimension (leading ones added as needed)."""
+        p_args, p_kwargs, p_nbytes = _tile.spec(x, repetitions)
+        r: Tensor = await self._engine.op(_tile, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def unstack(self, x: TensorLike, /, *, axis: int = 0, name: str | None = None) -> tuple[Tensor, ...]:
+        """``x`` split along ``axis`` into a tuple of its slices (each without that axis): ``stack``'s inverse."""
+        p_args, p_kwargs, p_nbytes = _unstack.spec(x, axis=axis)
+        r: tuple[Tensor, ...] = await self._engine.op(_unstack, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def broadcast_arrays(self, *arrays: TensorLike, name: str | None = None) -> list[Tensor]:
+        """The tensors broadcast to their common shape, as a list (materialized: each owns its memory)."""
+        p_args, p_kwargs, p_nbytes = _broadcast_arrays.spec(*arrays)
+        r: list[Tensor] = await self._engine.op(_broadcast_arrays, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def take_along_axis(self, x: TensorLike, indices: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
+        """Elements of ``x`` at ``indices`` along ``axis`` (``indices`` as ``argsort`` gives them), as numpy's."""
+        p_args, p_kwargs, p_nbytes = _take_along_axis.spec(x, indices, axis=axis)
+        r: Tensor = await self._engine.op(_take_along_axis, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def acos(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
@@ -881,6 +1012,70 @@ class SessionOps:
         r: Tensor = await self._engine.op(_diff, p_args, p_kwargs, p_nbytes, name)
         return r
 
+    async def sort(self, x: TensorLike, /, *, axis: int = -1, descending: bool = False, stable: bool = True, name: str | None = None) -> Tensor:
+        """``x`` sorted along ``axis`` (NaN last ascending, first descending; ``stable`` keeps ties in order)."""
+        p_args, p_kwargs, p_nbytes = _sort.spec(x, axis=axis, descending=descending, stable=stable)
+        r: Tensor = await self._engine.op(_sort, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def argsort(self, x: TensorLike, /, *, axis: int = -1, descending: bool = False, stable: bool = True, name: str | None = None) -> Tensor:
+        """The indices that sort ``x`` along ``axis`` (equal elements in their order when ``stable``)."""
+        p_args, p_kwargs, p_nbytes = _argsort.spec(x, axis=axis, descending=descending, stable=stable)
+        r: Tensor = await self._engine.op(_argsort, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def searchsorted(self, x1: TensorLike, x2: TensorLike, /, *, side: str = 'left', sorter: TensorLike | None = None, name: str | None = None) -> Tensor:
+        """Indices at which ``x2``'s elements would be inserted into the sorted 1-d ``x1`` to keep it sorted.
+
+        ``side="left"`` gives the first such index, ``"right"`` the last; ``sorter`` is the
+        ``argsort`` of an unsorted ``x1``.
+        """
+        p_args, p_kwargs, p_nbytes = _searchsorted.spec(x1, x2, side=side, sorter=sorter)
+        r: Tensor = await self._engine.op(_searchsorted, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def nonzero(self, x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor, ...]:
+        """The indices of the non-zero elements: a tuple of one int64 tensor per dimension (not for 0-d ``x``)."""
+        p_args, p_kwargs, p_nbytes = _nonzero.spec(x)
+        r: tuple[Tensor, ...] = await self._engine.op(_nonzero, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def unique_all(self, x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor, ...]:
+        """The unique values of ``x``, sorted, with first indices, inverse indices (``x``'s shape) and counts.
+
+        Each NaN is a value of its own, as the standard says. Gives a :class:`UniqueAllResult`.
+        """
+        p_args, p_kwargs, p_nbytes = _unique_all.spec(x)
+        r: tuple[Tensor, ...] = await self._engine.op(_unique_all, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def unique_counts(self, x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor, ...]:
+        """The unique values of ``x``, sorted, and their counts: a :class:`UniqueCountsResult`."""
+        p_args, p_kwargs, p_nbytes = _unique_counts.spec(x)
+        r: tuple[Tensor, ...] = await self._engine.op(_unique_counts, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def unique_inverse(self, x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor, ...]:
+        """The unique values of ``x``, sorted, and the inverse indices: a :class:`UniqueInverseResult`.
+
+        ``values[inverse_indices]`` rebuilds ``x`` (``inverse_indices`` has ``x``'s shape).
+        """
+        p_args, p_kwargs, p_nbytes = _unique_inverse.spec(x)
+        r: tuple[Tensor, ...] = await self._engine.op(_unique_inverse, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def unique_values(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
+        """The unique values of ``x``, sorted, as a 1-d tensor (each NaN its own value)."""
+        p_args, p_kwargs, p_nbytes = _unique_values.spec(x)
+        r: Tensor = await self._engine.op(_unique_values, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def isin(self, x1: TensorLike, x2: TensorLike, /, *, invert: bool = False, name: str | None = None) -> Tensor:
+        """Element-wise whether each element of ``x1`` is in ``x2`` (not in it with ``invert``; bool)."""
+        p_args, p_kwargs, p_nbytes = _isin.spec(x1, x2, invert=invert)
+        r: Tensor = await self._engine.op(_isin, p_args, p_kwargs, p_nbytes, name)
+        return r
+
     async def matmul(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Matrix product ``x1 @ x2``, batched over leading dimensions."""
         r: Tensor = await self._engine.op(_matmul, (x1, x2), None, None, name)
@@ -898,9 +1093,13 @@ class SessionOps:
         r: Tensor = await self._engine.op(_einsum, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def reshape(self, x: TensorLike, /, shape: ShapeLike, *, name: str | None = None) -> Tensor:
-        """The same elements in a new shape (one dimension may be -1)."""
-        p_args, p_kwargs, p_nbytes = _reshape.spec(x, shape)
+    async def reshape(self, x: TensorLike, /, shape: ShapeLike, *, copy: bool | None = None, name: str | None = None) -> Tensor:
+        """The same elements in a new shape (one dimension may be -1).
+
+        ``copy`` is the standard's keyword: tensors are immutable, so whether the result
+        shares memory with ``x`` cannot be observed, and every value of it is accepted.
+        """
+        p_args, p_kwargs, p_nbytes = _reshape.spec(x, shape, copy=copy)
         r: Tensor = await self._engine.op(_reshape, p_args, p_kwargs, p_nbytes, name)
         return r
 
@@ -946,9 +1145,14 @@ class SessionOps:
         r: Tensor = await self._engine.op(_broadcast_to, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def astype(self, x: TensorLike, dtype: DTypeLike, /, *, name: str | None = None) -> Tensor:
-        """``x`` converted to ``dtype`` (numpy's casting rules, ``unsafe`` as numpy's ``astype``)."""
-        p_args, p_kwargs, p_nbytes = _astype.spec(x, dtype)
+    async def astype(self, x: TensorLike, dtype: DTypeLike, /, *, copy: bool = True, device: str | None = None, name: str | None = None) -> Tensor:
+        """``x`` converted to ``dtype`` (numpy's casting rules, ``unsafe`` as numpy's ``astype``).
+
+        ``copy`` and ``device`` are the standard's keywords: the result is always a tensor of
+        its own (tensors are immutable, so a copy cannot be told from none), on the device
+        the session places the op on (``device`` must be ``None`` or a device name).
+        """
+        p_args, p_kwargs, p_nbytes = _astype.spec(x, dtype, copy=copy, device=device)
         r: Tensor = await self._engine.op(_astype, p_args, p_kwargs, p_nbytes, name)
         return r
 
@@ -964,14 +1168,30 @@ class SessionOps:
         r: Tensor = await self._engine.op(_getitem, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def asarray(self, value: TensorLike, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
-        """A tensor holding a copy of ``value`` (nested lists, scalars, ndarrays).
+    async def matrix_transpose(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
+        """The last two dimensions of ``x`` swapped (a stack of matrices, each transposed)."""
+        p_args, p_kwargs, p_nbytes = _matrix_transpose.spec(x)
+        r: Tensor = await self._engine.op(_matrix_transpose, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def vecdot(self, x1: TensorLike, x2: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
+        """Dot products of vectors along ``axis`` (``x1`` conjugated), broadcast over the other dimensions."""
+        p_args, p_kwargs, p_nbytes = _vecdot.spec(x1, x2, axis=axis)
+        r: Tensor = await self._engine.op(_vecdot, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def asarray(self, value: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None, copy: bool | None = None) -> Tensor:
+        """A tensor holding a copy of ``value`` (nested lists, scalars, ndarrays, tensors).
+
+        ``device`` and ``copy`` are the standard's keywords of ``asarray``: the tensor is
+        made on the device its session places the op on (``device`` must be ``None`` or a
+        device name), and it always owns a copy, so ``copy=False`` (never copy) raises.
 
         Raises:
             InvalidArgumentError: ``value`` is ragged, not numeric (strings, bytes, objects,
                 ``None``), or does not fit ``dtype``. A ``dtype`` never makes strings or
-                ``None`` numeric.
+                ``None`` numeric. ``copy=False``: a tensor owns its memory, so a copy is needed.
         """
-        p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype)
+        p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype, device=device, copy=copy)
         r: Tensor = await self._engine.op(_constant, p_args, p_kwargs, p_nbytes, name)
         return r

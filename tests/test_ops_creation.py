@@ -11,6 +11,7 @@ import pytest
 import aiotensor as at
 
 from ._opcheck import assert_invalid, assert_same
+from ._stdcheck import ParityCase, check_std, strict
 
 CONSTANTS: list[tuple[Any, Any]] = [
     (1, None),
@@ -221,3 +222,125 @@ async def test_names_must_be_strings(s: at.AsyncEagerSession) -> None:
     with pytest.raises(at.InvalidArgumentError, match="name must be a str"):
         await s.zeros(2, name=5)  # type: ignore[arg-type]
     assert (await s.zeros(2, name="z")).name == "z"
+
+
+# -- the standard's creation functions and keywords ------------------------------------
+
+DEVICES = [None, "/cpu:0", "cpu", "CPU:0"]
+
+
+async def test_device_keyword_of_every_creation_op(s: at.AsyncEagerSession) -> None:
+    # Every creation function of the standard takes device=; a device name of the session's runs there.
+    x = np.arange(6.0).reshape(2, 3)
+    for device in DEVICES:
+        calls: list[tuple[str, tuple[Any, ...], dict[str, Any], Any]] = [
+            ("zeros", ((2, 3),), {}, np.zeros((2, 3))),
+            ("ones", (3,), {"dtype": np.int8}, np.ones(3, np.int8)),
+            ("empty", ((2,),), {}, np.zeros(2)),
+            ("full", ((2,), 1.5), {}, np.full(2, 1.5)),
+            ("arange", (1, 7, 2), {}, np.arange(1, 7, 2)),
+            ("linspace", (0.0, 1.0, 5), {"endpoint": False}, np.linspace(0.0, 1.0, 5, endpoint=False)),
+            ("eye", (3, 4), {"k": 1}, np.eye(3, 4, k=1)),
+            ("constant", ([1, 2],), {}, np.array([1, 2])),
+            ("asarray", ([1.5],), {"dtype": np.float32, "copy": True}, np.array([1.5], np.float32)),
+            ("zeros_like", (x,), {}, np.zeros_like(x)),
+            ("ones_like", (x,), {"dtype": np.int32}, np.ones_like(x, np.int32)),
+            ("empty_like", (x,), {}, np.zeros_like(x)),
+            ("full_like", (x, 7), {}, np.full_like(x, 7)),
+        ]
+        for name, args, kwargs, want in calls:
+            targs = tuple([await s.constant(a) if isinstance(a, np.ndarray) else a for a in args])
+            for how, t in await _both(s, name, *targs, device=device, **kwargs):
+                assert t.device == "/cpu:0"
+                assert_same(await t.numpy(), want, f"{name}(device={device!r}) via {how}", exact=True, rtol=0)
+
+
+def _full_like(x: Any, fill_value: Any, dtype: Any = None) -> Any:
+    return np.full_like(x, fill_value, dtype=dtype)
+
+
+async def test_empty_and_full_like(s: at.AsyncEagerSession) -> None:
+    for dt in (np.float32, np.int64, np.bool_, np.complex64):
+        x = np.arange(6).reshape(2, 3).astype(dt)
+        for fill in (0, 1, True, 2.5):
+            await check_std(s, "full_like", _full_like, x, fill, exact=True)
+            await check_std(s, "full_like", _full_like, x, fill, exact=True, dtype=np.float64)
+        await check_std(s, "empty_like", lambda a, dtype=None: np.zeros_like(a, dtype=dtype), x, exact=True)
+        await check_std(s, "empty_like", lambda a, dtype=None: np.zeros_like(a, dtype=dtype), x, dtype=np.int8)
+    await check_std(s, "full_like", strict("full_like"), np.zeros((0, 2), np.float32), 3.0, exact=True)
+    await check_std(s, "full_like", _full_like, np.array(1), 5, exact=True)
+    empty = await s.empty((3, 0), dtype=np.int16)
+    assert empty.shape == (3, 0)
+    assert empty.dtype == np.int16
+
+
+def _triangle(fn: Any) -> Any:
+    def ref(x: Any, k: int = 0) -> Any:
+        if np.ndim(x) < 2:
+            raise ValueError("needs 2 dimensions")
+        return fn(x, k=k)
+
+    return ref
+
+
+@pytest.mark.parametrize("name", ["tril", "triu"])
+async def test_tril_triu(s: at.AsyncEagerSession, name: str) -> None:
+    ref = _triangle(getattr(np, name))
+    for dt in (np.float64, np.int32, np.bool_, np.complex128):
+        for shape in [(3, 3), (2, 4), (4, 2), (2, 3, 3), (0, 3)]:
+            for k in (0, 1, -1, 5, -5):
+                x = (np.arange(int(np.prod(shape))).reshape(shape) % 3).astype(dt)
+                await check_std(s, name, ref, x, exact=True, k=k)
+    await check_std(s, name, strict(name), np.arange(12.0).reshape(3, 4), exact=True, k=-1)
+    await check_std(s, name, ref, np.arange(3.0))  # a vector: the standard needs a matrix
+
+
+async def test_from_dlpack(s: at.AsyncEagerSession) -> None:
+    for x in (np.arange(6.0).reshape(2, 3), np.array([True, False]), np.zeros((0, 4), np.int8), np.array(2.5)):
+        for how, t in await _both(s, "from_dlpack", x):
+            assert_same(await t.numpy(), x, f"from_dlpack via {how}", exact=True, rtol=0)
+    source = np.arange(3.0)
+    t = await s.from_dlpack(source, copy=True)
+    source[0] = 99.0  # the tensor holds a copy
+    assert (await t.numpy()).tolist() == [0.0, 1.0, 2.0]
+    again = await s.from_dlpack(t)  # a tensor's buffer is read through DLPack too
+    assert (await again.numpy()).tolist() == [0.0, 1.0, 2.0]
+    strided = np.arange(12.0).reshape(3, 4)[:, ::2]
+    assert (await (await s.from_dlpack(strided)).numpy()).tolist() == strided.tolist()
+
+
+def _meshgrid(*arrays: Any, indexing: str = "xy") -> Any:
+    return list(np.meshgrid(*arrays, indexing=indexing))
+
+
+async def test_meshgrid(s: at.AsyncEagerSession) -> None:
+    a, b, c = np.arange(3.0), np.arange(2, dtype=np.int32), np.array([1.5, 2.5, 3.5, 4.5], np.float32)
+    for arrays in [(a, b), (a, b, c), (a,), (np.zeros(0), b)]:
+        for indexing in ("xy", "ij"):
+            await check_std(s, "meshgrid", _meshgrid, *arrays, exact=True, indexing=indexing, container=list)
+    await check_std(s, "meshgrid", strict("meshgrid"), a, a[:2], exact=True, indexing="ij")
+
+
+async def test_standard_creation_errors(sc: at.AsyncEagerSession) -> None:
+    x = await sc.constant(np.ones((2, 2)))
+    await assert_invalid(sc, lambda: sc.zeros(2, device="gpu 0"), "zeros", "device")
+    await assert_invalid(sc, lambda: sc.arange(3, device=0), "arange", "device")  # type: ignore[arg-type]
+    await assert_invalid(sc, lambda: sc.asarray([1, 2], copy=False), "constant", "copy=False")
+    await assert_invalid(sc, lambda: sc.constant([1], copy="yes"), "constant", "copy")  # type: ignore[arg-type]
+    await assert_invalid(sc, lambda: sc.from_dlpack([1, 2]), "from_dlpack", "DLPack")
+    await assert_invalid(sc, lambda: sc.from_dlpack(np.ones(2), copy=False), "from_dlpack", "copy=False")
+    await assert_invalid(sc, lambda: sc.full_like(x, "a"), "full_like", "str")
+    await assert_invalid(sc, lambda: sc.empty_like(x, dtype=object), "empty_like", "object")
+    await assert_invalid(sc, lambda: sc.empty((-1,)), "empty", "-1")
+    await assert_invalid(sc, lambda: sc.tril(x, k=1.5), "tril", "k")  # type: ignore[arg-type]
+    await assert_invalid(sc, lambda: sc.meshgrid(x, indexing="ji"), "meshgrid", "indexing")
+
+
+PARITY_CASES: list[ParityCase] = [
+    ("empty_like", (np.ones((2, 3), np.float32),), {}, np.zeros_like),
+    ("full_like", (np.ones((2, 3), np.int32), 4), {}, _full_like),
+    ("tril", (np.arange(9.0).reshape(3, 3),), {"k": -1}, _triangle(np.tril)),
+    ("triu", (np.arange(9.0).reshape(3, 3),), {}, _triangle(np.triu)),
+    ("from_dlpack", (np.arange(4.0),), {}, np.array),
+    ("meshgrid", (np.arange(3.0), np.arange(2.0)), {"indexing": "ij"}, _meshgrid),
+]

@@ -11,6 +11,7 @@ import pytest
 import aiotensor as at
 
 from ._opcheck import assert_invalid, assert_same, check_op
+from ._stdcheck import ParityCase, check_std, strict
 
 _rng = np.random.default_rng(99)
 
@@ -227,3 +228,61 @@ async def test_shape_errors(
     assert isinstance(err, ValueError)
     # the session is still usable, and t is intact
     np.testing.assert_array_equal(await (await sc.reshape(t, (3, 2))).numpy(), np.arange(6.0).reshape(3, 2))
+
+
+# -- the standard's matrix_transpose, vecdot and keywords -------------------------------
+
+
+def _matrix_transpose(x: Any) -> Any:
+    if np.ndim(x) < 2:
+        raise ValueError("needs 2 dimensions")
+    return np.swapaxes(x, -1, -2)
+
+
+def _vecdot(x1: Any, x2: Any, axis: int = -1) -> Any:
+    return np.vecdot(x1, x2, axis=axis)
+
+
+async def test_matrix_transpose(s: at.AsyncEagerSession) -> None:
+    for x in (arr(2, 3), arr(4, 2, 3, dtype=np.int32), arr(0, 3), arr(1, 2, 0, dtype=np.bool_)):
+        await check_std(s, "matrix_transpose", _matrix_transpose, x, exact=True)
+    await check_std(s, "matrix_transpose", strict("matrix_transpose"), arr(2, 3, 4, dtype=np.float32), exact=True)
+    await check_std(s, "matrix_transpose", _matrix_transpose, arr(3))  # a vector has no matrix
+
+
+async def test_vecdot(s: at.AsyncEagerSession) -> None:
+    pairs = [
+        (arr(3), arr(3)),
+        (arr(2, 3), arr(3)),  # broadcast
+        (arr(4, 1, 3, dtype=np.float32), arr(2, 3, dtype=np.float32)),
+        (arr(2, 3, dtype=np.int32), arr(2, 3, dtype=np.int64)),
+        (arr(0, 3), arr(3)),
+        (arr(2, 0), arr(2, 0)),  # an empty sum: zeros
+    ]
+    for a, b in pairs:
+        await check_std(s, "vecdot", _vecdot, a, b)
+    await check_std(s, "vecdot", _vecdot, arr(3, 2), arr(3, 2), axis=0)
+    c1, c2 = arr(2, 3) + 1j * arr(2, 3), arr(2, 3) - 2j * arr(2, 3)
+    await check_std(s, "vecdot", strict("vecdot"), c1, c2)  # x1 is conjugated
+    await check_std(s, "vecdot", strict("vecdot"), arr(2, 3), arr(2, 3), axis=-2)
+    await check_std(s, "vecdot", _vecdot, arr(2, 3), arr(2, 4))  # sizes disagree
+
+
+async def test_standard_keywords_of_reshape_and_astype(sc: at.AsyncEagerSession) -> None:
+    x = arr(2, 3, dtype=np.float32)
+    for copy in (None, True, False):  # tensors are immutable: a copy or none cannot be told apart
+        await check_std(sc, "reshape", lambda a, shape, copy=None: np.reshape(a, shape), x, (3, 2), copy=copy)
+    for copy in (True, False):
+        for device in (None, "/cpu:0", "CPU"):
+            await check_std(sc, "astype", lambda a, dt, **_: a.astype(dt), x, np.int16, copy=copy, device=device)
+    t = await sc.constant(x)
+    await assert_invalid(sc, lambda: sc.reshape(t, (6,), copy="no"), "reshape", "copy")  # type: ignore[arg-type]
+    await assert_invalid(sc, lambda: sc.astype(t, np.int8, copy=1), "astype", "copy")  # type: ignore[arg-type]
+    await assert_invalid(sc, lambda: sc.astype(t, np.int8, device="gpu 0"), "astype", "device")
+    await assert_invalid(sc, lambda: sc.astype(t, np.int8, device=0), "astype", "device")  # type: ignore[arg-type]
+
+
+PARITY_CASES: list[ParityCase] = [
+    ("matrix_transpose", (arr(2, 3, 4),), {}, _matrix_transpose),
+    ("vecdot", (arr(2, 3), arr(3)), {}, _vecdot),
+]

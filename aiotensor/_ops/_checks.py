@@ -8,13 +8,25 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._errors import InvalidArgumentError
+from .._devices import canonical_device
+from .._errors import InvalidArgumentError, InvalidDeviceError
 from .._kernels import NUMERIC_KINDS
 
 if TYPE_CHECKING:
     from .._types import AxisLike, DTypeLike
 
-__all__ = ["FLOAT64", "axes", "check_dtype", "check_shape", "count", "count_bytes", "ints", "sequence"]
+__all__ = [
+    "FLOAT64",
+    "axes",
+    "check_copy",
+    "check_device",
+    "check_dtype",
+    "check_shape",
+    "count",
+    "count_bytes",
+    "ints",
+    "sequence",
+]
 
 FLOAT64 = np.dtype(np.float64)
 
@@ -91,3 +103,24 @@ def sequence(xs: Any, op: str) -> list[Any]:
     if not xs:
         raise InvalidArgumentError(f"{op}: needs at least one tensor")
     return list(xs)
+
+
+def check_device(device: str | None, op: str) -> str | None:
+    """The standard's ``device=``: ``None`` or a device name (``"/cpu:0"``), canonical; else InvalidArgumentError.
+
+    Only the name's form is checked here, where no session is known: the op runs on the
+    device its session places it on (``with s.device(...)``).
+    """
+    if device is None:
+        return None
+    try:
+        return canonical_device(device)
+    except InvalidDeviceError as exc:
+        raise InvalidArgumentError(f"{op}: device: {exc}") from None
+
+
+def check_copy(copy: bool | None, op: str) -> bool | None:
+    """The standard's ``copy=``: ``None``, ``True`` or ``False``; else InvalidArgumentError."""
+    if copy is not None and not isinstance(copy, bool):
+        raise InvalidArgumentError(f"{op}: copy must be None or a bool, got {copy!r:.60}")
+    return copy

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import InvalidArgumentError
 from .._kernels import as_numeric
 from .._opdef import Cost, Prepared, op
-from ._checks import axes, check_dtype, ints, sequence
+from ._checks import axes, check_copy, check_device, check_dtype, ints, sequence
 
 if TYPE_CHECKING:
     from .._types import AxisLike, DTypeLike, ShapeLike, TensorLike
@@ -64,8 +64,13 @@ def einsum(subscripts: str, /, *operands: TensorLike) -> Prepared:
 
 
 @op("reshape", data=1, cost=M)
-def reshape(x: TensorLike, /, shape: ShapeLike) -> Prepared:
-    """The same elements in a new shape (one dimension may be -1)."""
+def reshape(x: TensorLike, /, shape: ShapeLike, *, copy: bool | None = None) -> Prepared:
+    """The same elements in a new shape (one dimension may be -1).
+
+    ``copy`` is the standard's keyword: tensors are immutable, so whether the result
+    shares memory with ``x`` cannot be observed, and every value of it is accepted.
+    """
+    check_copy(copy, "reshape")
     return (x, ints(shape, "shape", "reshape")), None, None
 
 
@@ -116,8 +121,15 @@ def broadcast_to(x: TensorLike, /, shape: ShapeLike) -> Prepared:
 
 
 @op(_k_astype, data=1, cost=M)
-def astype(x: TensorLike, dtype: DTypeLike, /) -> Prepared:
-    """``x`` converted to ``dtype`` (numpy's casting rules, ``unsafe`` as numpy's ``astype``)."""
+def astype(x: TensorLike, dtype: DTypeLike, /, *, copy: bool = True, device: str | None = None) -> Prepared:
+    """``x`` converted to ``dtype`` (numpy's casting rules, ``unsafe`` as numpy's ``astype``).
+
+    ``copy`` and ``device`` are the standard's keywords: the result is always a tensor of
+    its own (tensors are immutable, so a copy cannot be told from none), on the device
+    the session places the op on (``device`` must be ``None`` or a device name).
+    """
+    check_copy(copy, "astype")
+    check_device(device, "astype")
     dt = check_dtype(dtype, "astype")
     if dt is None:
         raise InvalidArgumentError("astype: dtype must not be None")
@@ -134,3 +146,26 @@ def take(x: TensorLike, indices: TensorLike, /, *, axis: int | None = None) -> P
 def getitem(x: TensorLike, key: Any, /) -> Prepared:
     """``x[key]`` with numpy indexing (slices, ints, ``None``, ellipsis, int or bool arrays/tensors)."""
     return (x, key), None, None
+
+
+def _k_matrix_transpose(xp: Any, x: Any) -> Any:
+    x = xp.asarray(x)
+    if x.ndim < 2:
+        raise ValueError(f"x must have at least 2 dimensions, got {x.ndim}")
+    return xp.swapaxes(x, -1, -2)
+
+
+def _k_vecdot(xp: Any, x1: Any, x2: Any, axis: int) -> Any:
+    return xp.vecdot(x1, x2, axis=axis)
+
+
+@op(_k_matrix_transpose, data=1, cost=M)
+def matrix_transpose(x: TensorLike, /) -> Prepared:
+    """The last two dimensions of ``x`` swapped (a stack of matrices, each transposed)."""
+    return (x,), None, None
+
+
+@op(_k_vecdot, data=2, cost=M)
+def vecdot(x1: TensorLike, x2: TensorLike, /, *, axis: int = -1) -> Prepared:
+    """Dot products of vectors along ``axis`` (``x1`` conjugated), broadcast over the other dimensions."""
+    return (x1, x2, axis), None, None

@@ -1,0 +1,178 @@
+"""The standard's manipulation functions (``_ops/_manip``) against numpy and array_api_strict."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aiotensor as at
+from aiotensor._opdef import OPS
+
+from ._opcheck import assert_invalid
+from ._stdcheck import ParityCase, check_std, strict
+
+_rng = np.random.default_rng(2829)
+DTYPES = [np.float32, np.int64, np.uint8, np.bool_, np.complex128]
+
+
+def arr(*shape: int, dtype: Any = np.float64) -> np.ndarray:
+    """Small integer values (exact in every dtype) of the given shape."""
+    return np.asarray(_rng.integers(-4, 5, size=shape)).astype(dtype)
+
+
+@pytest.fixture
+async def sc() -> AsyncIterator[at.AsyncEagerSession]:
+    """A session that frees nothing before close, so allocation counts are exact."""
+    async with at.AsyncEagerSession(cleanup=at.ResourceCleanupStrategy.ON_SESSION_CLOSE) as session:
+        yield session
+
+
+def _flip(x: Any, axis: Any = None) -> Any:
+    return np.flip(x, axis=axis)
+
+
+async def test_flip(s: at.AsyncEagerSession) -> None:
+    for dt in DTYPES:
+        for axis in [None, 0, -1, (0, 2)]:
+            await check_std(s, "flip", _flip, arr(2, 3, 4, dtype=dt), exact=True, axis=axis)
+    await check_std(s, "flip", _flip, np.array(3.0), exact=True)
+    await check_std(s, "flip", _flip, arr(0, 2), exact=True, axis=0)
+    await check_std(s, "flip", strict("flip"), arr(2, 3, dtype=np.int32), exact=True, axis=1)
+    await check_std(s, "flip", _flip, arr(2, 3), axis=2)
+
+
+def _roll(x: Any, shift: Any, axis: Any = None) -> Any:
+    return np.roll(x, shift, axis=axis)
+
+
+async def test_roll(s: at.AsyncEagerSession) -> None:
+    for dt in DTYPES:
+        x = arr(3, 4, dtype=dt)
+        await check_std(s, "roll", _roll, x, 1, exact=True)
+        await check_std(s, "roll", _roll, x, -5, exact=True, axis=1)
+        await check_std(s, "roll", _roll, x, (1, 2), exact=True, axis=(0, 1))
+    await check_std(s, "roll", _roll, np.array(2.0), 3, exact=True)
+    await check_std(s, "roll", _roll, arr(0, 3), 2, exact=True, axis=1)
+    await check_std(s, "roll", strict("roll"), arr(5, dtype=np.int16), 7, exact=True)
+    await check_std(s, "roll", _roll, arr(2, 3), (1, 2), axis=0)  # shift and axis disagree
+
+
+async def test_moveaxis(s: at.AsyncEagerSession) -> None:
+    x = arr(2, 3, 4)
+    for source, destination in [(0, 2), (-1, 0), ((0, 1), (2, 0)), (1, 1)]:
+        await check_std(s, "moveaxis", np.moveaxis, x, source, destination, exact=True)
+    await check_std(s, "moveaxis", strict("moveaxis"), arr(2, 0, 3, dtype=np.int8), 0, -1, exact=True)
+    await check_std(s, "moveaxis", np.moveaxis, x, 3, 0)  # out of range
+    await check_std(s, "moveaxis", np.moveaxis, x, (0, 0), (1, 2))  # repeated
+
+
+def _repeat(x: Any, repeats: Any, axis: Any = None) -> Any:
+    return np.repeat(x, np.asarray(repeats).astype(np.int64), axis=axis)
+
+
+async def test_repeat(s: at.AsyncEagerSession) -> None:
+    for dt in DTYPES:
+        x = arr(2, 3, dtype=dt)
+        await check_std(s, "repeat", _repeat, x, 2, exact=True)
+        await check_std(s, "repeat", _repeat, x, 0, exact=True, axis=1)
+        await check_std(s, "repeat", _repeat, x, np.array([1, 0, 3]), exact=True, axis=1)  # data-dependent size
+    await check_std(s, "repeat", _repeat, arr(3), np.array([2, 1, 0], np.uint64), exact=True)  # numpy refuses uint64
+    await check_std(s, "repeat", _repeat, np.array(5.0), 3, exact=True)
+    await check_std(s, "repeat", _repeat, arr(0, 2), 4, exact=True, axis=0)
+    await check_std(s, "repeat", strict("repeat"), arr(2, 2, dtype=np.float32), np.array([1, 2]), exact=True, axis=0)
+    await check_std(s, "repeat", _repeat, arr(3), -1)  # negative
+    await check_std(s, "repeat", _repeat, arr(3), np.array([1, 2]))  # wrong length
+
+
+async def test_repeat_by_counts_inside_an_expression(s: at.AsyncEagerSession) -> None:
+    x = await s.constant(np.array([1.0, 2.0, 3.0]))
+    counts = await s.constant(np.array([2, 0, 1]))
+    d = OPS["repeat"]
+    total = at.Expr(d, *d.prepare(x * 10.0, counts)).sum()
+    np.testing.assert_array_equal(await total.eval(), 50.0)
+
+
+async def test_tile(s: at.AsyncEagerSession) -> None:
+    for dt in DTYPES:
+        for reps in [(2,), (2, 1), (1, 3, 2), (0, 2)]:
+            await check_std(s, "tile", np.tile, arr(2, 3, dtype=dt), reps, exact=True)
+    await check_std(s, "tile", np.tile, np.array(1.5), (2, 2), exact=True)
+    await check_std(s, "tile", strict("tile"), arr(3, dtype=np.int32), (2, 2), exact=True)
+    await check_std(s, "tile", np.tile, arr(2), (-1,))
+
+
+def _unstack(x: Any, axis: int = 0) -> Any:
+    x = np.asarray(x)
+    if x.ndim == 0:
+        raise ValueError("0-d")
+    return tuple(np.moveaxis(x, axis, 0))
+
+
+async def test_unstack(s: at.AsyncEagerSession) -> None:
+    for dt in DTYPES:
+        for axis in (0, 1, -1):
+            await check_std(s, "unstack", _unstack, arr(2, 3, 4, dtype=dt), exact=True, axis=axis, container=tuple)
+    await check_std(s, "unstack", strict("unstack"), arr(3, 2), exact=True, axis=1, container=tuple)
+    await check_std(s, "unstack", _unstack, arr(0, 3), exact=True, axis=1, container=tuple)
+    await check_std(s, "unstack", _unstack, np.array(1.0))
+    await check_std(s, "unstack", _unstack, arr(2, 3), axis=2)
+
+
+def _broadcast_arrays(*arrays: Any) -> Any:
+    return [a.copy() for a in np.broadcast_arrays(*arrays)]
+
+
+async def test_broadcast_arrays(s: at.AsyncEagerSession) -> None:
+    cases = [
+        (arr(2, 1), arr(1, 3)),
+        (arr(3, dtype=np.int8), np.array(2.0), arr(2, 1, 3, dtype=np.bool_)),
+        (arr(4),),
+        (arr(0, 1), arr(1, 5)),
+    ]
+    for arrays in cases:
+        await check_std(s, "broadcast_arrays", _broadcast_arrays, *arrays, exact=True, container=list)
+    await check_std(s, "broadcast_arrays", strict("broadcast_arrays"), arr(2, 1), arr(3), exact=True)
+    await check_std(s, "broadcast_arrays", _broadcast_arrays, arr(2), arr(3))
+
+
+def _take_along_axis(x: Any, indices: Any, axis: int = -1) -> Any:
+    return np.take_along_axis(x, indices, axis=axis)
+
+
+async def test_take_along_axis(s: at.AsyncEagerSession) -> None:
+    for dt in DTYPES:
+        x = arr(3, 4, dtype=dt)
+        await check_std(s, "take_along_axis", _take_along_axis, x, np.argsort(arr(3, 4), axis=1), exact=True)
+        await check_std(s, "take_along_axis", _take_along_axis, x, np.array([[0, 2, 1, 0]]), exact=True, axis=0)
+    await check_std(s, "take_along_axis", _take_along_axis, arr(3, 4), np.array([[-1], [0], [3]]), exact=True)
+    await check_std(s, "take_along_axis", _take_along_axis, arr(2, 0), np.zeros((2, 0), np.int64), exact=True)
+    idx = np.array([[1], [0]])
+    await check_std(s, "take_along_axis", strict("take_along_axis"), arr(2, 3), idx, exact=True, axis=1)
+    await check_std(s, "take_along_axis", _take_along_axis, arr(2, 3), np.array([[5]]))  # out of bounds
+    await check_std(s, "take_along_axis", _take_along_axis, arr(2, 3), np.array([[0.5]]))  # float indices
+
+
+async def test_bad_arguments(sc: at.AsyncEagerSession) -> None:
+    x = await sc.constant(arr(2, 3))
+    await assert_invalid(sc, lambda: sc.flip(x, axis="0"), "flip", "axis")  # type: ignore[arg-type]
+    await assert_invalid(sc, lambda: sc.roll(x, 1.5), "roll", "shift")  # type: ignore[arg-type]
+    await assert_invalid(sc, lambda: sc.moveaxis(x, "a", 0), "moveaxis", "source")  # type: ignore[arg-type]
+    await assert_invalid(sc, lambda: sc.repeat(x, 1.5), "repeat", "integers")
+    await assert_invalid(sc, lambda: sc.tile(x, "ab"), "tile", "repetitions")  # type: ignore[arg-type]
+    await assert_invalid(sc, lambda: sc.broadcast_arrays(), "broadcast_arrays")
+    await assert_invalid(sc, lambda: sc.unstack("abc"), "unstack")
+
+
+PARITY_CASES: list[ParityCase] = [
+    ("flip", (arr(2, 3),), {"axis": 0}, _flip),
+    ("roll", (arr(2, 3), 1), {"axis": 1}, _roll),
+    ("moveaxis", (arr(2, 3, 4), 0, -1), {}, np.moveaxis),
+    ("repeat", (arr(3), np.array([1, 0, 2])), {}, _repeat),
+    ("tile", (arr(2, 3), (2, 1)), {}, np.tile),
+    ("unstack", (arr(2, 3),), {"axis": 1}, _unstack),
+    ("broadcast_arrays", (arr(2, 1), arr(3)), {}, _broadcast_arrays),
+    ("take_along_axis", (arr(2, 3), np.array([[2], [0]])), {"axis": 1}, _take_along_axis),
+]
