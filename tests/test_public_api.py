@@ -26,3 +26,16 @@ def test_module_level_ops_mirror_session_methods() -> None:
         assert fn.__doc__ == method.__doc__
         assert "self" not in inspect.signature(fn).parameters
         assert inspect.iscoroutinefunction(fn)
+
+
+def test_every_op_is_on_an_api_page() -> None:
+    # Each op of the table is rendered by the API reference (a ``members:`` entry of a page in docs/api/).
+    from pathlib import Path
+
+    from aiotensor._codegen import ALIASES
+    from aiotensor._opdef import OPS
+
+    pages = "".join(p.read_text() for p in (Path(__file__).parent.parent / "docs" / "api").glob("*.md"))
+    listed = {line.strip()[2:] for line in pages.splitlines() if line.strip().startswith("- ")}
+    missing = sorted(name for name in [*OPS, *ALIASES] if name not in listed)
+    assert missing == []
