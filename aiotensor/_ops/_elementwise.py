@@ -7,6 +7,7 @@ the caller's context.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -80,9 +81,23 @@ def _k_clip(xp: Any, x: Any, lo: Any, hi: Any) -> Any:
     return xp.clip(x, lo, hi)
 
 
+def _maybe_inf(x: Any) -> bool:
+    """Whether ``x`` may hold an infinity (a large array: two reductions, no temporary; NaN says maybe)."""
+    tx = type(x)
+    if tx is float:
+        return not math.isfinite(x)
+    if tx is np.ndarray:
+        if x.dtype.kind != "f" or not x.size:
+            return False
+        if x.size < 4096:  # one call: its temporary is small
+            return bool(np.isinf(x).any())
+        return not (math.isfinite(np.maximum.reduce(x, axis=None)) and math.isfinite(np.minimum.reduce(x, axis=None)))
+    return tx is not int and tx is not bool  # numpy scalars: the exact check decides
+
+
 def _k_floor_divide(xp: Any, x1: Any, x2: Any) -> Any:
     q = xp.floor_divide(x1, x2)
-    if xp is not np or q.dtype.kind != "f":
+    if xp is not np or q.dtype.kind != "f" or not (_maybe_inf(x1) or _maybe_inf(x2)):
         return q
     # The standard's special cases numpy misses (it gives NaN for inf // 2 and -1 for
     # -1 // inf): where one operand is infinite and the other finite, the result is the
