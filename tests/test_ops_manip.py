@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
+from aiotensor._cost import estimate_us, out_spec
 from aiotensor._opdef import OPS
 
 from ._opcheck import assert_invalid
@@ -176,3 +178,21 @@ PARITY_CASES: list[ParityCase] = [
     ("broadcast_arrays", (arr(2, 1), arr(3)), {}, _broadcast_arrays),
     ("take_along_axis", (arr(2, 3), np.array([[2], [0]])), {"axis": 1}, _take_along_axis),
 ]
+
+
+def test_ops_whose_output_size_is_unknown_ahead_are_never_estimated() -> None:
+    # Outputs far larger than the inputs (tile, repeat, meshgrid) or sized by the data
+    # (nonzero, unique_*): the estimate says "unknown" (inf: never inlined), not a guess.
+    x = np.ones(4)
+    cases = [
+        ("repeat", (x, 10**6)),
+        ("tile", (x, (1000, 1000))),
+        ("meshgrid", (x, x)),
+        ("nonzero", (x,)),
+        ("unique_all", (x,)),
+        ("unique_values", (x,)),
+    ]
+    for name, args in cases:
+        d = OPS[name]
+        assert estimate_us(d, args, None, None) == math.inf, name
+        assert out_spec(d, args, None) is None, name

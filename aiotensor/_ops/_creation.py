@@ -320,7 +320,8 @@ def _k_meshgrid(xp: Any, *arrays: Any, indexing: str) -> list[Any]:
     return list(xp.meshgrid(*[xp.asarray(a) for a in arrays], indexing=indexing))
 
 
-@op(_k_meshgrid, cost=Cost.MEMORY, returns="list")
+# UNKNOWN: the grids hold the product of the inputs' sizes, which the cost model cannot see.
+@op(_k_meshgrid, cost=Cost.UNKNOWN, returns="list")
 def meshgrid(*arrays: TensorLike, indexing: str = "xy") -> Prepared:
     """Coordinate grids from 1-d tensors, as a list (``indexing="xy"``: Cartesian, ``"ij"``: matrix)."""
     if indexing not in ("xy", "ij"):

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from .._types import AxisLike, TensorLike
 
 M = Cost.MEMORY
+#: Ops whose output may be far larger than their inputs (``tile(x, (1000, 1000))``): the
+#: cost model sizes an output from the inputs, so these are never estimated (or inlined).
+GROWS = Cost.UNKNOWN
 
 
 def _k_repeat(xp: Any, x: Any, repeats: Any, axis: int | None) -> Any:
@@ -62,7 +65,7 @@ def moveaxis(x: TensorLike, source: int | Sequence[int], destination: int | Sequ
     return (x, ints(source, "source", "moveaxis"), ints(destination, "destination", "moveaxis")), None, None
 
 
-@op(_k_repeat, data=1, cost=M)
+@op(_k_repeat, data=1, cost=GROWS)
 def repeat(x: TensorLike, repeats: int | TensorLike, /, *, axis: int | None = None) -> Prepared:
     """Each element repeated ``repeats`` times (one count, or one per element along ``axis``).
 
@@ -72,7 +75,7 @@ def repeat(x: TensorLike, repeats: int | TensorLike, /, *, axis: int | None = No
     return (x, repeats, axis), None, None
 
 
-@op("tile", data=1, cost=M)
+@op("tile", data=1, cost=GROWS)
 def tile(x: TensorLike, repetitions: Sequence[int], /) -> Prepared:
     """``x`` repeated ``repetitions[i]`` times along each dimension (leading ones added as needed)."""
     reps = ints(repetitions, "repetitions", "tile")
