@@ -9,6 +9,7 @@ result, and their container type (list, tuple, named tuple) is checked too.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -131,3 +132,26 @@ def _has_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 async def _expression(d: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # An expression node of the op, as aiotensor.xp builds one, evaluated by await.
     return await at.Expr(d, *d.prepare(*args, **kwargs))
+
+
+def to_numpy(a: Any) -> Any:
+    """An array_api_strict result (an array, or a tuple of them) as numpy."""
+    if isinstance(a, list | tuple):
+        return type(a)(to_numpy(e) for e in a) if not hasattr(a, "_fields") else type(a)(*[to_numpy(e) for e in a])
+    return np.from_dlpack(a).copy()
+
+
+def run_sync(
+    loop_session: tuple[asyncio.AbstractEventLoop, at.AsyncEagerSession],
+    name: str,
+    args: list[Any],
+    kwargs: dict[str, Any] | None = None,
+) -> Any:
+    """``await session.<name>(*args, **kwargs)`` (ndarrays as tensors) on the fixture's loop, as numpy."""
+    loop, session = loop_session
+
+    async def run() -> Any:
+        targs = [await session.constant(a) if isinstance(a, np.ndarray) else a for a in args]
+        return await _values(await getattr(session, name)(*targs, **(kwargs or {})))
+
+    return loop.run_until_complete(run())

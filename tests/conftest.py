@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 
 import pytest
 
@@ -49,6 +49,17 @@ async def s() -> AsyncIterator[at.AsyncEagerSession]:
     """An open session with the default strategy, for tests of ops rather than of cleanup."""
     async with at.AsyncEagerSession() as session:
         yield session
+
+
+@pytest.fixture(scope="module")
+def loop_session() -> Iterator[tuple[asyncio.AbstractEventLoop, at.AsyncEagerSession]]:
+    """A session on an event loop of its own, for synchronous (hypothesis) tests: one per module."""
+    loop = asyncio.new_event_loop()
+    session = at.AsyncEagerSession()
+    loop.run_until_complete(session.__aenter__())
+    yield loop, session
+    loop.run_until_complete(session.__aexit__(None, None, None))
+    loop.close()
 
 
 async def settle(session: at.AsyncEagerSession, timeout: float = 2.0) -> None:

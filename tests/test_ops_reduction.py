@@ -5,13 +5,17 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import array_api_strict
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.array_api import make_strategies_namespace
 
 import aiotensor as at
 
 from ._opcheck import assert_invalid, check_op
-from ._stdcheck import ParityCase, check_std, strict
+from ._stdcheck import ParityCase, check_std, run_sync, strict, to_numpy
 
 REDUCTIONS: dict[str, Callable[..., Any]] = {
     "sum": np.sum,
@@ -269,3 +273,31 @@ PARITY_CASES: list[ParityCase] = [
     ("cumulative_prod", (values((4,), np.int64),), {}, CUMULATIVE["cumulative_prod"]),
     ("diff", (values((2, 5), np.float64),), {"axis": -1, "n": 2}, _diff),
 ]
+
+
+# -- differential: hypothesis-drawn arrays against array_api_strict ---------------------
+
+xps = make_strategies_namespace(array_api_strict, api_version="2024.12")
+
+
+@pytest.mark.parametrize("name", ["all", "any", "count_nonzero", "cumulative_sum", "cumulative_prod", "diff"])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_differential_against_array_api_strict(loop_session: Any, name: str, data: st.DataObject) -> None:
+    numeric = name.startswith("cumulative") or name == "diff"
+    dtype = data.draw(xps.numeric_dtypes() if numeric else xps.scalar_dtypes(), label="dtype")
+    x = data.draw(xps.arrays(dtype, xps.array_shapes(min_dims=1 if numeric else 0, max_side=4)), label="x")
+    kwargs: dict[str, Any] = {}
+    if name in ("all", "any", "count_nonzero"):
+        kwargs["axis"] = data.draw(st.none() | xps.valid_tuple_axes(x.ndim), label="axis")
+        kwargs["keepdims"] = data.draw(st.booleans(), label="keepdims")
+    elif numeric:
+        kwargs["axis"] = data.draw(st.integers(-x.ndim, x.ndim - 1), label="axis")
+        if name == "diff":
+            kwargs["n"] = data.draw(st.integers(0, 3), label="n")
+        else:
+            kwargs["include_initial"] = data.draw(st.booleans(), label="include_initial")
+    with np.errstate(all="ignore"):  # (overflowing products, inf - inf)
+        want = to_numpy(getattr(array_api_strict, name)(x, **kwargs))
+        got = run_sync(loop_session, name, [to_numpy(x)], kwargs)
+    np.testing.assert_array_equal(got, want, strict=True)

@@ -9,15 +9,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import array_api_strict
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.array_api import make_strategies_namespace
 
 import aiotensor as at
 from aiotensor._opdef import OPS
 from aiotensor._ops._search import UniqueAllResult, UniqueCountsResult, UniqueInverseResult
 
 from ._opcheck import assert_invalid
-from ._stdcheck import ParityCase, check_std, strict
+from ._stdcheck import ParityCase, check_std, run_sync, strict, to_numpy
 
 _rng = np.random.default_rng(2828)
 DTYPES = [np.float32, np.float64, np.int8, np.int32, np.int64, np.uint16]
@@ -178,3 +182,43 @@ PARITY_CASES: list[ParityCase] = [
     ("unique_values", (ties((6,), np.int8),), {}, np.unique_values),
     ("isin", (ties((2, 3), np.int64), ties((2,), np.int64)), {}, _np_isin),
 ]
+
+
+# -- differential: hypothesis-drawn arrays against array_api_strict ---------------------
+
+xps = make_strategies_namespace(array_api_strict, api_version="2024.12")
+
+
+@pytest.mark.parametrize("name", ["sort", "argsort", "nonzero", *sorted(UNIQUES), "unique_values"])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_differential_against_array_api_strict(loop_session: Any, name: str, data: st.DataObject) -> None:
+    sorting = name in ("sort", "argsort")
+    dtype = data.draw(xps.real_dtypes() if sorting else xps.scalar_dtypes(), label="dtype")
+    min_dims = 0 if name.startswith("unique") else 1
+    x = data.draw(xps.arrays(dtype, xps.array_shapes(min_dims=min_dims, min_side=0, max_side=5)), label="x")
+    kwargs: dict[str, Any] = {}
+    if sorting:
+        kwargs["axis"] = data.draw(st.integers(-x.ndim, x.ndim - 1), label="axis")
+        kwargs["descending"] = data.draw(st.booleans(), label="descending")
+    want = to_numpy(getattr(array_api_strict, name)(x, **kwargs))
+    got = run_sync(loop_session, name, [to_numpy(x)], kwargs)
+    if isinstance(want, tuple):
+        assert type(got).__name__ == type(want).__name__  # the standard's named tuple (or a tuple)
+        assert getattr(got, "_fields", None) == getattr(want, "_fields", None)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w, strict=True)
+    else:
+        np.testing.assert_array_equal(got, want, strict=True)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_searchsorted_differential(loop_session: Any, data: st.DataObject) -> None:
+    dtype = data.draw(xps.real_dtypes(), label="dtype")
+    x1 = array_api_strict.sort(data.draw(xps.arrays(dtype, st.integers(0, 8)), label="x1"))
+    x2 = data.draw(xps.arrays(dtype, xps.array_shapes(min_dims=0, max_side=4)), label="x2")
+    side = data.draw(st.sampled_from(["left", "right"]), label="side")
+    want = to_numpy(array_api_strict.searchsorted(x1, x2, side=side))
+    got = run_sync(loop_session, "searchsorted", [to_numpy(x1), to_numpy(x2)], {"side": side})
+    np.testing.assert_array_equal(got, want, strict=True)
