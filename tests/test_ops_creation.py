@@ -337,6 +337,7 @@ async def test_standard_creation_errors(sc: at.AsyncEagerSession) -> None:
 
 
 PARITY_CASES: list[ParityCase] = [
+    ("empty", ((2, 3),), {}, np.zeros),
     ("empty_like", (np.ones((2, 3), np.float32),), {}, np.zeros_like),
     ("full_like", (np.ones((2, 3), np.int32), 4), {}, _full_like),
     ("tril", (np.arange(9.0).reshape(3, 3),), {"k": -1}, _triangle(np.tril)),
@@ -344,3 +345,10 @@ PARITY_CASES: list[ParityCase] = [
     ("from_dlpack", (np.arange(4.0),), {}, np.array),
     ("meshgrid", (np.arange(3.0), np.arange(2.0)), {"indexing": "ij"}, _meshgrid),
 ]
+
+
+@pytest.mark.parametrize("row", PARITY_CASES, ids=[row[0] for row in PARITY_CASES])
+async def test_parity_rows_hold(s: at.AsyncEagerSession, row: ParityCase) -> None:
+    # The rows the parity matrix takes: each holds on every surface here.
+    name, args, kwargs, reference = row
+    await check_std(s, name, reference, *args, exact=False, **kwargs)

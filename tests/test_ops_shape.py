@@ -286,3 +286,10 @@ PARITY_CASES: list[ParityCase] = [
     ("matrix_transpose", (arr(2, 3, 4),), {}, _matrix_transpose),
     ("vecdot", (arr(2, 3), arr(3)), {}, _vecdot),
 ]
+
+
+@pytest.mark.parametrize("row", PARITY_CASES, ids=[row[0] for row in PARITY_CASES])
+async def test_parity_rows_hold(s: at.AsyncEagerSession, row: ParityCase) -> None:
+    # The rows the parity matrix takes: each holds on every surface here.
+    name, args, kwargs, reference = row
+    await check_std(s, name, reference, *args, exact=False, **kwargs)
