@@ -19,14 +19,9 @@ from aiotensor._opdef import OPS
 
 from ._opcheck import assert_invalid
 from ._stdcheck import ParityCase, check_std, run_sync, strict, to_numpy
+from .test_ops_shape import arr
 
-_rng = np.random.default_rng(2829)
 DTYPES = [np.float32, np.int64, np.uint8, np.bool_, np.complex128]
-
-
-def arr(*shape: int, dtype: Any = np.float64) -> np.ndarray:
-    """Small integer values (exact in every dtype) of the given shape."""
-    return np.asarray(_rng.integers(-4, 5, size=shape)).astype(dtype)
 
 
 @pytest.fixture
