@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
+from aiotensor._opdef import OPS
 
 from ._opcheck import assert_invalid, assert_same
 from ._stdcheck import ParityCase, check_std, strict
@@ -352,3 +353,12 @@ async def test_parity_rows_hold(s: at.AsyncEagerSession, row: ParityCase) -> Non
     # The rows the parity matrix takes: each holds on every surface here.
     name, args, kwargs, reference = row
     await check_std(s, name, reference, *args, exact=False, **kwargs)
+
+
+async def test_linspace_with_complex_bounds_reserves_their_size(s: at.AsyncEagerSession) -> None:
+    t = await s.linspace(0j, 1 + 1j, 5)
+    np.testing.assert_array_equal(await t.numpy(), np.linspace(0j, 1 + 1j, 5))
+    # The bytes reserved before the kernel runs: complex128's, unless a dtype says otherwise.
+    assert OPS["linspace"].prepare(0j, 1j, 5)[2] == 5 * 16
+    assert OPS["linspace"].prepare(0.0, 1.0, 5)[2] == 5 * 8
+    assert OPS["linspace"].prepare(0.0, 1j, 5, dtype=np.complex64)[2] == 5 * 8

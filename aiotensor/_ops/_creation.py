@@ -187,7 +187,11 @@ def linspace(
     check_device(device, "linspace")
     n = count(num, "num", "linspace")
     dt = check_dtype(dtype, "linspace")
-    return (start, stop, n), {"endpoint": endpoint, "dtype": dt}, n * (dt or FLOAT64).itemsize
+    if dt is None and any(isinstance(v, complex | np.complexfloating) for v in (start, stop)):
+        itemsize = 16  # complex bounds give complex128 values
+    else:
+        itemsize = (dt or FLOAT64).itemsize
+    return (start, stop, n), {"endpoint": endpoint, "dtype": dt}, n * itemsize
 
 
 @op("eye", cost=C)
