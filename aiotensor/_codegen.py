@@ -34,9 +34,30 @@ ALIASES = {"asarray": "constant"}
 _RETURNS = {"one": "Tensor", "list": "list[Tensor]", "any": "Tensor | tuple[Tensor, ...]"}
 
 
+def _result_type(d: OpDef) -> type | None:
+    """The named tuple an op's results come in (``result=UniqueAllResult._make``), or None."""
+    owner = getattr(d.result, "__self__", None)
+    return owner if isinstance(owner, type) else None
+
+
 def _returns(d: OpDef) -> str:
-    """The return annotation of the op's coroutines (a ``result`` makes the list a tuple)."""
-    return "tuple[Tensor, ...]" if d.result is not None else _RETURNS[d.returns]
+    """The return annotation of the op's coroutines (a ``result`` makes the list a tuple, maybe named)."""
+    if d.result is None:
+        return _RETURNS[d.returns]
+    named = _result_type(d)
+    if named is None:
+        return "tuple[Tensor, ...]"
+    return f"{named.__name__}[Tensor]" if getattr(named, "__parameters__", ()) else named.__name__
+
+
+def _result_imports() -> str:
+    """The type-checking imports of the named tuples ops return (``    from ._ops._search import ...``)."""
+    by_module: dict[str, set[str]] = {}
+    for d in OPS.values():
+        named = _result_type(d)
+        if named is not None:
+            by_module.setdefault(named.__module__.replace("aiotensor.", "."), set()).add(named.__name__)
+    return "".join(f"    from {m} import {', '.join(sorted(n))}\n" for m, n in sorted(by_module.items()))
 
 
 _BINARY = BINARY_OPERATORS
@@ -158,7 +179,9 @@ def session_ops() -> str:
     """The source of ``_session_ops.py``."""
     out = [
         _HEADER.format(doc="The session's op methods (``await s.add(a, b)``)."),
-        "\nif TYPE_CHECKING:\n    from ._engine import Engine\n    from ._tensor import Tensor\n"
+        "\nif TYPE_CHECKING:\n    from ._engine import Engine\n"
+        + _result_imports()
+        + "    from ._tensor import Tensor\n"
         "    from ._types import AxisLike, DTypeLike, ShapeLike, TensorLike\n\n",
         '__all__ = ["SessionOps"]\n\n',
         _bindings(),
@@ -188,7 +211,7 @@ def functional() -> str:
             "from ._opdef import OPS\n",
             "from ._engine import engine_of\nfrom ._opdef import OPS\nfrom ._session_ops import SessionOps\n",
         ),
-        "\nif TYPE_CHECKING:\n    from ._tensor import Tensor\n"
+        "\nif TYPE_CHECKING:\n" + _result_imports() + "    from ._tensor import Tensor\n"
         "    from ._types import AxisLike, DTypeLike, ShapeLike, TensorLike\n\n",
         "__all__ = [\n"
         + "".join(f'    "{n}",\n' for n in sorted((name for name, _ in _surface()), key=_natural))

@@ -17,6 +17,7 @@ from ._opdef import OPS
 from ._session_ops import SessionOps
 
 if TYPE_CHECKING:
+    from ._ops._search import UniqueAllResult, UniqueCountsResult, UniqueInverseResult
     from ._tensor import Tensor
     from ._types import AxisLike, DTypeLike, ShapeLike, TensorLike
 
@@ -1301,30 +1302,30 @@ async def nonzero(x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor,
     return r
 
 
-async def unique_all(x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor, ...]:
+async def unique_all(x: TensorLike, /, *, name: str | None = None) -> UniqueAllResult[Tensor]:
     """The unique values of ``x``, sorted, with first indices, inverse indices (``x``'s shape) and counts.
 
     Each NaN is a value of its own, as the standard says. Gives a :class:`UniqueAllResult`.
     """
     p_args, p_kwargs, p_nbytes = _unique_all.spec(x)
-    r: tuple[Tensor, ...] = await engine_of((x,), None).op(_unique_all, p_args, p_kwargs, p_nbytes, name)
+    r: UniqueAllResult[Tensor] = await engine_of((x,), None).op(_unique_all, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def unique_counts(x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor, ...]:
+async def unique_counts(x: TensorLike, /, *, name: str | None = None) -> UniqueCountsResult[Tensor]:
     """The unique values of ``x``, sorted, and their counts: a :class:`UniqueCountsResult`."""
     p_args, p_kwargs, p_nbytes = _unique_counts.spec(x)
-    r: tuple[Tensor, ...] = await engine_of((x,), None).op(_unique_counts, p_args, p_kwargs, p_nbytes, name)
+    r: UniqueCountsResult[Tensor] = await engine_of((x,), None).op(_unique_counts, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def unique_inverse(x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor, ...]:
+async def unique_inverse(x: TensorLike, /, *, name: str | None = None) -> UniqueInverseResult[Tensor]:
     """The unique values of ``x``, sorted, and the inverse indices: a :class:`UniqueInverseResult`.
 
     ``values[inverse_indices]`` rebuilds ``x`` (``inverse_indices`` has ``x``'s shape).
     """
     p_args, p_kwargs, p_nbytes = _unique_inverse.spec(x)
-    r: tuple[Tensor, ...] = await engine_of((x,), None).op(_unique_inverse, p_args, p_kwargs, p_nbytes, name)
+    r: UniqueInverseResult[Tensor] = await engine_of((x,), None).op(_unique_inverse, p_args, p_kwargs, p_nbytes, name)
     return r
 
 

@@ -9,6 +9,7 @@ from ._opdef import OPS
 
 if TYPE_CHECKING:
     from ._engine import Engine
+    from ._ops._search import UniqueAllResult, UniqueCountsResult, UniqueInverseResult
     from ._tensor import Tensor
     from ._types import AxisLike, DTypeLike, ShapeLike, TensorLike
 
@@ -1040,28 +1041,28 @@ class SessionOps:
         r: tuple[Tensor, ...] = await self._engine.op(_nonzero, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def unique_all(self, x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor, ...]:
+    async def unique_all(self, x: TensorLike, /, *, name: str | None = None) -> UniqueAllResult[Tensor]:
         """The unique values of ``x``, sorted, with first indices, inverse indices (``x``'s shape) and counts.
 
         Each NaN is a value of its own, as the standard says. Gives a :class:`UniqueAllResult`.
         """
         p_args, p_kwargs, p_nbytes = _unique_all.spec(x)
-        r: tuple[Tensor, ...] = await self._engine.op(_unique_all, p_args, p_kwargs, p_nbytes, name)
+        r: UniqueAllResult[Tensor] = await self._engine.op(_unique_all, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def unique_counts(self, x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor, ...]:
+    async def unique_counts(self, x: TensorLike, /, *, name: str | None = None) -> UniqueCountsResult[Tensor]:
         """The unique values of ``x``, sorted, and their counts: a :class:`UniqueCountsResult`."""
         p_args, p_kwargs, p_nbytes = _unique_counts.spec(x)
-        r: tuple[Tensor, ...] = await self._engine.op(_unique_counts, p_args, p_kwargs, p_nbytes, name)
+        r: UniqueCountsResult[Tensor] = await self._engine.op(_unique_counts, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def unique_inverse(self, x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor, ...]:
+    async def unique_inverse(self, x: TensorLike, /, *, name: str | None = None) -> UniqueInverseResult[Tensor]:
         """The unique values of ``x``, sorted, and the inverse indices: a :class:`UniqueInverseResult`.
 
         ``values[inverse_indices]`` rebuilds ``x`` (``inverse_indices`` has ``x``'s shape).
         """
         p_args, p_kwargs, p_nbytes = _unique_inverse.spec(x)
-        r: tuple[Tensor, ...] = await self._engine.op(_unique_inverse, p_args, p_kwargs, p_nbytes, name)
+        r: UniqueInverseResult[Tensor] = await self._engine.op(_unique_inverse, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def unique_values(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:

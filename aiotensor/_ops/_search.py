@@ -9,7 +9,7 @@ of index tensors, one per dimension.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from .._errors import InvalidArgumentError
 from .._opdef import Cost, Prepared, op
@@ -22,29 +22,31 @@ __all__ = ["UniqueAllResult", "UniqueCountsResult", "UniqueInverseResult"]
 #: A sort costs more per byte than a pass over memory: about what floor division does
 #: per element at the sizes that run inline (n log n comparisons).
 SORT = Cost.DIVMOD
+#: What the named tuples hold: tensors from ops, fused values inside fused functions.
+T = TypeVar("T")
 
 
-class UniqueAllResult(NamedTuple):
+class UniqueAllResult(NamedTuple, Generic[T]):
     """What ``unique_all`` gives: the unique values, first indices, inverse indices and counts."""
 
-    values: Any
-    indices: Any
-    inverse_indices: Any
-    counts: Any
+    values: T
+    indices: T
+    inverse_indices: T
+    counts: T
 
 
-class UniqueCountsResult(NamedTuple):
+class UniqueCountsResult(NamedTuple, Generic[T]):
     """What ``unique_counts`` gives: the unique values and how often each occurs."""
 
-    values: Any
-    counts: Any
+    values: T
+    counts: T
 
 
-class UniqueInverseResult(NamedTuple):
+class UniqueInverseResult(NamedTuple, Generic[T]):
     """What ``unique_inverse`` gives: the unique values and, for each element, its value's index."""
 
-    values: Any
-    inverse_indices: Any
+    values: T
+    inverse_indices: T
 
 
 def _k_sort(xp: Any, x: Any, axis: int, descending: bool, stable: bool) -> Any:
