@@ -31,11 +31,17 @@ __all__ = [
     "astype",
     "broadcast_to",
     "ceil",
+    "cholesky",
     "clip",
     "concat",
     "constant",
     "cos",
+    "cross",
+    "det",
+    "diagonal",
     "divide",
+    "eigh",
+    "eigvalsh",
     "einsum",
     "equal",
     "exp",
@@ -47,6 +53,7 @@ __all__ = [
     "getitem",
     "greater",
     "greater_equal",
+    "inv",
     "isfinite",
     "isnan",
     "less",
@@ -59,6 +66,9 @@ __all__ = [
     "logical_not",
     "logical_or",
     "matmul",
+    "matrix_norm",
+    "matrix_power",
+    "matrix_rank",
     "max",
     "maximum",
     "mean",
@@ -69,9 +79,12 @@ __all__ = [
     "not_equal",
     "ones",
     "ones_like",
+    "outer",
     "permute_dims",
+    "pinv",
     "pow",
     "prod",
+    "qr",
     "random_normal",
     "random_uniform",
     "relu",
@@ -81,7 +94,9 @@ __all__ = [
     "sigmoid",
     "sign",
     "sin",
+    "slogdet",
     "softmax",
+    "solve",
     "split",
     "sqrt",
     "square",
@@ -90,10 +105,14 @@ __all__ = [
     "std",
     "subtract",
     "sum",
+    "svd",
+    "svdvals",
     "take",
     "tanh",
     "tensordot",
+    "trace",
     "var",
+    "vector_norm",
     "where",
     "zeros",
     "zeros_like",
@@ -149,6 +168,25 @@ _isfinite = OPS["isfinite"]
 _round = OPS["round"]
 _clip = OPS["clip"]
 _where = OPS["where"]
+_cholesky = OPS["cholesky"]
+_det = OPS["det"]
+_slogdet = OPS["slogdet"]
+_inv = OPS["inv"]
+_eigh = OPS["eigh"]
+_eigvalsh = OPS["eigvalsh"]
+_qr = OPS["qr"]
+_svd = OPS["svd"]
+_svdvals = OPS["svdvals"]
+_solve = OPS["solve"]
+_matrix_rank = OPS["matrix_rank"]
+_pinv = OPS["pinv"]
+_matrix_power = OPS["matrix_power"]
+_matrix_norm = OPS["matrix_norm"]
+_vector_norm = OPS["vector_norm"]
+_trace = OPS["trace"]
+_diagonal = OPS["diagonal"]
+_cross = OPS["cross"]
+_outer = OPS["outer"]
 _sum = OPS["sum"]
 _prod = OPS["prod"]
 _mean = OPS["mean"]
@@ -611,6 +649,168 @@ async def where(condition: TensorLike, x1: TensorLike, x2: TensorLike, /, *, nam
     r = engine.lean(_where, (condition, x1, x2), name)
     if r is None:
         r = await engine.op(_where, (condition, x1, x2), None, None, name)
+    return r
+
+
+async def cholesky(x: TensorLike, /, *, upper: bool = False, name: str | None = None) -> Tensor:
+    """Cholesky factor of Hermitian positive-definite matrices: ``L`` with ``x = L @ L^H`` (``U = L^H`` if ``upper``).
+
+    As ``array_api_strict.linalg.cholesky`` (``numpy.linalg.cholesky`` plus ``upper``).
+    """
+    p_args, p_kwargs, p_nbytes = _cholesky.spec(x, upper=upper)
+    r: Tensor = await engine_of((x,), {"upper": upper}).op(_cholesky, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def det(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Determinant of each square matrix of the stack (``numpy.linalg.det``)."""
+    p_args, p_kwargs, p_nbytes = _det.spec(x)
+    r: Tensor = await engine_of((x,), None).op(_det, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def slogdet(x: TensorLike, /, *, name: str | None = None) -> list[Tensor]:
+    """``[sign, logabsdet]`` of each square matrix's determinant (``numpy.linalg.slogdet``).
+
+    The fields of the standard's ``SlogdetResult``, in that order.
+    """
+    p_args, p_kwargs, p_nbytes = _slogdet.spec(x)
+    r: list[Tensor] = await engine_of((x,), None).op(_slogdet, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def inv(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Inverse of each square matrix of the stack (``numpy.linalg.inv``); a singular one is an InvalidArgumentError."""
+    p_args, p_kwargs, p_nbytes = _inv.spec(x)
+    r: Tensor = await engine_of((x,), None).op(_inv, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def eigh(x: TensorLike, /, *, name: str | None = None) -> list[Tensor]:
+    """``[eigenvalues, eigenvectors]`` of Hermitian (symmetric) matrices (``numpy.linalg.eigh``).
+
+    The fields of the standard's ``EighResult``, in that order: eigenvalues ascending,
+    eigenvectors as columns. Only the lower triangle is read.
+    """
+    p_args, p_kwargs, p_nbytes = _eigh.spec(x)
+    r: list[Tensor] = await engine_of((x,), None).op(_eigh, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def eigvalsh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Eigenvalues (ascending) of Hermitian (symmetric) matrices (``numpy.linalg.eigvalsh``)."""
+    p_args, p_kwargs, p_nbytes = _eigvalsh.spec(x)
+    r: Tensor = await engine_of((x,), None).op(_eigvalsh, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def qr(x: TensorLike, /, *, mode: str = 'reduced', name: str | None = None) -> list[Tensor]:
+    """``[Q, R]``, the QR decomposition of each matrix (``numpy.linalg.qr``); the standard's ``QRResult`` fields."""
+    p_args, p_kwargs, p_nbytes = _qr.spec(x, mode=mode)
+    r: list[Tensor] = await engine_of((x,), {"mode": mode}).op(_qr, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def svd(x: TensorLike, /, *, full_matrices: bool = True, name: str | None = None) -> list[Tensor]:
+    """``[U, S, Vh]`` with ``x = U @ diag(S) @ Vh`` (``numpy.linalg.svd``); the standard's ``SVDResult`` fields."""
+    p_args, p_kwargs, p_nbytes = _svd.spec(x, full_matrices=full_matrices)
+    r: list[Tensor] = await engine_of((x,), {"full_matrices": full_matrices}).op(_svd, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def svdvals(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Singular values of each matrix, descending (``numpy.linalg.svd(x, compute_uv=False)``)."""
+    p_args, p_kwargs, p_nbytes = _svdvals.spec(x)
+    r: Tensor = await engine_of((x,), None).op(_svdvals, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def solve(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """The solution ``x`` of ``x1 @ x = x2`` for square ``x1`` (``numpy.linalg.solve``).
+
+    ``x2`` is a vector only when it is 1-d (shape ``(M,)``); otherwise it is a stack of
+    ``(M, K)`` matrices, broadcast against ``x1``'s stack. A singular ``x1`` is an
+    InvalidArgumentError.
+    """
+    p_args, p_kwargs, p_nbytes = _solve.spec(x1, x2)
+    r: Tensor = await engine_of((x1, x2,), None).op(_solve, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def matrix_rank(x: TensorLike, /, *, rtol: TensorLike | None = None, name: str | None = None) -> Tensor:
+    """Rank of each matrix: its singular values above ``rtol`` times the largest (default ``max(M, N) * eps``).
+
+    As ``array_api_strict.linalg.matrix_rank`` (numpy's ``tol`` is absolute).
+    """
+    p_args, p_kwargs, p_nbytes = _matrix_rank.spec(x, rtol=rtol)
+    r: Tensor = await engine_of((x,), {"rtol": rtol}).op(_matrix_rank, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def pinv(x: TensorLike, /, *, rtol: TensorLike | None = None, name: str | None = None) -> Tensor:
+    """Moore-Penrose pseudo-inverse of each matrix (``numpy.linalg.pinv``).
+
+    Singular values at most ``rtol`` times the largest are treated as zero (default
+    ``max(M, N) * eps``, the standard's).
+    """
+    p_args, p_kwargs, p_nbytes = _pinv.spec(x, rtol=rtol)
+    r: Tensor = await engine_of((x,), {"rtol": rtol}).op(_pinv, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def matrix_power(x: TensorLike, n: int, /, *, name: str | None = None) -> Tensor:
+    """Each square matrix raised to the integer power ``n`` (``numpy.linalg.matrix_power``; ``n < 0`` inverts)."""
+    p_args, p_kwargs, p_nbytes = _matrix_power.spec(x, n)
+    r: Tensor = await engine_of((x, n,), None).op(_matrix_power, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def matrix_norm(x: TensorLike, /, *, keepdims: bool = False, ord: float | str | None = 'fro', name: str | None = None) -> Tensor:
+    """Norm of each matrix (the last two axes): ``'fro'``, ``'nuc'``, ``1``, ``-1``, ``2``, ``-2``, ``inf``, ``-inf``.
+
+    As ``numpy.linalg.norm(x, ord, axis=(-2, -1))``; the result is real.
+    """
+    p_args, p_kwargs, p_nbytes = _matrix_norm.spec(x, keepdims=keepdims, ord=ord)
+    r: Tensor = await engine_of((x,), {"keepdims": keepdims, "ord": ord}).op(_matrix_norm, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def vector_norm(x: TensorLike, /, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = False, ord: float = 2, name: str | None = None) -> Tensor:
+    """The ``ord``-norm of the vectors along ``axis`` (all axes as one vector if ``None``); the result is real.
+
+    ``ord``: any real, ``inf`` (max abs), ``-inf`` (min abs), ``0`` (count of non-zeros).
+    As ``array_api_strict.linalg.vector_norm``.
+    """
+    p_args, p_kwargs, p_nbytes = _vector_norm.spec(x, axis=axis, keepdims=keepdims, ord=ord)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims, "ord": ord}).op(_vector_norm, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def trace(x: TensorLike, /, *, offset: int = 0, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+    """Sum of diagonal ``offset`` of each matrix (the last two axes), as ``numpy.trace(x, offset, -2, -1)``."""
+    p_args, p_kwargs, p_nbytes = _trace.spec(x, offset=offset, dtype=dtype)
+    r: Tensor = await engine_of((x,), {"offset": offset, "dtype": dtype}).op(_trace, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def diagonal(x: TensorLike, /, *, offset: int = 0, name: str | None = None) -> Tensor:
+    """Diagonal ``offset`` of each matrix (the last two axes), as ``numpy.diagonal(x, offset, -2, -1)``."""
+    p_args, p_kwargs, p_nbytes = _diagonal.spec(x, offset=offset)
+    r: Tensor = await engine_of((x,), {"offset": offset}).op(_diagonal, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def cross(x1: TensorLike, x2: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
+    """Cross product of 3-element vectors along ``axis`` (negative, as the standard asks), as ``numpy.cross``."""
+    p_args, p_kwargs, p_nbytes = _cross.spec(x1, x2, axis=axis)
+    r: Tensor = await engine_of((x1, x2,), {"axis": axis}).op(_cross, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def outer(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Outer product of two 1-d tensors, ``x1[:, None] * x2[None, :]`` (``numpy.outer``)."""
+    p_args, p_kwargs, p_nbytes = _outer.spec(x1, x2)
+    r: Tensor = await engine_of((x1, x2,), None).op(_outer, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
