@@ -64,6 +64,20 @@ _isfinite = OPS["isfinite"]
 _round = OPS["round"]
 _clip = OPS["clip"]
 _where = OPS["where"]
+_fft = OPS["fft"]
+_ifft = OPS["ifft"]
+_fftn = OPS["fftn"]
+_ifftn = OPS["ifftn"]
+_rfft = OPS["rfft"]
+_irfft = OPS["irfft"]
+_rfftn = OPS["rfftn"]
+_irfftn = OPS["irfftn"]
+_hfft = OPS["hfft"]
+_ihfft = OPS["ihfft"]
+_fftfreq = OPS["fftfreq"]
+_rfftfreq = OPS["rfftfreq"]
+_fftshift = OPS["fftshift"]
+_ifftshift = OPS["ifftshift"]
 _cholesky = OPS["cholesky"]
 _det = OPS["det"]
 _slogdet = OPS["slogdet"]
@@ -502,6 +516,102 @@ class SessionOps:
         r = engine.lean(_where, (condition, x1, x2), name)
         if r is None:
             r = await engine.op(_where, (condition, x1, x2), None, None, name)
+        return r
+
+    async def fft(self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+        """One-dimensional discrete Fourier transform of complex ``x`` along ``axis`` (``numpy.fft.fft``).
+
+        ``n`` crops or zero-pads the input to that length first. complex64 stays complex64.
+        """
+        p_args, p_kwargs, p_nbytes = _fft.spec(x, n=n, axis=axis, norm=norm)
+        r: Tensor = await self._engine.op(_fft, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def ifft(self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+        """Inverse of ``fft`` along ``axis`` (``numpy.fft.ifft``)."""
+        p_args, p_kwargs, p_nbytes = _ifft.spec(x, n=n, axis=axis, norm=norm)
+        r: Tensor = await self._engine.op(_ifft, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def fftn(self, x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+        """N-dimensional discrete Fourier transform of complex ``x`` over ``axes`` (all if ``None``; ``numpy.fft.fftn``).
+
+        ``s`` crops or zero-pads each transformed axis (``-1``: keep its size).
+        """
+        p_args, p_kwargs, p_nbytes = _fftn.spec(x, s=s, axes=axes, norm=norm)
+        r: Tensor = await self._engine.op(_fftn, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def ifftn(self, x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+        """Inverse of ``fftn`` (``numpy.fft.ifftn``)."""
+        p_args, p_kwargs, p_nbytes = _ifftn.spec(x, s=s, axes=axes, norm=norm)
+        r: Tensor = await self._engine.op(_ifftn, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def rfft(self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+        """Fourier transform of real ``x`` along ``axis``, the ``n // 2 + 1`` non-negative frequencies (``numpy.fft.rfft``).
+
+        float32 gives complex64, float64 complex128.
+        """
+        p_args, p_kwargs, p_nbytes = _rfft.spec(x, n=n, axis=axis, norm=norm)
+        r: Tensor = await self._engine.op(_rfft, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def irfft(self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+        """Inverse of ``rfft``: a real signal of length ``n`` (default ``2 * (m - 1)``; ``numpy.fft.irfft``)."""
+        p_args, p_kwargs, p_nbytes = _irfft.spec(x, n=n, axis=axis, norm=norm)
+        r: Tensor = await self._engine.op(_irfft, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def rfftn(self, x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+        """N-dimensional ``rfft`` of real ``x`` (the last axis halved; ``numpy.fft.rfftn``)."""
+        p_args, p_kwargs, p_nbytes = _rfftn.spec(x, s=s, axes=axes, norm=norm)
+        r: Tensor = await self._engine.op(_rfftn, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def irfftn(self, x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+        """Inverse of ``rfftn``: a real result (``numpy.fft.irfftn``)."""
+        p_args, p_kwargs, p_nbytes = _irfftn.spec(x, s=s, axes=axes, norm=norm)
+        r: Tensor = await self._engine.op(_irfftn, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def hfft(self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+        """Fourier transform of a Hermitian-symmetric signal given by its first half: a real result (``numpy.fft.hfft``)."""
+        p_args, p_kwargs, p_nbytes = _hfft.spec(x, n=n, axis=axis, norm=norm)
+        r: Tensor = await self._engine.op(_hfft, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def ihfft(self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+        """Inverse of ``hfft`` for real ``x``: the non-negative half of its spectrum (``numpy.fft.ihfft``)."""
+        p_args, p_kwargs, p_nbytes = _ihfft.spec(x, n=n, axis=axis, norm=norm)
+        r: Tensor = await self._engine.op(_ihfft, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def fftfreq(self, n: int, /, *, d: float = 1.0, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+        """The sample frequencies of an ``n``-point ``fft`` with sample spacing ``d`` (``numpy.fft.fftfreq``).
+
+        ``dtype`` is a real floating-point dtype (default float64); ``device`` names a device.
+        """
+        p_args, p_kwargs, p_nbytes = _fftfreq.spec(n, d=d, dtype=dtype, device=device)
+        r: Tensor = await self._engine.op(_fftfreq, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def rfftfreq(self, n: int, /, *, d: float = 1.0, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+        """The ``n // 2 + 1`` non-negative sample frequencies of an ``n``-point ``rfft`` (``numpy.fft.rfftfreq``)."""
+        p_args, p_kwargs, p_nbytes = _rfftfreq.spec(n, d=d, dtype=dtype, device=device)
+        r: Tensor = await self._engine.op(_rfftfreq, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def fftshift(self, x: TensorLike, /, *, axes: int | Sequence[int] | None = None, name: str | None = None) -> Tensor:
+        """The zero-frequency term moved to the centre of ``axes`` (all if ``None``; ``numpy.fft.fftshift``)."""
+        p_args, p_kwargs, p_nbytes = _fftshift.spec(x, axes=axes)
+        r: Tensor = await self._engine.op(_fftshift, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def ifftshift(self, x: TensorLike, /, *, axes: int | Sequence[int] | None = None, name: str | None = None) -> Tensor:
+        """Inverse of ``fftshift`` (``numpy.fft.ifftshift``)."""
+        p_args, p_kwargs, p_nbytes = _ifftshift.spec(x, axes=axes)
+        r: Tensor = await self._engine.op(_ifftshift, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def cholesky(self, x: TensorLike, /, *, upper: bool = False, name: str | None = None) -> Tensor:

@@ -64,6 +64,7 @@ async def check_op(
     s: at.AsyncEagerSession,
     name: str,
     reference: Callable[..., Any],
+    /,
     *args: Any,
     exact: bool = False,
     rtol: float = 1e-6,
