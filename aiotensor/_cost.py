@@ -62,7 +62,16 @@ OVERHEAD_NS = 1500.0
 # ns per byte touched (inputs + output): add/copy ~0.018 measured, exp ~0.2.
 # floor_divide/remainder on floats: ~11 ns an element whatever the width (0.8-0.9 ns/B on
 # float32, measured with numpy 2.4), 3x what MATH would say.
-PER_BYTE = {Cost.MEMORY: 0.03, Cost.MATH: 0.3, Cost.DIVMOD: 1.0, Cost.INDEX: 0.03, Cost.CREATE: 0.03}
+# erf (and gelu through it): ~80 numpy steps, ~70 µs on 1,000 float64 and ~5 ns a byte
+# beyond (a loaded 2-core machine), or ~0.1 µs an element through math.erf on small arrays.
+PER_BYTE = {
+    Cost.MEMORY: 0.03,
+    Cost.MATH: 0.3,
+    Cost.DIVMOD: 1.0,
+    Cost.SPECIAL: 5.0,
+    Cost.INDEX: 0.03,
+    Cost.CREATE: 0.03,
+}
 # ns per multiply-add pair for BLAS products on small matrices (measured ~0.015).
 _NS_PER_FLOP = 0.025
 # A factorization of a stack of matrices (inv, svd, eigh ...: a PRODUCT op of one tensor)

@@ -97,6 +97,19 @@ _trace = OPS["trace"]
 _diagonal = OPS["diagonal"]
 _cross = OPS["cross"]
 _outer = OPS["outer"]
+_erf = OPS["erf"]
+_gelu = OPS["gelu"]
+_silu = OPS["silu"]
+_softplus = OPS["softplus"]
+_logsumexp = OPS["logsumexp"]
+_one_hot = OPS["one_hot"]
+_top_k = OPS["top_k"]
+_bincount = OPS["bincount"]
+_scatter_add = OPS["scatter_add"]
+_pad = OPS["pad"]
+_median = OPS["median"]
+_quantile = OPS["quantile"]
+_layer_norm = OPS["layer_norm"]
 _sum = OPS["sum"]
 _prod = OPS["prod"]
 _mean = OPS["mean"]
@@ -755,6 +768,127 @@ class SessionOps:
         """Outer product of two 1-d tensors, ``x1[:, None] * x2[None, :]`` (``numpy.outer``)."""
         p_args, p_kwargs, p_nbytes = _outer.spec(x1, x2)
         r: Tensor = await self._engine.op(_outer, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def erf(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
+        """Element-wise error function ``2/sqrt(pi) * integral of exp(-t**2) from 0 to x`` (``scipy.special.erf``).
+
+        Full float64 precision (W. J. Cody's rational approximations), without SciPy;
+        float32 stays float32, integers give float64, complex input is refused.
+        """
+        p_args, p_kwargs, p_nbytes = _erf.spec(x)
+        r: Tensor = await self._engine.op(_erf, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def gelu(self, x: TensorLike, /, *, approximate: str = 'none', name: str | None = None) -> Tensor:
+        """Gaussian error linear unit ``x * Phi(x)`` (``torch.nn.functional.gelu``).
+
+        ``approximate="tanh"`` gives PyTorch's ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``.
+        """
+        p_args, p_kwargs, p_nbytes = _gelu.spec(x, approximate=approximate)
+        r: Tensor = await self._engine.op(_gelu, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def silu(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
+        """Sigmoid linear unit (swish) ``x * sigmoid(x)`` (``torch.nn.functional.silu``), without overflow."""
+        p_args, p_kwargs, p_nbytes = _silu.spec(x)
+        r: Tensor = await self._engine.op(_silu, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def softplus(self, x: TensorLike, /, *, beta: float = 1.0, threshold: float = 20.0, name: str | None = None) -> Tensor:
+        """``log(1 + exp(beta * x)) / beta``, or ``x`` where ``beta * x > threshold`` (``torch.nn.functional.softplus``).
+
+        Computed as ``max(bx, 0) + log1p(exp(-|bx|))``: no overflow, exact in both tails.
+        """
+        p_args, p_kwargs, p_nbytes = _softplus.spec(x, beta=beta, threshold=threshold)
+        r: Tensor = await self._engine.op(_softplus, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def logsumexp(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+        """``log(sum(exp(x)))`` over ``axis``, without overflow (``scipy.special.logsumexp``).
+
+        An empty or all ``-inf`` slice gives ``-inf``; an ``inf`` gives ``inf``.
+        """
+        p_args, p_kwargs, p_nbytes = _logsumexp.spec(x, axis=axis, keepdims=keepdims)
+        r: Tensor = await self._engine.op(_logsumexp, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def one_hot(self, x: TensorLike, /, num_classes: int, *, dtype: DTypeLike | None = None, axis: int = -1, name: str | None = None) -> Tensor:
+        """Integer class indices as one-hot vectors on a new ``axis`` (``torch.nn.functional.one_hot``; ``np.eye(n)[x]``).
+
+        ``dtype`` defaults to int64 (PyTorch's); an index outside ``[0, num_classes)`` is an
+        InvalidArgumentError.
+        """
+        p_args, p_kwargs, p_nbytes = _one_hot.spec(x, num_classes, dtype=dtype, axis=axis)
+        r: Tensor = await self._engine.op(_one_hot, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def top_k(self, x: TensorLike, k: int, /, *, axis: int = -1, largest: bool = True, sorted: bool = True, name: str | None = None) -> list[Tensor]:
+        """``[values, indices]`` of the ``k`` largest (or smallest) elements along ``axis`` (``torch.topk``).
+
+        Sorted (largest first, or smallest first); ties keep index order; NaN counts as the
+        largest value. Indices are int64. ``sorted=False`` is accepted and gives the same order.
+        """
+        p_args, p_kwargs, p_nbytes = _top_k.spec(x, k, axis=axis, largest=largest, sorted=sorted)
+        r: list[Tensor] = await self._engine.op(_top_k, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def bincount(self, x: TensorLike, /, weights: TensorLike | None = None, *, minlength: int = 0, name: str | None = None) -> Tensor:
+        """Occurrences of each value ``0 .. max(x)`` in the 1-d non-negative integer ``x`` (``numpy.bincount``).
+
+        With ``weights``, their sums instead of counts. The length, ``max(max(x) + 1,
+        minlength)``, depends on the data.
+        """
+        p_args, p_kwargs, p_nbytes = _bincount.spec(x, weights, minlength=minlength)
+        r: Tensor = await self._engine.op(_bincount, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def scatter_add(self, x: TensorLike, indices: TensorLike, updates: TensorLike, /, *, axis: int = 0, name: str | None = None) -> Tensor:
+        """A copy of ``x`` with ``updates`` added at ``indices`` along ``axis``, repeats accumulating.
+
+        Functional index-add: ``torch.Tensor.index_add(axis, indices, updates)`` and
+        ``numpy.add.at`` on a copy. ``indices`` is 1-d; ``updates`` has ``x``'s shape with
+        ``len(indices)`` along ``axis`` (or broadcasts to it). The dtype is ``x``'s promoted
+        with ``updates``'.
+        """
+        p_args, p_kwargs, p_nbytes = _scatter_add.spec(x, indices, updates, axis=axis)
+        r: Tensor = await self._engine.op(_scatter_add, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def pad(self, x: TensorLike, /, pad_width: int | Sequence[int] | Sequence[Sequence[int]], *, mode: str = 'constant', constant_values: float = 0, name: str | None = None) -> Tensor:
+        """``x`` padded by ``pad_width`` (``numpy.pad``): per axis ``(before, after)``, or one pair or width for all.
+
+        ``mode``: ``"constant"`` (``constant_values``), ``"edge"``, ``"reflect"``,
+        ``"symmetric"`` or ``"wrap"``.
+        """
+        p_args, p_kwargs, p_nbytes = _pad.spec(x, pad_width, mode=mode, constant_values=constant_values)
+        r: Tensor = await self._engine.op(_pad, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def median(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+        """Median over ``axis`` (``numpy.median``: the mean of the two middle values for an even count)."""
+        p_args, p_kwargs, p_nbytes = _median.spec(x, axis=axis, keepdims=keepdims)
+        r: Tensor = await self._engine.op(_median, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def quantile(self, x: TensorLike, q: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, method: str = 'linear', name: str | None = None) -> Tensor:
+        """The ``q``-th quantiles (``q`` in ``[0, 1]``, a number or 1-d) over ``axis`` (``numpy.quantile``).
+
+        ``method``: ``"linear"``, ``"lower"``, ``"higher"``, ``"midpoint"`` or ``"nearest"``.
+        An array ``q`` puts its axis first in the result.
+        """
+        p_args, p_kwargs, p_nbytes = _quantile.spec(x, q, axis=axis, keepdims=keepdims, method=method)
+        r: Tensor = await self._engine.op(_quantile, p_args, p_kwargs, p_nbytes, name)
+        return r
+
+    async def layer_norm(self, x: TensorLike, normalized_shape: int | Sequence[int], /, weight: TensorLike | None = None, bias: TensorLike | None = None, *, eps: float = 1e-05, name: str | None = None) -> Tensor:
+        """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last dimensions (``torch.nn.functional.layer_norm``).
+
+        ``normalized_shape`` names those dimensions (it must equal the end of ``x``'s shape);
+        the variance is the biased one, as PyTorch's.
+        """
+        p_args, p_kwargs, p_nbytes = _layer_norm.spec(x, normalized_shape, weight, bias, eps=eps)
+        r: Tensor = await self._engine.op(_layer_norm, p_args, p_kwargs, p_nbytes, name)
         return r
 
     async def sum(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:

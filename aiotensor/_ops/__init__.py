@@ -3,6 +3,6 @@
 Importing this package fills :data:`aiotensor._opdef.OPS`.
 """
 
-from . import _apply, _creation, _elementwise, _fft, _linalg, _reduction, _shape
+from . import _apply, _creation, _elementwise, _fft, _linalg, _nn, _reduction, _shape
 
-__all__ = ["_apply", "_creation", "_elementwise", "_fft", "_linalg", "_reduction", "_shape"]
+__all__ = ["_apply", "_creation", "_elementwise", "_fft", "_linalg", "_nn", "_reduction", "_shape"]
