@@ -7,16 +7,19 @@ modes, stacked and empty inputs, and the dtypes the reference refuses.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import array_api_strict as xps
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import aiotensor as at
 
-from ._opcheck import assert_invalid, check_op
+from ._opcheck import assert_invalid, assert_same, check_op
 
 _rng = np.random.default_rng(14)
 ONE_D = ["fft", "ifft", "rfft", "irfft", "hfft", "ihfft"]
@@ -186,3 +189,52 @@ PARITY_CASES: list[tuple[str, tuple[Any, ...], dict[str, Any], Callable[..., Any
     ("fftshift", (signal(3, 4, dtype=np.float64),), {}, strict("fftshift")),
     ("ifftshift", (signal(3, 5, dtype=np.float32),), {"axes": 1}, strict("ifftshift")),
 ]
+
+
+# -- differential: hypothesis-drawn inputs against array_api_strict ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[tuple[asyncio.Runner, at.AsyncEagerSession]]:
+    """One event loop and session for every hypothesis example of the module."""
+    loop = asyncio.Runner()
+    session = at.AsyncEagerSession()
+    loop.run(session.__aenter__())
+    yield loop, session
+    loop.run(session.__aexit__(None, None, None))
+    loop.close()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_differential_against_array_api_strict(runner: Any, data: Any) -> None:
+    loop, session = runner
+    name = data.draw(st.sampled_from([*ONE_D, *N_D, "fftshift", "ifftshift"]), label="op")
+    dt = data.draw(st.sampled_from([np.float32, np.float64, np.complex64, np.complex128, np.int32]), label="dtype")
+    shape = tuple(data.draw(st.lists(st.integers(0, 5), min_size=0, max_size=3), label="shape"))
+    x = signal(*shape, dtype=dt) if np.dtype(dt).kind != "i" else np.asarray(_rng.integers(-3, 4, size=shape))
+    kwargs: dict[str, Any] = {}
+    nd = len(shape)
+    if name in ONE_D:
+        kwargs["n"] = data.draw(st.one_of(st.none(), st.integers(1, 9)), label="n")
+        kwargs["axis"] = data.draw(st.integers(-max(nd, 1) - 1, max(nd, 1)), label="axis")
+        kwargs["norm"] = data.draw(st.sampled_from(NORMS), label="norm")
+    elif name in N_D:
+        if nd and data.draw(st.booleans(), label="axes given"):
+            axes = data.draw(st.lists(st.integers(-nd, nd - 1), min_size=1, max_size=nd, unique=True), label="axes")
+            kwargs["axes"] = axes
+            if data.draw(st.booleans(), label="s given"):
+                kwargs["s"] = [data.draw(st.integers(1, 6)) for _ in axes]
+        kwargs["norm"] = data.draw(st.sampled_from(NORMS), label="norm")
+    else:
+        kwargs["axes"] = data.draw(st.one_of(st.none(), st.integers(-max(nd, 1), max(nd, 1) - 1)), label="axes")
+    try:
+        with np.errstate(all="ignore"):
+            want = strict(name)(x, **kwargs)
+    except (TypeError, ValueError, IndexError):
+        with pytest.raises(at.InvalidArgumentError, match=name):
+            loop.run(getattr(session, name)(x, **kwargs))
+        return
+    with np.errstate(all="ignore"):
+        got = loop.run(loop.run(getattr(session, name)(x, **kwargs)).numpy())
+    assert_same(got, want, name, exact=False, **tol(dt if np.dtype(dt).kind != "i" else np.float64))

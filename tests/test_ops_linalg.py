@@ -6,12 +6,15 @@ Batched stacks, float32/float64/complex, empty matrices, the standard's dtype ru
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import array_api_strict as xps
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import aiotensor as at
 from aiotensor._ops._linalg import RESULTS, EighResult, QRResult, SlogdetResult, SVDResult
@@ -311,3 +314,130 @@ PARITY_CASES: list[tuple[str, tuple[Any, ...], dict[str, Any], Callable[..., Any
     ("cross", (rand(4, 3), rand(3)), {}, strict("cross")),
     ("outer", (rand(3), rand(4)), {}, strict("outer")),
 ]
+
+
+# -- differential: hypothesis-drawn stacks against array_api_strict ---------------------------------
+
+_DTYPES = [np.float32, np.float64, np.complex64, np.complex128, np.int64]
+# (op, square matrices, keyword arguments drawn per example)
+_UNARY = [
+    ("det", True),
+    ("inv", True),
+    ("slogdet", True),
+    ("eigh", True),
+    ("eigvalsh", True),
+    ("cholesky", True),
+    ("matrix_power", True),
+    ("svd", False),
+    ("svdvals", False),
+    ("qr", False),
+    ("pinv", False),
+    ("matrix_rank", False),
+    ("matrix_norm", False),
+    ("vector_norm", False),
+    ("trace", False),
+    ("diagonal", False),
+]
+# Where the reference refuses what the standard leaves open: numpy's norm and max of no
+# elements raise, aiotensor answers 0 (the norm and the rank of an empty matrix).
+_EMPTY_ANSWERS = {"matrix_norm", "matrix_rank"}
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[tuple[asyncio.Runner, at.AsyncEagerSession]]:
+    """One event loop and session for every hypothesis example of the module."""
+    loop = asyncio.Runner()
+    session = at.AsyncEagerSession()
+    loop.run(session.__aenter__())
+    yield loop, session
+    loop.run(session.__aexit__(None, None, None))
+    loop.close()
+
+
+def _kwargs(name: str, draw: Any) -> dict[str, Any]:
+    if name == "matrix_norm":
+        return {
+            "ord": draw(st.sampled_from(["fro", "nuc", 1, -1, 2, -2, np.inf, -np.inf])),
+            "keepdims": draw(st.booleans()),
+        }
+    if name == "vector_norm":
+        return {"ord": draw(st.sampled_from([2, 1, 0, np.inf, -np.inf, 3])), "keepdims": draw(st.booleans())}
+    if name in ("trace", "diagonal"):
+        return {"offset": draw(st.integers(-2, 2))}
+    if name == "qr":
+        return {"mode": draw(st.sampled_from(["reduced", "complete"]))}
+    if name == "svd":
+        return {"full_matrices": draw(st.booleans())}
+    if name == "cholesky":
+        return {"upper": draw(st.booleans())}
+    return {}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_differential_against_array_api_strict(runner: Any, data: Any) -> None:
+    loop, session = runner
+    name, square = data.draw(st.sampled_from(_UNARY), label="op")
+    dt = data.draw(st.sampled_from(_DTYPES), label="dtype")
+    batch = tuple(data.draw(st.lists(st.integers(0, 3), max_size=2), label="batch"))
+    m = data.draw(st.integers(0, 4), label="rows")
+    n = m if square else data.draw(st.integers(0, 4), label="cols")
+    x = rand(*batch, m, n, dtype=dt) if np.dtype(dt).kind != "i" else _rng.integers(-3, 4, (*batch, m, n))
+    if data.draw(st.booleans(), label="hermitian positive definite") and square:
+        x = spd(*batch, m, n, dtype=dt) if np.dtype(dt).kind != "i" else x
+    if data.draw(st.integers(0, 9), label="singular") == 0:
+        x = np.ones_like(x)
+    args: tuple[Any, ...] = (x, data.draw(st.integers(-2, 3), label="n")) if name == "matrix_power" else (x,)
+    kwargs = _kwargs(name, data.draw)
+    try:
+        with np.errstate(all="ignore"):
+            want = strict(name)(*args, **kwargs)
+    except (TypeError, ValueError, IndexError) as exc:  # LinAlgError is a ValueError
+        if name in _EMPTY_ANSWERS and x.size == 0:
+            return
+        with pytest.raises(at.InvalidArgumentError, match=name):
+            loop.run(getattr(session, name)(*args, **kwargs))
+        del exc
+        return
+    with np.errstate(all="ignore"):
+        got = loop.run(getattr(session, name)(*args, **kwargs))
+    gots = got if isinstance(got, list) else [got]
+    wants = want if isinstance(want, tuple) else (want,)
+    assert len(gots) == len(wants)
+    for g, w in zip(gots, wants, strict=True):
+        assert_same(loop.run(g.numpy()), w, name, exact=False, **tol(x.dtype if x.dtype.kind != "i" else np.float64))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_solve_cross_outer_differential(runner: Any, data: Any) -> None:
+    loop, session = runner
+    dt1, dt2 = (data.draw(st.sampled_from(_DTYPES), label=f"dtype {i}") for i in (1, 2))
+    if np.dtype(dt1).kind != np.dtype(dt2).kind:
+        dt2 = dt1  # the reference refuses mixed kinds (the standard leaves them to the library)
+    b1 = tuple(data.draw(st.lists(st.integers(1, 3), max_size=2), label="batch 1"))
+    b2 = tuple(data.draw(st.lists(st.integers(1, 3), max_size=2), label="batch 2"))
+    m = data.draw(st.integers(1, 4), label="m")
+    name = data.draw(st.sampled_from(["solve", "cross", "outer"]), label="op")
+    if name == "solve":
+        x1 = rand(*b1, m, m, dtype=np.float64) + 4 * np.eye(m)
+        shape2 = (m,) if data.draw(st.booleans(), label="vector") else (*b2, m, data.draw(st.integers(1, 3)))
+        args = (x1, rand(*shape2))
+    elif name == "cross":
+        args = (rand(*b1, 3), rand(*b2[-len(b1) :] if b1 else b2, 3))
+        if data.draw(st.booleans(), label="wrong length"):
+            args = (rand(*b1, m), args[1])
+    else:
+        args = (rand(m), rand(*b2))
+    args = tuple(
+        np.asarray(a if np.dtype(d).kind != "i" else a * 3).astype(d) for a, d in zip(args, (dt1, dt2), strict=True)
+    )
+    try:
+        want = strict(name)(*args)
+    except (TypeError, ValueError, IndexError):
+        with pytest.raises(at.InvalidArgumentError, match=name):
+            loop.run(getattr(session, name)(*args))
+        return
+    got = loop.run(loop.run(getattr(session, name)(*args)).numpy())
+    single = any(np.dtype(d) in (np.float32, np.complex64) for d in (dt1, dt2))
+    assert_same(got, want, name, exact=False, **tol(np.float32 if single else np.float64))

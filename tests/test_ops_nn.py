@@ -377,3 +377,46 @@ PARITY_CASES: list[tuple[str, tuple[Any, ...], dict[str, Any], Callable[..., Any
     ("quantile", (_rng.normal(size=(4, 5)), np.array([0.1, 0.9])), {"axis": 1}, np.quantile),
     ("layer_norm", (_rng.normal(size=(2, 4)), 4), {"eps": 1e-6}, _layer_norm),
 ]
+
+
+def _all_parity_cases() -> list[tuple[str, tuple[Any, ...], dict[str, Any], Callable[..., Any]]]:
+    from .test_ops_fft import PARITY_CASES as FFT_CASES
+    from .test_ops_linalg import PARITY_CASES as LINALG_CASES
+
+    return [*LINALG_CASES, *FFT_CASES, *PARITY_CASES]
+
+
+def test_every_new_op_has_an_estimate_that_never_crashes() -> None:
+    """The inline-or-pool estimate on real arrays and on the shapes a program sees (``Spec``)."""
+    from aiotensor._cost import Spec, estimate_us, out_spec
+    from aiotensor._opdef import OPS, Cost
+
+    def as_spec(a: Any) -> Any:
+        return Spec(a.shape, a.itemsize) if isinstance(a, np.ndarray) else a
+
+    for name, args, kwargs, _ in _all_parity_cases():
+        d = OPS[name]
+        pargs, pkw, nbytes = d.prepare(*args, **kwargs)
+        for a, kw in (
+            (pargs, pkw),
+            (tuple(as_spec(a) for a in pargs), {k: as_spec(v) for k, v in (pkw or {}).items()}),
+        ):
+            est = estimate_us(d, a, kw or None, nbytes)
+            assert est > 0, name
+            if d.cost is Cost.UNKNOWN:  # output size unknown ahead (data-dependent, or grown by an argument)
+                assert est == math.inf, name
+            spec = out_spec(d, a, kw or None)
+            assert spec is None or isinstance(spec, Spec), name
+
+
+async def test_every_new_op_takes_an_expression(s: at.AsyncEagerSession) -> None:
+    """Each parity case with its first array given as an expression: the program path, same values."""
+    for name, args, kwargs, _ in _all_parity_cases():
+        if not isinstance(args[0], np.ndarray):
+            continue
+        t = await s.constant(args[0])
+        direct = await getattr(s, name)(t, *args[1:], **kwargs)
+        lazy = await getattr(s, name)(t + np.zeros((), args[0].dtype), *args[1:], **kwargs)
+        pairs = zip(direct, lazy, strict=True) if isinstance(direct, list) else [(direct, lazy)]
+        for a, b in pairs:
+            np.testing.assert_array_equal(await b.numpy(), await a.numpy(), err_msg=name, strict=True)

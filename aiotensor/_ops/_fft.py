@@ -33,13 +33,13 @@ _COMPLEX = {np.dtype(np.float32): np.dtype(np.complex64), np.dtype(np.float64): 
 _REAL = {c: r for r, c in _COMPLEX.items()}
 
 
-def _input(xp: Any, x: Any, kind: str) -> Any:
+def _input(xp: Any, x: Any, kind: str, *, vector: bool = True) -> Any:
     a = xp.asarray(x)
     if kind == "c" and a.dtype not in _REAL:
         raise TypeError(f"needs a complex floating-point input (complex64 or complex128), got {a.dtype}")
     if kind == "f" and a.dtype not in _COMPLEX:
         raise TypeError(f"needs a real floating-point input (float32 or float64), got {a.dtype}")
-    if a.ndim == 0:
+    if vector and a.ndim == 0:  # (the n-d transforms of a 0-d array transform no axis, as numpy)
         raise ValueError("needs an array of at least 1 dimension, got a 0-d array")
     return a
 
@@ -55,7 +55,7 @@ def _k_1d(xp: Any, x: Any, fn: str, n: int | None, axis: int, norm: str) -> Any:
 
 def _k_nd(xp: Any, x: Any, fn: str, s: tuple[int, ...] | None, axes: tuple[int, ...] | None, norm: str) -> Any:
     kind = "f" if fn == "rfftn" else "c"
-    a = _input(xp, x, kind)
+    a = _input(xp, x, kind, vector=False)
     if axes is None:
         # The standard: all axes, or the last len(s) when only s is given (numpy's old default).
         axes = tuple(range(a.ndim)) if s is None else tuple(range(a.ndim - len(s), a.ndim))
