@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import aiotensor as at
 
-from ._opcheck import assert_invalid, assert_same, check_op
+from ._opcheck import assert_invalid, assert_same, check_op, running_session
 
 _rng = np.random.default_rng(14)
 ONE_D = ["fft", "ifft", "rfft", "irfft", "hfft", "ihfft"]
@@ -197,12 +197,8 @@ PARITY_CASES: list[tuple[str, tuple[Any, ...], dict[str, Any], Callable[..., Any
 @pytest.fixture(scope="module")
 def runner() -> Iterator[tuple[asyncio.Runner, at.AsyncEagerSession]]:
     """One event loop and session for every hypothesis example of the module."""
-    loop = asyncio.Runner()
-    session = at.AsyncEagerSession()
-    loop.run(session.__aenter__())
-    yield loop, session
-    loop.run(session.__aexit__(None, None, None))
-    loop.close()
+    with running_session() as pair:
+        yield pair
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import aiotensor as at
 from aiotensor._ops._linalg import RESULTS, EighResult, QRResult, SlogdetResult, SVDResult
 
-from ._opcheck import assert_invalid, assert_same, check_op
+from ._opcheck import assert_invalid, assert_same, check_op, running_session
 
 _rng = np.random.default_rng(28)
 FLOATS = [np.float32, np.float64]
@@ -346,12 +346,8 @@ _EMPTY_ANSWERS = {"matrix_norm", "matrix_rank"}
 @pytest.fixture(scope="module")
 def runner() -> Iterator[tuple[asyncio.Runner, at.AsyncEagerSession]]:
     """One event loop and session for every hypothesis example of the module."""
-    loop = asyncio.Runner()
-    session = at.AsyncEagerSession()
-    loop.run(session.__aenter__())
-    yield loop, session
-    loop.run(session.__aexit__(None, None, None))
-    loop.close()
+    with running_session() as pair:
+        yield pair
 
 
 def _kwargs(name: str, draw: Any) -> dict[str, Any]:

@@ -14,7 +14,18 @@ from .._kernels import NUMERIC_KINDS
 if TYPE_CHECKING:
     from .._types import AxisLike, DTypeLike
 
-__all__ = ["FLOAT64", "axes", "check_dtype", "check_shape", "count", "count_bytes", "ints", "sequence"]
+__all__ = [
+    "FLOAT64",
+    "axes",
+    "check_dtype",
+    "check_shape",
+    "count",
+    "count_bytes",
+    "integer",
+    "ints",
+    "real",
+    "sequence",
+]
 
 FLOAT64 = np.dtype(np.float64)
 
@@ -91,3 +102,20 @@ def sequence(xs: Any, op: str) -> list[Any]:
     if not xs:
         raise InvalidArgumentError(f"{op}: needs at least one tensor")
     return list(xs)
+
+
+def integer(value: Any, what: str, op: str) -> int:
+    """An int argument (a bool is refused: ``n=True`` is a mistake, not 1); else InvalidArgumentError."""
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"{op}: {what} must be an int, got a bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidArgumentError(f"{op}: {what} must be an int, got {value!r:.40}") from None
+
+
+def real(value: Any, what: str, op: str) -> float:
+    """A real-number argument (int or float, not a bool) as a float; else InvalidArgumentError."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise InvalidArgumentError(f"{op}: {what} must be a real number, got {value!r:.40}")
+    return float(value)

@@ -65,21 +65,26 @@ _THRESH = 0.46875
 _XBIG = 27.3  # erfc(x) underflows to 0 beyond (below 5e-324)
 
 
-def _small(x: NDArray) -> NDArray:
-    """erf(x) for |x| <= 0.46875 (odd: the sign of x, -0.0 included, is kept)."""
+def _ratio(z: NDArray, lead: float, p: tuple[float, ...], q: tuple[float, ...]) -> NDArray:
+    """Cody's ``(lead z^k + p0 z^(k-1) + ... + p_last) / (z^k + q0 z^(k-1) + ... + q_last)``, by Horner."""
     # In place throughout: a fresh temporary per step costs more than the arithmetic.
-    z = x * x
-    num = _A4 * z
-    den = z + _B[0]
-    num += _A[0]
-    for a, b in zip(_A[1:], _B[1:], strict=True):
+    num = lead * z
+    num += p[0]
+    den = z + q[0]
+    for a, b in zip(p[1:], q[1:], strict=True):
         num *= z
         num += a
         den *= z
         den += b
-    num *= x
     num /= den
     return num
+
+
+def _small(x: NDArray) -> NDArray:
+    """erf(x) for |x| <= 0.46875 (odd: the sign of x, -0.0 included, is kept)."""
+    r = _ratio(x * x, _A4, _A, _B)
+    r *= x
+    return r
 
 
 def _erfc_positive(y: NDArray) -> NDArray:
@@ -95,35 +100,19 @@ def _erfc_positive(y: NDArray) -> NDArray:
 
 
 def _erfc_mid(v: NDArray) -> NDArray:
-    num = _C8 * v
-    den = v + _D[0]
-    num += _C[0]
-    for c, d in zip(_C[1:], _D[1:], strict=True):
-        num *= v
-        num += c
-        den *= v
-        den += d
-    num /= den
-    num *= _exp_minus_square(v)
-    return num
+    r = _ratio(v, _C8, _C, _D)
+    r *= _exp_minus_square(v)
+    return r
 
 
 def _erfc_far(v: NDArray) -> NDArray:
     z = 1.0 / (v * v)
-    num = _P5 * z
-    den = z + _Q[0]
-    num += _P[0]
-    for p, q in zip(_P[1:], _Q[1:], strict=True):
-        num *= z
-        num += p
-        den *= z
-        den += q
-    num *= z
-    num /= den
-    np.subtract(_SQRPI, num, out=num)
-    num /= v
-    num *= _exp_minus_square(v)
-    return num
+    r = _ratio(z, _P5, _P, _Q)
+    r *= z
+    np.subtract(_SQRPI, r, out=r)
+    r /= v
+    r *= _exp_minus_square(v)
+    return r
 
 
 def _exp_minus_square(v: NDArray) -> NDArray:

@@ -13,7 +13,6 @@ beyond the input is under-counted.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,7 @@ import numpy as np
 from .._devices import canonical_device
 from .._errors import InvalidArgumentError
 from .._opdef import Cost, Prepared, op
-from ._checks import FLOAT64, check_dtype, count, count_bytes
+from ._checks import FLOAT64, check_dtype, count, count_bytes, integer, real
 
 if TYPE_CHECKING:
     from .._types import DTypeLike, TensorLike
@@ -92,19 +91,10 @@ def _norm(norm: str, opname: str) -> str:
     return norm
 
 
-def _int(value: Any, what: str, opname: str) -> int:
-    if isinstance(value, bool):
-        raise InvalidArgumentError(f"{opname}: {what} must be an int, got a bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise InvalidArgumentError(f"{opname}: {what} must be an int, got {value!r:.40}") from None
-
-
 def _length(n: int | None, opname: str) -> int | None:
     if n is None:
         return None
-    v = _int(n, "n", opname)
+    v = integer(n, "n", opname)
     if v < 1:
         raise InvalidArgumentError(f"{opname}: n must be at least 1, got {v}")
     return v
@@ -116,14 +106,14 @@ def _ints(value: Sequence[int] | None, what: str, opname: str) -> tuple[int, ...
     if isinstance(value, int | np.integer):
         raise InvalidArgumentError(f"{opname}: {what} must be a sequence of ints, got {value!r}")
     try:
-        out = tuple(_int(v, what, opname) for v in value)
+        out = tuple(integer(v, what, opname) for v in value)
     except TypeError:
         raise InvalidArgumentError(f"{opname}: {what} must be a sequence of ints, got {value!r:.40}") from None
     return out
 
 
 def _one(fn: str, x: TensorLike, n: int | None, axis: int, norm: str) -> Prepared:
-    return (x, fn, _length(n, fn), _int(axis, "axis", fn), _norm(norm, fn)), None, None
+    return (x, fn, _length(n, fn), integer(axis, "axis", fn), _norm(norm, fn)), None, None
 
 
 def _many(fn: str, x: TensorLike, s: Sequence[int] | None, axes: Sequence[int] | None, norm: str) -> Prepared:
@@ -142,17 +132,15 @@ def _freq(fn: str, n: int, d: float, dtype: DTypeLike | None, device: str | None
         raise InvalidArgumentError(f"{fn}: dtype must be a real floating-point dtype (float32, float64), got {dt}")
     if device is not None:
         canonical_device(device)  # a malformed name raises; placement picks the device
-    if isinstance(d, bool) or not isinstance(d, int | float | np.integer | np.floating):
-        raise InvalidArgumentError(f"{fn}: d must be a real number, got {d!r:.40}")
     size = length // 2 + 1 if fn == "rfftfreq" else length
-    return (fn, length, float(d), dt), None, count_bytes((size,), dt)
+    return (fn, length, real(d, "d", fn), dt), None, count_bytes((size,), dt)
 
 
 def _shift(fn: str, x: TensorLike, axes: int | Sequence[int] | None) -> Prepared:
     if axes is None:
         return (x, fn, None), None, None
     if isinstance(axes, int | np.integer):
-        return (x, fn, _int(axes, "axes", fn)), None, None
+        return (x, fn, integer(axes, "axes", fn)), None, None
     return (x, fn, _ints(axes, "axes", fn)), None, None
 
 

@@ -21,7 +21,6 @@ with the data, so it too is an InvalidArgumentError.
 from __future__ import annotations
 
 import contextlib
-import operator
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -29,7 +28,7 @@ import numpy as np
 
 from .._errors import InvalidArgumentError
 from .._opdef import Cost, Prepared, op
-from ._checks import check_dtype, ints
+from ._checks import check_dtype, integer, ints, real
 
 if TYPE_CHECKING:
     from .._types import DTypeLike, TensorLike
@@ -272,15 +271,6 @@ def _k_outer(xp: Any, x1: Any, x2: Any) -> Any:
     return xp.multiply.outer(a, b)
 
 
-def _int(value: Any, what: str, opname: str) -> int:
-    if isinstance(value, bool):
-        raise InvalidArgumentError(f"{opname}: {what} must be an int, got a bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise InvalidArgumentError(f"{opname}: {what} must be an int, got {value!r:.40}") from None
-
-
 @op(_k_cholesky, data=1, cost=P, blas=True)
 def cholesky(x: TensorLike, /, *, upper: bool = False) -> Prepared:
     """Cholesky factor of Hermitian positive-definite matrices: ``L`` with ``x = L @ L^H`` (``U = L^H`` if ``upper``).
@@ -380,7 +370,7 @@ def pinv(x: TensorLike, /, *, rtol: TensorLike | None = None) -> Prepared:
 @op(_k_matrix_power, data=1, cost=P, blas=True)
 def matrix_power(x: TensorLike, n: int, /) -> Prepared:
     """Each square matrix raised to the integer power ``n`` (``numpy.linalg.matrix_power``; ``n < 0`` inverts)."""
-    return (x, _int(n, "n", "matrix_power")), None, None
+    return (x, integer(n, "n", "matrix_power")), None, None
 
 
 def _matrix_ord(ord: Any) -> Any:
@@ -418,27 +408,26 @@ def vector_norm(
     ``ord``: any real, ``inf`` (max abs), ``-inf`` (min abs), ``0`` (count of non-zeros).
     As ``array_api_strict.linalg.vector_norm``.
     """
-    if isinstance(ord, bool) or not isinstance(ord, int | float | np.integer | np.floating):
-        raise InvalidArgumentError(f"vector_norm: ord must be a real number, got {ord!r:.40}")
-    return (x, None if axis is None else ints(axis, "axis", "vector_norm"), bool(keepdims), ord), None, None
+    order = real(ord, "ord", "vector_norm")
+    return (x, None if axis is None else ints(axis, "axis", "vector_norm"), bool(keepdims), order), None, None
 
 
 @op(_k_trace, data=1, cost=M)
 def trace(x: TensorLike, /, *, offset: int = 0, dtype: DTypeLike | None = None) -> Prepared:
     """Sum of diagonal ``offset`` of each matrix (the last two axes), as ``numpy.trace(x, offset, -2, -1)``."""
-    return (x, _int(offset, "offset", "trace"), check_dtype(dtype, "trace")), None, None
+    return (x, integer(offset, "offset", "trace"), check_dtype(dtype, "trace")), None, None
 
 
 @op(_k_diagonal, data=1, cost=M)
 def diagonal(x: TensorLike, /, *, offset: int = 0) -> Prepared:
     """Diagonal ``offset`` of each matrix (the last two axes), as ``numpy.diagonal(x, offset, -2, -1)``."""
-    return (x, _int(offset, "offset", "diagonal")), None, None
+    return (x, integer(offset, "offset", "diagonal")), None, None
 
 
 @op(_k_cross, data=2, cost=M)
 def cross(x1: TensorLike, x2: TensorLike, /, *, axis: int = -1) -> Prepared:
     """Cross product of 3-element vectors along ``axis`` (negative, as the standard asks), as ``numpy.cross``."""
-    return (x1, x2, _int(axis, "axis", "cross")), None, None
+    return (x1, x2, integer(axis, "axis", "cross")), None, None
 
 
 @op(_k_outer, data=2, cost=P)

@@ -9,7 +9,6 @@ do. ``top_k`` returns a list ``[values, indices]`` (:class:`TopKResult`'s fields
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -19,7 +18,7 @@ from .._errors import InvalidArgumentError
 from .._kernels import as_numeric
 from .._opdef import Cost, Prepared, op
 from . import _erf
-from ._checks import axes, check_dtype, ints
+from ._checks import axes, check_dtype, integer, ints, real
 
 if TYPE_CHECKING:
     from .._types import AxisLike, DTypeLike, TensorLike
@@ -188,21 +187,6 @@ def _k_layer_norm(xp: Any, x: Any, normalized_shape: tuple[int, ...], weight: An
     return out
 
 
-def _number(value: Any, what: str, opname: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise InvalidArgumentError(f"{opname}: {what} must be a real number, got {value!r:.40}")
-    return float(value)
-
-
-def _int(value: Any, what: str, opname: str) -> int:
-    if isinstance(value, bool):
-        raise InvalidArgumentError(f"{opname}: {what} must be an int, got a bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise InvalidArgumentError(f"{opname}: {what} must be an int, got {value!r:.40}") from None
-
-
 def _axis(axis: AxisLike, opname: str) -> Any:
     return axes(axis, opname)
 
@@ -240,10 +224,10 @@ def softplus(x: TensorLike, /, *, beta: float = 1.0, threshold: float = 20.0) ->
 
     Computed as ``max(bx, 0) + log1p(exp(-|bx|))``: no overflow, exact in both tails.
     """
-    b = _number(beta, "beta", "softplus")
+    b = real(beta, "beta", "softplus")
     if b == 0:
         raise InvalidArgumentError("softplus: beta must not be 0")
-    return (x, b, _number(threshold, "threshold", "softplus")), None, None
+    return (x, b, real(threshold, "threshold", "softplus")), None, None
 
 
 @op(_k_logsumexp, data=1, cost=F)
@@ -262,11 +246,11 @@ def one_hot(x: TensorLike, /, num_classes: int, *, dtype: DTypeLike | None = Non
     ``dtype`` defaults to int64 (PyTorch's); an index outside ``[0, num_classes)`` is an
     InvalidArgumentError.
     """
-    n = _int(num_classes, "num_classes", "one_hot")
+    n = integer(num_classes, "num_classes", "one_hot")
     if n < 1:
         raise InvalidArgumentError(f"one_hot: num_classes must be at least 1, got {n}")
     dt = check_dtype(dtype, "one_hot") or np.dtype(np.int64)
-    return (x, n, dt, _int(axis, "axis", "one_hot")), None, None
+    return (x, n, dt, integer(axis, "axis", "one_hot")), None, None
 
 
 @op(_k_top_k, data=1, cost=F, returns="list")
@@ -276,10 +260,10 @@ def top_k(x: TensorLike, k: int, /, *, axis: int = -1, largest: bool = True, sor
     Sorted (largest first, or smallest first); ties keep index order; NaN counts as the
     largest value. Indices are int64. ``sorted=False`` is accepted and gives the same order.
     """
-    n = _int(k, "k", "top_k")
+    n = integer(k, "k", "top_k")
     if n < 0:
         raise InvalidArgumentError(f"top_k: k must be >= 0, got {n}")
-    return (x, n, _int(axis, "axis", "top_k"), bool(largest), bool(sorted)), None, None
+    return (x, n, integer(axis, "axis", "top_k"), bool(largest), bool(sorted)), None, None
 
 
 @op(_k_bincount, data=1, cost=Cost.UNKNOWN)
@@ -289,7 +273,7 @@ def bincount(x: TensorLike, /, weights: TensorLike | None = None, *, minlength: 
     With ``weights``, their sums instead of counts. The length, ``max(max(x) + 1,
     minlength)``, depends on the data.
     """
-    m = _int(minlength, "minlength", "bincount")
+    m = integer(minlength, "minlength", "bincount")
     if m < 0:
         raise InvalidArgumentError(f"bincount: minlength must be >= 0, got {m}")
     return (x, weights, m), None, None
@@ -304,7 +288,7 @@ def scatter_add(x: TensorLike, indices: TensorLike, updates: TensorLike, /, *, a
     ``len(indices)`` along ``axis`` (or broadcasts to it). The dtype is ``x``'s promoted
     with ``updates``'.
     """
-    return (x, indices, updates, _int(axis, "axis", "scatter_add")), None, None
+    return (x, indices, updates, integer(axis, "axis", "scatter_add")), None, None
 
 
 @op(_k_pad, data=1, cost=Cost.UNKNOWN)
@@ -324,7 +308,7 @@ def pad(
     if mode not in _PAD_MODES:
         raise InvalidArgumentError(f"pad: mode must be one of {', '.join(_PAD_MODES)}; got {mode!r:.40}")
     if isinstance(pad_width, int | np.integer):
-        width: Any = _int(pad_width, "pad_width", "pad")
+        width: Any = integer(pad_width, "pad_width", "pad")
     else:
         try:
             width = tuple(ints(w, "pad_width", "pad") for w in pad_width)
@@ -372,7 +356,7 @@ def layer_norm(
     """
     shape = ints(normalized_shape, "normalized_shape", "layer_norm")
     dims = (shape,) if isinstance(shape, int) else shape
-    e = _number(eps, "eps", "layer_norm")
+    e = real(eps, "eps", "layer_norm")
     if e < 0:
         raise InvalidArgumentError(f"layer_norm: eps must be >= 0, got {e}")
     return (x, dims, weight, bias, e), None, None
