@@ -984,8 +984,7 @@ async def erf(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     Full float64 precision (W. J. Cody's rational approximations), without SciPy;
     float32 stays float32, integers give float64, complex input is refused.
     """
-    p_args, p_kwargs, p_nbytes = _erf.spec(x)
-    r: Tensor = await engine_of((x,), None).op(_erf, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), None).op(_erf, (x,), None, None, name)
     return r
 
 
@@ -1001,8 +1000,10 @@ async def gelu(x: TensorLike, /, *, approximate: str = 'none', name: str | None 
 
 async def silu(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Sigmoid linear unit (swish) ``x * sigmoid(x)`` (``torch.nn.functional.silu``), without overflow."""
-    p_args, p_kwargs, p_nbytes = _silu.spec(x)
-    r: Tensor = await engine_of((x,), None).op(_silu, p_args, p_kwargs, p_nbytes, name)
+    engine = engine_of((x,), None)
+    r = engine.lean(_silu, (x,), name)
+    if r is None:
+        r = await engine.op(_silu, (x,), None, None, name)
     return r
 
 

@@ -776,8 +776,7 @@ class SessionOps:
         Full float64 precision (W. J. Cody's rational approximations), without SciPy;
         float32 stays float32, integers give float64, complex input is refused.
         """
-        p_args, p_kwargs, p_nbytes = _erf.spec(x)
-        r: Tensor = await self._engine.op(_erf, p_args, p_kwargs, p_nbytes, name)
+        r: Tensor = await self._engine.op(_erf, (x,), None, None, name)
         return r
 
     async def gelu(self, x: TensorLike, /, *, approximate: str = 'none', name: str | None = None) -> Tensor:
@@ -791,8 +790,10 @@ class SessionOps:
 
     async def silu(self, x: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Sigmoid linear unit (swish) ``x * sigmoid(x)`` (``torch.nn.functional.silu``), without overflow."""
-        p_args, p_kwargs, p_nbytes = _silu.spec(x)
-        r: Tensor = await self._engine.op(_silu, p_args, p_kwargs, p_nbytes, name)
+        engine = self._engine
+        r = engine.lean(_silu, (x,), name)
+        if r is None:
+            r = await engine.op(_silu, (x,), None, None, name)
         return r
 
     async def softplus(self, x: TensorLike, /, *, beta: float = 1.0, threshold: float = 20.0, name: str | None = None) -> Tensor:

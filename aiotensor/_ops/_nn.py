@@ -191,14 +191,13 @@ def _axis(axis: AxisLike, opname: str) -> Any:
     return axes(axis, opname)
 
 
-@op(_k_erf, data=1, cost=Cost.SPECIAL)
-def erf(x: TensorLike, /) -> Prepared:
+@op(_k_erf, data=1, cost=Cost.SPECIAL, plain=True)
+def erf(x: TensorLike, /) -> None:
     """Element-wise error function ``2/sqrt(pi) * integral of exp(-t**2) from 0 to x`` (``scipy.special.erf``).
 
     Full float64 precision (W. J. Cody's rational approximations), without SciPy;
     float32 stays float32, integers give float64, complex input is refused.
     """
-    return (x,), None, None
 
 
 @op(_k_gelu, data=1, cost=Cost.SPECIAL)
@@ -212,10 +211,9 @@ def gelu(x: TensorLike, /, *, approximate: str = "none") -> Prepared:
     return (x, approximate), None, None
 
 
-@op(_k_silu, data=1, cost=F)
-def silu(x: TensorLike, /) -> Prepared:
+@op(_k_silu, data=1, cost=F, plain=True)
+def silu(x: TensorLike, /) -> None:
     """Sigmoid linear unit (swish) ``x * sigmoid(x)`` (``torch.nn.functional.silu``), without overflow."""
-    return (x,), None, None
 
 
 @op(_k_softplus, data=1, cost=F)
