@@ -57,7 +57,7 @@ def _result_imports() -> str:
         named = _result_type(d)
         if named is not None:
             by_module.setdefault(named.__module__.replace("aiotensor.", "."), set()).add(named.__name__)
-    return "".join(f"    from {m} import {', '.join(sorted(n))}\n" for m, n in sorted(by_module.items()))
+    return "".join(f"    from {m} import {', '.join(sorted(n, key=str.lower))}\n" for m, n in sorted(by_module.items()))
 
 
 _BINARY = BINARY_OPERATORS

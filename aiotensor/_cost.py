@@ -62,9 +62,22 @@ OVERHEAD_NS = 1500.0
 # ns per byte touched (inputs + output): add/copy ~0.018 measured, exp ~0.2.
 # floor_divide/remainder on floats: ~11 ns an element whatever the width (0.8-0.9 ns/B on
 # float32, measured with numpy 2.4), 3x what MATH would say.
-PER_BYTE = {Cost.MEMORY: 0.03, Cost.MATH: 0.3, Cost.DIVMOD: 1.0, Cost.INDEX: 0.03, Cost.CREATE: 0.03}
+# erf (and gelu through it): ~80 numpy steps, ~70 µs on 1,000 float64 and ~5 ns a byte
+# beyond (a loaded 2-core machine), or ~0.1 µs an element through math.erf on small arrays.
+PER_BYTE = {
+    Cost.MEMORY: 0.03,
+    Cost.MATH: 0.3,
+    Cost.DIVMOD: 1.0,
+    Cost.SPECIAL: 5.0,
+    Cost.INDEX: 0.03,
+    Cost.CREATE: 0.03,
+}
 # ns per multiply-add pair for BLAS products on small matrices (measured ~0.015).
 _NS_PER_FLOP = 0.025
+# A factorization of a stack of matrices (inv, svd, eigh ...: a PRODUCT op of one tensor)
+# counts this many flops per n^3 of each n x n matrix: numpy's SVD, the dearest, took
+# ~29 µs on 16x16 (~7 ns per n^3, 250 x _NS_PER_FLOP), cheaper ones (inv: 5 µs) less.
+_FACTOR_FLOPS = 250.0
 # Python data a constant may hold that is bounded below (flat, <= 64 items).
 _SMALL_DATA = (int, float, bool, complex, list, tuple, np.generic)
 _SCALARS = frozenset({int, float, bool, complex})
@@ -151,6 +164,9 @@ def _touched_bytes(arrays: list[Any], nbytes: int | None) -> int:
 
 
 def _product_flops(d: OpDef, arrays: list[Any]) -> float:
+    if d.data == 1 and arrays[0].ndim >= 2:  # a factorization: ~n^3 a matrix of the stack
+        a = arrays[0]
+        return float(_FACTOR_FLOPS * a.size * max(a.shape[-2:]))
     if d.name == "matmul" and len(arrays) == 2:
         a, b = arrays
         cols = b.shape[-1] if b.ndim >= 2 else 1

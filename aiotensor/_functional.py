@@ -17,6 +17,8 @@ from ._opdef import OPS
 from ._session_ops import SessionOps
 
 if TYPE_CHECKING:
+    from ._ops._linalg import EighResult, QRResult, SlogdetResult, SVDResult
+    from ._ops._nn import TopKResult
     from ._ops._search import UniqueAllResult, UniqueCountsResult, UniqueInverseResult
     from ._tensor import Tensor
     from ._types import AxisLike, DTypeLike, ShapeLike, TensorLike
@@ -40,6 +42,7 @@ __all__ = [
     "atan",
     "atan2",
     "atanh",
+    "bincount",
     "bitwise_and",
     "bitwise_invert",
     "bitwise_left_shift",
@@ -49,6 +52,7 @@ __all__ = [
     "broadcast_arrays",
     "broadcast_to",
     "ceil",
+    "cholesky",
     "clip",
     "concat",
     "conj",
@@ -57,33 +61,53 @@ __all__ = [
     "cos",
     "cosh",
     "count_nonzero",
+    "cross",
     "cumulative_prod",
     "cumulative_sum",
+    "det",
+    "diagonal",
     "diff",
     "divide",
+    "eigh",
+    "eigvalsh",
     "einsum",
     "empty",
     "empty_like",
     "equal",
+    "erf",
     "exp",
     "expand_dims",
     "expm1",
     "eye",
+    "fft",
+    "fftfreq",
+    "fftn",
+    "fftshift",
     "flip",
     "floor",
     "floor_divide",
     "from_dlpack",
     "full",
     "full_like",
+    "gelu",
     "getitem",
     "greater",
     "greater_equal",
+    "hfft",
     "hypot",
+    "ifft",
+    "ifftn",
+    "ifftshift",
+    "ihfft",
     "imag",
+    "inv",
+    "irfft",
+    "irfftn",
     "isfinite",
     "isin",
     "isinf",
     "isnan",
+    "layer_norm",
     "less",
     "less_equal",
     "linspace",
@@ -97,11 +121,16 @@ __all__ = [
     "logical_not",
     "logical_or",
     "logical_xor",
+    "logsumexp",
     "matmul",
+    "matrix_norm",
+    "matrix_power",
+    "matrix_rank",
     "matrix_transpose",
     "max",
     "maximum",
     "mean",
+    "median",
     "meshgrid",
     "min",
     "minimum",
@@ -111,12 +140,18 @@ __all__ = [
     "nextafter",
     "nonzero",
     "not_equal",
+    "one_hot",
     "ones",
     "ones_like",
+    "outer",
+    "pad",
     "permute_dims",
+    "pinv",
     "positive",
     "pow",
     "prod",
+    "qr",
+    "quantile",
     "random_normal",
     "random_uniform",
     "real",
@@ -125,15 +160,23 @@ __all__ = [
     "remainder",
     "repeat",
     "reshape",
+    "rfft",
+    "rfftfreq",
+    "rfftn",
     "roll",
     "round",
+    "scatter_add",
     "searchsorted",
     "sigmoid",
     "sign",
     "signbit",
+    "silu",
     "sin",
     "sinh",
+    "slogdet",
     "softmax",
+    "softplus",
+    "solve",
     "sort",
     "split",
     "sqrt",
@@ -143,12 +186,16 @@ __all__ = [
     "std",
     "subtract",
     "sum",
+    "svd",
+    "svdvals",
     "take",
     "take_along_axis",
     "tan",
     "tanh",
     "tensordot",
     "tile",
+    "top_k",
+    "trace",
     "tril",
     "triu",
     "trunc",
@@ -159,6 +206,7 @@ __all__ = [
     "unstack",
     "var",
     "vecdot",
+    "vector_norm",
     "where",
     "zeros",
     "zeros_like",
@@ -221,6 +269,39 @@ _isfinite = OPS["isfinite"]
 _round = OPS["round"]
 _clip = OPS["clip"]
 _where = OPS["where"]
+_fft = OPS["fft"]
+_ifft = OPS["ifft"]
+_fftn = OPS["fftn"]
+_ifftn = OPS["ifftn"]
+_rfft = OPS["rfft"]
+_irfft = OPS["irfft"]
+_rfftn = OPS["rfftn"]
+_irfftn = OPS["irfftn"]
+_hfft = OPS["hfft"]
+_ihfft = OPS["ihfft"]
+_fftfreq = OPS["fftfreq"]
+_rfftfreq = OPS["rfftfreq"]
+_fftshift = OPS["fftshift"]
+_ifftshift = OPS["ifftshift"]
+_cholesky = OPS["cholesky"]
+_det = OPS["det"]
+_slogdet = OPS["slogdet"]
+_inv = OPS["inv"]
+_eigh = OPS["eigh"]
+_eigvalsh = OPS["eigvalsh"]
+_qr = OPS["qr"]
+_svd = OPS["svd"]
+_svdvals = OPS["svdvals"]
+_solve = OPS["solve"]
+_matrix_rank = OPS["matrix_rank"]
+_pinv = OPS["pinv"]
+_matrix_power = OPS["matrix_power"]
+_matrix_norm = OPS["matrix_norm"]
+_vector_norm = OPS["vector_norm"]
+_trace = OPS["trace"]
+_diagonal = OPS["diagonal"]
+_cross = OPS["cross"]
+_outer = OPS["outer"]
 _flip = OPS["flip"]
 _roll = OPS["roll"]
 _moveaxis = OPS["moveaxis"]
@@ -261,6 +342,19 @@ _bitwise_xor = OPS["bitwise_xor"]
 _bitwise_invert = OPS["bitwise_invert"]
 _bitwise_left_shift = OPS["bitwise_left_shift"]
 _bitwise_right_shift = OPS["bitwise_right_shift"]
+_erf = OPS["erf"]
+_gelu = OPS["gelu"]
+_silu = OPS["silu"]
+_softplus = OPS["softplus"]
+_logsumexp = OPS["logsumexp"]
+_one_hot = OPS["one_hot"]
+_top_k = OPS["top_k"]
+_bincount = OPS["bincount"]
+_scatter_add = OPS["scatter_add"]
+_pad = OPS["pad"]
+_median = OPS["median"]
+_quantile = OPS["quantile"]
+_layer_norm = OPS["layer_norm"]
 _sum = OPS["sum"]
 _prod = OPS["prod"]
 _mean = OPS["mean"]
@@ -803,6 +897,278 @@ async def where(condition: TensorLike, x1: TensorLike, x2: TensorLike, /, *, nam
     return r
 
 
+async def fft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+    """One-dimensional discrete Fourier transform of complex ``x`` along ``axis`` (``numpy.fft.fft``).
+
+    ``n`` crops or zero-pads the input to that length first. complex64 stays complex64.
+    """
+    p_args, p_kwargs, p_nbytes = _fft.spec(x, n=n, axis=axis, norm=norm)
+    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_fft, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def ifft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+    """Inverse of ``fft`` along ``axis`` (``numpy.fft.ifft``)."""
+    p_args, p_kwargs, p_nbytes = _ifft.spec(x, n=n, axis=axis, norm=norm)
+    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_ifft, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def fftn(x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+    """N-dimensional discrete Fourier transform of complex ``x`` over ``axes`` (all if ``None``; ``numpy.fft.fftn``).
+
+    ``s`` crops or zero-pads each transformed axis (``-1``: keep its size).
+    """
+    p_args, p_kwargs, p_nbytes = _fftn.spec(x, s=s, axes=axes, norm=norm)
+    r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}).op(_fftn, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def ifftn(x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+    """Inverse of ``fftn`` (``numpy.fft.ifftn``)."""
+    p_args, p_kwargs, p_nbytes = _ifftn.spec(x, s=s, axes=axes, norm=norm)
+    r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}).op(_ifftn, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def rfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+    """Fourier transform of real ``x`` along ``axis``, the ``n // 2 + 1`` non-negative frequencies (``numpy.fft.rfft``).
+
+    float32 gives complex64, float64 complex128.
+    """
+    p_args, p_kwargs, p_nbytes = _rfft.spec(x, n=n, axis=axis, norm=norm)
+    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_rfft, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def irfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+    """Inverse of ``rfft``: a real signal of length ``n`` (default ``2 * (m - 1)``; ``numpy.fft.irfft``)."""
+    p_args, p_kwargs, p_nbytes = _irfft.spec(x, n=n, axis=axis, norm=norm)
+    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_irfft, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def rfftn(x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+    """N-dimensional ``rfft`` of real ``x`` (the last axis halved; ``numpy.fft.rfftn``)."""
+    p_args, p_kwargs, p_nbytes = _rfftn.spec(x, s=s, axes=axes, norm=norm)
+    r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}).op(_rfftn, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def irfftn(x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+    """Inverse of ``rfftn``: a real result (``numpy.fft.irfftn``)."""
+    p_args, p_kwargs, p_nbytes = _irfftn.spec(x, s=s, axes=axes, norm=norm)
+    r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}).op(_irfftn, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def hfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+    """Fourier transform of a Hermitian-symmetric signal given by its first half: a real result (``numpy.fft.hfft``)."""
+    p_args, p_kwargs, p_nbytes = _hfft.spec(x, n=n, axis=axis, norm=norm)
+    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_hfft, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def ihfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+    """Inverse of ``hfft`` for real ``x``: the non-negative half of its spectrum (``numpy.fft.ihfft``)."""
+    p_args, p_kwargs, p_nbytes = _ihfft.spec(x, n=n, axis=axis, norm=norm)
+    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_ihfft, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def fftfreq(n: int, /, *, d: float = 1.0, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+    """The sample frequencies of an ``n``-point ``fft`` with sample spacing ``d`` (``numpy.fft.fftfreq``).
+
+    ``dtype`` is a real floating-point dtype (default float64); ``device`` names a device.
+    """
+    p_args, p_kwargs, p_nbytes = _fftfreq.spec(n, d=d, dtype=dtype, device=device)
+    r: Tensor = await engine_of((n,), {"d": d, "dtype": dtype, "device": device}).op(_fftfreq, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def rfftfreq(n: int, /, *, d: float = 1.0, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+    """The ``n // 2 + 1`` non-negative sample frequencies of an ``n``-point ``rfft`` (``numpy.fft.rfftfreq``)."""
+    p_args, p_kwargs, p_nbytes = _rfftfreq.spec(n, d=d, dtype=dtype, device=device)
+    r: Tensor = await engine_of((n,), {"d": d, "dtype": dtype, "device": device}).op(_rfftfreq, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def fftshift(x: TensorLike, /, *, axes: int | Sequence[int] | None = None, name: str | None = None) -> Tensor:
+    """The zero-frequency term moved to the centre of ``axes`` (all if ``None``; ``numpy.fft.fftshift``)."""
+    p_args, p_kwargs, p_nbytes = _fftshift.spec(x, axes=axes)
+    r: Tensor = await engine_of((x,), {"axes": axes}).op(_fftshift, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def ifftshift(x: TensorLike, /, *, axes: int | Sequence[int] | None = None, name: str | None = None) -> Tensor:
+    """Inverse of ``fftshift`` (``numpy.fft.ifftshift``)."""
+    p_args, p_kwargs, p_nbytes = _ifftshift.spec(x, axes=axes)
+    r: Tensor = await engine_of((x,), {"axes": axes}).op(_ifftshift, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def cholesky(x: TensorLike, /, *, upper: bool = False, name: str | None = None) -> Tensor:
+    """Cholesky factor of Hermitian positive-definite matrices: ``L`` with ``x = L @ L^H`` (``U = L^H`` if ``upper``).
+
+    As ``array_api_strict.linalg.cholesky`` (``numpy.linalg.cholesky`` plus ``upper``).
+    """
+    p_args, p_kwargs, p_nbytes = _cholesky.spec(x, upper=upper)
+    r: Tensor = await engine_of((x,), {"upper": upper}).op(_cholesky, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def det(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Determinant of each square matrix of the stack (``numpy.linalg.det``)."""
+    p_args, p_kwargs, p_nbytes = _det.spec(x)
+    r: Tensor = await engine_of((x,), None).op(_det, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def slogdet(x: TensorLike, /, *, name: str | None = None) -> SlogdetResult[Tensor]:
+    """``[sign, logabsdet]`` of each square matrix's determinant (``numpy.linalg.slogdet``).
+
+    The fields of the standard's ``SlogdetResult``, in that order.
+    """
+    p_args, p_kwargs, p_nbytes = _slogdet.spec(x)
+    r: SlogdetResult[Tensor] = await engine_of((x,), None).op(_slogdet, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def inv(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Inverse of each square matrix of the stack (``numpy.linalg.inv``); a singular one is an InvalidArgumentError."""
+    p_args, p_kwargs, p_nbytes = _inv.spec(x)
+    r: Tensor = await engine_of((x,), None).op(_inv, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def eigh(x: TensorLike, /, *, name: str | None = None) -> EighResult[Tensor]:
+    """``[eigenvalues, eigenvectors]`` of Hermitian (symmetric) matrices (``numpy.linalg.eigh``).
+
+    The fields of the standard's ``EighResult``, in that order: eigenvalues ascending,
+    eigenvectors as columns. Only the lower triangle is read.
+    """
+    p_args, p_kwargs, p_nbytes = _eigh.spec(x)
+    r: EighResult[Tensor] = await engine_of((x,), None).op(_eigh, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def eigvalsh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Eigenvalues (ascending) of Hermitian (symmetric) matrices (``numpy.linalg.eigvalsh``)."""
+    p_args, p_kwargs, p_nbytes = _eigvalsh.spec(x)
+    r: Tensor = await engine_of((x,), None).op(_eigvalsh, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def qr(x: TensorLike, /, *, mode: str = 'reduced', name: str | None = None) -> QRResult[Tensor]:
+    """``[Q, R]``, the QR decomposition of each matrix (``numpy.linalg.qr``); the standard's ``QRResult`` fields."""
+    p_args, p_kwargs, p_nbytes = _qr.spec(x, mode=mode)
+    r: QRResult[Tensor] = await engine_of((x,), {"mode": mode}).op(_qr, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def svd(x: TensorLike, /, *, full_matrices: bool = True, name: str | None = None) -> SVDResult[Tensor]:
+    """``[U, S, Vh]`` with ``x = U @ diag(S) @ Vh`` (``numpy.linalg.svd``); the standard's ``SVDResult`` fields."""
+    p_args, p_kwargs, p_nbytes = _svd.spec(x, full_matrices=full_matrices)
+    r: SVDResult[Tensor] = await engine_of((x,), {"full_matrices": full_matrices}).op(_svd, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def svdvals(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Singular values of each matrix, descending (``numpy.linalg.svd(x, compute_uv=False)``)."""
+    p_args, p_kwargs, p_nbytes = _svdvals.spec(x)
+    r: Tensor = await engine_of((x,), None).op(_svdvals, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def solve(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """The solution ``x`` of ``x1 @ x = x2`` for square ``x1`` (``numpy.linalg.solve``).
+
+    ``x2`` is a vector only when it is 1-d (shape ``(M,)``); otherwise it is a stack of
+    ``(M, K)`` matrices, broadcast against ``x1``'s stack. A singular ``x1`` is an
+    InvalidArgumentError.
+    """
+    p_args, p_kwargs, p_nbytes = _solve.spec(x1, x2)
+    r: Tensor = await engine_of((x1, x2,), None).op(_solve, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def matrix_rank(x: TensorLike, /, *, rtol: TensorLike | None = None, name: str | None = None) -> Tensor:
+    """Rank of each matrix: its singular values above ``rtol`` times the largest (default ``max(M, N) * eps``).
+
+    As ``array_api_strict.linalg.matrix_rank`` (numpy's ``tol`` is absolute).
+    """
+    p_args, p_kwargs, p_nbytes = _matrix_rank.spec(x, rtol=rtol)
+    r: Tensor = await engine_of((x,), {"rtol": rtol}).op(_matrix_rank, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def pinv(x: TensorLike, /, *, rtol: TensorLike | None = None, name: str | None = None) -> Tensor:
+    """Moore-Penrose pseudo-inverse of each matrix (``numpy.linalg.pinv``).
+
+    Singular values at most ``rtol`` times the largest are treated as zero (default
+    ``max(M, N) * eps``, the standard's).
+    """
+    p_args, p_kwargs, p_nbytes = _pinv.spec(x, rtol=rtol)
+    r: Tensor = await engine_of((x,), {"rtol": rtol}).op(_pinv, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def matrix_power(x: TensorLike, n: int, /, *, name: str | None = None) -> Tensor:
+    """Each square matrix raised to the integer power ``n`` (``numpy.linalg.matrix_power``; ``n < 0`` inverts)."""
+    p_args, p_kwargs, p_nbytes = _matrix_power.spec(x, n)
+    r: Tensor = await engine_of((x, n,), None).op(_matrix_power, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def matrix_norm(x: TensorLike, /, *, keepdims: bool = False, ord: float | str | None = 'fro', name: str | None = None) -> Tensor:
+    """Norm of each matrix (the last two axes): ``'fro'``, ``'nuc'``, ``1``, ``-1``, ``2``, ``-2``, ``inf``, ``-inf``.
+
+    As ``numpy.linalg.norm(x, ord, axis=(-2, -1))``; the result is real.
+    """
+    p_args, p_kwargs, p_nbytes = _matrix_norm.spec(x, keepdims=keepdims, ord=ord)
+    r: Tensor = await engine_of((x,), {"keepdims": keepdims, "ord": ord}).op(_matrix_norm, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def vector_norm(x: TensorLike, /, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = False, ord: float = 2, name: str | None = None) -> Tensor:
+    """The ``ord``-norm of the vectors along ``axis`` (all axes as one vector if ``None``); the result is real.
+
+    ``ord``: any real, ``inf`` (max abs), ``-inf`` (min abs), ``0`` (count of non-zeros).
+    As ``array_api_strict.linalg.vector_norm``.
+    """
+    p_args, p_kwargs, p_nbytes = _vector_norm.spec(x, axis=axis, keepdims=keepdims, ord=ord)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims, "ord": ord}).op(_vector_norm, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def trace(x: TensorLike, /, *, offset: int = 0, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+    """Sum of diagonal ``offset`` of each matrix (the last two axes), as ``numpy.trace(x, offset, -2, -1)``."""
+    p_args, p_kwargs, p_nbytes = _trace.spec(x, offset=offset, dtype=dtype)
+    r: Tensor = await engine_of((x,), {"offset": offset, "dtype": dtype}).op(_trace, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def diagonal(x: TensorLike, /, *, offset: int = 0, name: str | None = None) -> Tensor:
+    """Diagonal ``offset`` of each matrix (the last two axes), as ``numpy.diagonal(x, offset, -2, -1)``."""
+    p_args, p_kwargs, p_nbytes = _diagonal.spec(x, offset=offset)
+    r: Tensor = await engine_of((x,), {"offset": offset}).op(_diagonal, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def cross(x1: TensorLike, x2: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
+    """Cross product of 3-element vectors along ``axis`` (negative, as the standard asks), as ``numpy.cross``."""
+    p_args, p_kwargs, p_nbytes = _cross.spec(x1, x2, axis=axis)
+    r: Tensor = await engine_of((x1, x2,), {"axis": axis}).op(_cross, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def outer(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Outer product of two 1-d tensors, ``x1[:, None] * x2[None, :]`` (``numpy.outer``)."""
+    p_args, p_kwargs, p_nbytes = _outer.spec(x1, x2)
+    r: Tensor = await engine_of((x1, x2,), None).op(_outer, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
 async def flip(x: TensorLike, /, *, axis: AxisLike = None, name: str | None = None) -> Tensor:
     """``x`` with the order of elements reversed along ``axis`` (all axes if ``None``)."""
     p_args, p_kwargs, p_nbytes = _flip.spec(x, axis=axis)
@@ -1148,6 +1514,141 @@ async def bitwise_right_shift(x1: TensorLike, x2: TensorLike, /, *, name: str | 
     r = engine.lean(_bitwise_right_shift, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_right_shift, (x1, x2), None, None, name)
+    return r
+
+
+async def erf(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Element-wise error function ``2/sqrt(pi) * integral of exp(-t**2) from 0 to x`` (``scipy.special.erf``).
+
+    Full float64 precision (W. J. Cody's rational approximations), without SciPy;
+    float32 stays float32, integers give float64, complex input is refused.
+    """
+    r: Tensor = await engine_of((x,), None).op(_erf, (x,), None, None, name)
+    return r
+
+
+async def gelu(x: TensorLike, /, *, approximate: str = 'none', name: str | None = None) -> Tensor:
+    """Gaussian error linear unit ``x * Phi(x)`` (``torch.nn.functional.gelu``).
+
+    ``approximate="tanh"`` gives PyTorch's ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``.
+    """
+    p_args, p_kwargs, p_nbytes = _gelu.spec(x, approximate=approximate)
+    r: Tensor = await engine_of((x,), {"approximate": approximate}).op(_gelu, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def silu(x: TensorLike, /, *, name: str | None = None) -> Tensor:
+    """Sigmoid linear unit (swish) ``x * sigmoid(x)`` (``torch.nn.functional.silu``), without overflow."""
+    engine = engine_of((x,), None)
+    r = engine.lean(_silu, (x,), name)
+    if r is None:
+        r = await engine.op(_silu, (x,), None, None, name)
+    return r
+
+
+async def softplus(x: TensorLike, /, *, beta: float = 1.0, threshold: float = 20.0, name: str | None = None) -> Tensor:
+    """``log(1 + exp(beta * x)) / beta``, or ``x`` where ``beta * x > threshold`` (``torch.nn.functional.softplus``).
+
+    Computed as ``max(bx, 0) + log1p(exp(-|bx|))``: no overflow, exact in both tails.
+    """
+    p_args, p_kwargs, p_nbytes = _softplus.spec(x, beta=beta, threshold=threshold)
+    r: Tensor = await engine_of((x,), {"beta": beta, "threshold": threshold}).op(_softplus, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def logsumexp(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+    """``log(sum(exp(x)))`` over ``axis``, without overflow (``scipy.special.logsumexp``).
+
+    An empty or all ``-inf`` slice gives ``-inf``; an ``inf`` gives ``inf``.
+    """
+    p_args, p_kwargs, p_nbytes = _logsumexp.spec(x, axis=axis, keepdims=keepdims)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(_logsumexp, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def one_hot(x: TensorLike, /, num_classes: int, *, dtype: DTypeLike | None = None, axis: int = -1, name: str | None = None) -> Tensor:
+    """Integer class indices as one-hot vectors on a new ``axis`` (``torch.nn.functional.one_hot``; ``np.eye(n)[x]``).
+
+    ``dtype`` defaults to int64 (PyTorch's); an index outside ``[0, num_classes)`` is an
+    InvalidArgumentError.
+    """
+    p_args, p_kwargs, p_nbytes = _one_hot.spec(x, num_classes, dtype=dtype, axis=axis)
+    r: Tensor = await engine_of((x, num_classes,), {"dtype": dtype, "axis": axis}).op(_one_hot, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def top_k(x: TensorLike, k: int, /, *, axis: int = -1, largest: bool = True, sorted: bool = True, name: str | None = None) -> TopKResult[Tensor]:
+    """``[values, indices]`` of the ``k`` largest (or smallest) elements along ``axis`` (``torch.topk``).
+
+    Sorted (largest first, or smallest first); ties keep index order; NaN counts as the
+    largest value. Indices are int64. ``sorted=False`` is accepted and gives the same order.
+    """
+    p_args, p_kwargs, p_nbytes = _top_k.spec(x, k, axis=axis, largest=largest, sorted=sorted)
+    r: TopKResult[Tensor] = await engine_of((x, k,), {"axis": axis, "largest": largest, "sorted": sorted}).op(_top_k, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def bincount(x: TensorLike, /, weights: TensorLike | None = None, *, minlength: int = 0, name: str | None = None) -> Tensor:
+    """Occurrences of each value ``0 .. max(x)`` in the 1-d non-negative integer ``x`` (``numpy.bincount``).
+
+    With ``weights``, their sums instead of counts. The length, ``max(max(x) + 1,
+    minlength)``, depends on the data.
+    """
+    p_args, p_kwargs, p_nbytes = _bincount.spec(x, weights, minlength=minlength)
+    r: Tensor = await engine_of((x, weights,), {"minlength": minlength}).op(_bincount, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def scatter_add(x: TensorLike, indices: TensorLike, updates: TensorLike, /, *, axis: int = 0, name: str | None = None) -> Tensor:
+    """A copy of ``x`` with ``updates`` added at ``indices`` along ``axis``, repeats accumulating.
+
+    Functional index-add: ``torch.Tensor.index_add(axis, indices, updates)`` and
+    ``numpy.add.at`` on a copy. ``indices`` is 1-d; ``updates`` has ``x``'s shape with
+    ``len(indices)`` along ``axis`` (or broadcasts to it). The dtype is ``x``'s promoted
+    with ``updates``'.
+    """
+    p_args, p_kwargs, p_nbytes = _scatter_add.spec(x, indices, updates, axis=axis)
+    r: Tensor = await engine_of((x, indices, updates,), {"axis": axis}).op(_scatter_add, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def pad(x: TensorLike, /, pad_width: int | Sequence[int] | Sequence[Sequence[int]], *, mode: str = 'constant', constant_values: float = 0, name: str | None = None) -> Tensor:
+    """``x`` padded by ``pad_width`` (``numpy.pad``): per axis ``(before, after)``, or one pair or width for all.
+
+    ``mode``: ``"constant"`` (``constant_values``), ``"edge"``, ``"reflect"``,
+    ``"symmetric"`` or ``"wrap"``.
+    """
+    p_args, p_kwargs, p_nbytes = _pad.spec(x, pad_width, mode=mode, constant_values=constant_values)
+    r: Tensor = await engine_of((x, pad_width,), {"mode": mode, "constant_values": constant_values}).op(_pad, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def median(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+    """Median over ``axis`` (``numpy.median``: the mean of the two middle values for an even count)."""
+    p_args, p_kwargs, p_nbytes = _median.spec(x, axis=axis, keepdims=keepdims)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(_median, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def quantile(x: TensorLike, q: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, method: str = 'linear', name: str | None = None) -> Tensor:
+    """The ``q``-th quantiles (``q`` in ``[0, 1]``, a number or 1-d) over ``axis`` (``numpy.quantile``).
+
+    ``method``: ``"linear"``, ``"lower"``, ``"higher"``, ``"midpoint"`` or ``"nearest"``.
+    An array ``q`` puts its axis first in the result.
+    """
+    p_args, p_kwargs, p_nbytes = _quantile.spec(x, q, axis=axis, keepdims=keepdims, method=method)
+    r: Tensor = await engine_of((x, q,), {"axis": axis, "keepdims": keepdims, "method": method}).op(_quantile, p_args, p_kwargs, p_nbytes, name)
+    return r
+
+
+async def layer_norm(x: TensorLike, normalized_shape: int | Sequence[int], /, weight: TensorLike | None = None, bias: TensorLike | None = None, *, eps: float = 1e-05, name: str | None = None) -> Tensor:
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last dimensions (``torch.nn.functional.layer_norm``).
+
+    ``normalized_shape`` names those dimensions (it must equal the end of ``x``'s shape);
+    the variance is the biased one, as PyTorch's.
+    """
+    p_args, p_kwargs, p_nbytes = _layer_norm.spec(x, normalized_shape, weight, bias, eps=eps)
+    r: Tensor = await engine_of((x, normalized_shape, weight, bias,), {"eps": eps}).op(_layer_norm, p_args, p_kwargs, p_nbytes, name)
     return r
 
 

@@ -36,6 +36,7 @@ class Cost(enum.Enum):
     MEMORY = "memory"  # bytes touched at memory speed: arithmetic, comparisons, copies
     MATH = "math"  # bytes touched at transcendental speed: exp, log, tanh, std
     DIVMOD = "divmod"  # bytes touched at the speed of float floor division and remainder (~11 ns an element)
+    SPECIAL = "special"  # bytes touched at the speed of a special function built of numpy steps (erf: ~5 ns a byte)
     INDEX = "index"  # fancy indexing
     PRODUCT = "product"  # flops: matmul, tensordot, einsum
     CREATE = "create"  # creation ops: output bytes known before the kernel runs

@@ -8,6 +8,7 @@ shape and dtype (numpy's promotion, NEP 50) are all compared.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -64,6 +65,7 @@ async def check_op(
     s: at.AsyncEagerSession,
     name: str,
     reference: Callable[..., Any],
+    /,
     *args: Any,
     exact: bool = False,
     rtol: float = 1e-6,
@@ -145,3 +147,16 @@ async def assert_invalid(
     for part in (op, *fragments):
         assert part in message, f"{part!r} not in the error message {message!r}"
     return info.value
+
+
+@contextlib.contextmanager
+def running_session() -> Iterator[tuple[asyncio.Runner, at.AsyncEagerSession]]:
+    """An event loop and an open session on it, for synchronous (hypothesis) tests: ``loop.run(s.op(...))``."""
+    loop = asyncio.Runner()
+    session = at.AsyncEagerSession()
+    loop.run(session.__aenter__())
+    try:
+        yield loop, session
+    finally:
+        loop.run(session.__aexit__(None, None, None))
+        loop.close()

@@ -3,6 +3,18 @@
 Importing this package fills :data:`aiotensor._opdef.OPS`.
 """
 
-from . import _apply, _creation, _elementwise, _manip, _math, _reduction, _search, _shape
+from . import _apply, _creation, _elementwise, _fft, _linalg, _manip, _math, _nn, _reduction, _search, _shape
 
-__all__ = ["_apply", "_creation", "_elementwise", "_manip", "_math", "_reduction", "_search", "_shape"]
+__all__ = [
+    "_apply",
+    "_creation",
+    "_elementwise",
+    "_fft",
+    "_linalg",
+    "_manip",
+    "_math",
+    "_nn",
+    "_reduction",
+    "_search",
+    "_shape",
+]

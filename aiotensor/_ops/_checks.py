@@ -24,7 +24,9 @@ __all__ = [
     "check_shape",
     "count",
     "count_bytes",
+    "integer",
     "ints",
+    "real",
     "sequence",
 ]
 
@@ -124,3 +126,20 @@ def check_copy(copy: bool | None, op: str) -> bool | None:
     if copy is not None and not isinstance(copy, bool):
         raise InvalidArgumentError(f"{op}: copy must be None or a bool, got {copy!r:.60}")
     return copy
+
+
+def integer(value: Any, what: str, op: str) -> int:
+    """An int argument (a bool is refused: ``n=True`` is a mistake, not 1); else InvalidArgumentError."""
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"{op}: {what} must be an int, got a bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidArgumentError(f"{op}: {what} must be an int, got {value!r:.40}") from None
+
+
+def real(value: Any, what: str, op: str) -> float:
+    """A real-number argument (int or float, not a bool) as a float; else InvalidArgumentError."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise InvalidArgumentError(f"{op}: {what} must be a real number, got {value!r:.40}")
+    return float(value)
