@@ -1,0 +1,494 @@
+"""Runs of element-wise ops evaluated in cache-sized blocks: one pass over memory per run.
+
+numpy evaluates ``((a * 2.0 + 1.0) * a - 3.0) / 2.0`` one op at a time, each op reading
+and writing full-size arrays. An expression is compiled whole, so :func:`block_runs`
+finds each maximal run of element-wise ufunc steps (a tree of them whose
+intermediates nothing else reads) and replaces it with one step, a :class:`BlockedRun`.
+That kernel walks the output in blocks of rows of about :data:`BLOCK_ITEMS` elements:
+each op of the run writes its block into a small scratch buffer that stays in cache
+(buffers are reused from op to op and from block to block), and the last op writes
+into the result. Large runs share their blocks with the other pool workers
+(:data:`SPLIT_MIN_BYTES`).
+
+**Same values.** Every op is the same ufunc on operands of the same dtypes as the
+op-by-op run (each scratch buffer has the dtype the op-by-op intermediate would
+have: :meth:`BlockedRun._dtypes` runs the ops once on 0-d probes, so NEP 50's rules for
+Python scalars apply as they do op by op), on the same elements, so each element of
+the result is bit for bit the op-by-op one. Inputs broadcast as numpy does: one whose
+leading axis is the output's is sliced by rows, any other (a row vector, a scalar)
+is read whole by every block; ops that read only whole inputs run once, not per block.
+
+**Same errors and warnings.** Floating-point flags are recorded while the blocks run
+(``np.errstate(call=...)`` for each kind the caller does not ignore). When one is
+raised, or anything fails, the blocked result is dropped and the run is evaluated
+again op by op, which gives numpy's own warnings, ``errstate`` behaviour and errors
+(naming the failing op, as the op-by-op program does). Runs too small to gain
+(:data:`MIN_ITEMS`) and shapes that block badly are evaluated op by op too.
+
+**Memory.** A blocked run allocates its result and scratch blocks only (at most one
+block per op of the run, per participant), never a full-size intermediate: the
+program's budget counts the result alone.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import math
+from collections.abc import Callable
+from typing import Any, cast
+
+import numpy as np
+
+from ._chunked import Spawn, _Blocks
+from ._cost import PER_BYTE
+from ._kernels import NUMERIC_KINDS, kernel_error
+from ._opdef import Cost, OpDef
+from ._program import Program, Ref
+
+__all__ = ["BLOCK_ITEMS", "MIN_ITEMS", "SPLIT_MIN_BYTES", "BlockedOp", "BlockedRun", "block_runs", "settings"]
+
+#: Output elements per block. Measured on the 10-op float32 chain (``benchmarks/bench_blocked.py
+#: --calibrate``): see docs/performance.md, "Blocked evaluation".
+BLOCK_ITEMS = 16384
+#: Output elements from which a run is evaluated in blocks (below: op by op, which the
+#: in-place reuse of dying intermediates already keeps in cache).
+MIN_ITEMS = 1 << 16
+#: Output bytes from which a blocked run on the pool shares its blocks with the other workers.
+SPLIT_MIN_BYTES = 1 << 20
+#: Output bytes per part handed to a participant of a split run.
+_PART_BYTES = 1 << 20
+
+#: A blocked op's estimate, in arrays touched per output element at ``_cost.PER_BYTE``'s
+#: rates (op by op it is inputs + output, 3 for a binary op): a block stays in cache.
+_WEIGHT = 2.0
+_ndarray = np.ndarray
+_generic = np.generic
+_SCALARS = (int, float, bool, complex)
+#: The pool a kernel running on a worker may hand blocks to: (spawn, workers); set by :class:`_WithSpawn`.
+_POOL: contextvars.ContextVar[tuple[Spawn, int] | None] = contextvars.ContextVar("aiotensor_blocked_pool", default=None)
+
+
+def settings() -> dict[str, int]:
+    """The measured constants, for ``aiotensor info``."""
+    return {"block_items": BLOCK_ITEMS, "min_items": MIN_ITEMS, "split_min_bytes": SPLIT_MIN_BYTES}
+
+
+class BlockedRun:
+    """The kernel of a run: ``ops`` (op, argument indices) over ``nin`` inputs and ``consts``.
+
+    Argument index ``i`` names input ``i`` (``i < nin``), constant ``i - nin``, or the
+    result of op ``i - nin - len(consts)``. The last op is the run's result.
+    """
+
+    __slots__ = ("_memo", "consts", "nin", "ops", "ufuncs")
+
+    def __init__(self, ops: tuple[tuple[OpDef, tuple[int, ...]], ...], nin: int, consts: tuple[Any, ...]) -> None:
+        self.ops = ops
+        self.nin = nin
+        self.consts = consts
+        self.ufuncs: list[Any] = [d.kernel_for(np) for d, _ in ops]
+        self._memo: dict[Any, _Layout | None] = {}  # by the inputs' shapes and dtypes
+
+    def __reduce__(self) -> tuple[type[BlockedRun], tuple[Any, ...]]:
+        return BlockedRun, (self.ops, self.nin, self.consts)
+
+    # -- op by op: small runs, and the reference for errors and warnings -----------------
+    def op_by_op(self, inputs: tuple[Any, ...]) -> Any:
+        """The run as the op-by-op program computes it (numpy's values, warnings and errors)."""
+        vals = [*inputs, *self.consts]
+        for (d, args), ufunc in zip(self.ops, self.ufuncs, strict=True):
+            a = [vals[i] for i in args]
+            try:
+                vals.append(ufunc(*a))
+            except Exception as exc:
+                error = kernel_error(d.name, tuple(a), exc, False)
+                raise error from error.__cause__
+        return vals[-1]
+
+    def _dtypes(self, inputs: tuple[Any, ...]) -> list[np.dtype[Any]] | None:
+        # Each op's output dtype, from a run on 0-d probes (numpy 2 types a 0-d array as
+        # its dtype, like any array); None when that run fails (op by op raises then).
+        vals: list[Any] = [np.zeros((), x.dtype) if type(x) is _ndarray else x for x in inputs]
+        vals += self.consts
+        found: list[np.dtype[Any]] = []
+        try:
+            with np.errstate(all="ignore"):
+                for (_, args), ufunc in zip(self.ops, self.ufuncs, strict=True):
+                    out = ufunc(*[vals[i] for i in args])
+                    vals.append(out)
+                    found.append(out.dtype)
+        except Exception:
+            return None
+        return found
+
+    # -- blocked -------------------------------------------------------------------------
+    def __call__(self, xp: Any, *inputs: Any) -> Any:
+        try:
+            key = tuple((x.shape, x.dtype, type(x) is _ndarray) for x in inputs)
+        except AttributeError:  # not arrays: op by op says what numpy makes of them
+            return self.op_by_op(inputs)
+        if key in self._memo:
+            layout = self._memo[key]
+        else:
+            layout = self._layout(inputs)
+            if len(self._memo) >= 64:
+                self._memo.clear()
+            self._memo[key] = layout
+        if layout is None:
+            return self.op_by_op(inputs)
+        flagged: list[str] = []
+        try:
+            out = layout.run(inputs, flagged)
+        except Exception:  # op by op raises numpy's own error, naming its op
+            return self.op_by_op(inputs)
+        if flagged:  # numpy's warnings (or errors), as the caller's errstate says
+            return self.op_by_op(inputs)
+        return out
+
+    def _layout(self, inputs: tuple[Any, ...]) -> _Layout | None:
+        shapes: list[tuple[int, ...]] = []
+        for x in inputs:
+            if (type(x) is not _ndarray and not isinstance(x, _generic)) or x.dtype.kind not in NUMERIC_KINDS:
+                return None
+            shapes.append(x.shape)
+        try:
+            oshape = np.broadcast_shapes(*shapes)
+        except ValueError:
+            return None
+        size = math.prod(oshape)
+        if not oshape or size < MIN_ITEMS:
+            return None
+        rows = oshape[0]
+        h = min(rows, max(1, BLOCK_ITEMS // (size // rows)))  # one block: the ops still share scratch
+        dtypes = self._dtypes(inputs)
+        if dtypes is None:
+            return None
+        return _Layout(self, shapes, [len(s) == len(oshape) and s[0] == rows for s in shapes], oshape, h, dtypes)
+
+
+class _Layout:
+    """A run on inputs of given shapes and dtypes: block shapes, scratch buffers, ops hoisted out of the loop."""
+
+    __slots__ = ("h", "hoisted", "loop", "oshape", "out_dtype", "run_", "scratch", "sliced", "template")
+
+    def __init__(
+        self,
+        run: BlockedRun,
+        in_shapes: list[tuple[int, ...]],
+        sliced: list[bool],
+        oshape: tuple[int, ...],
+        h: int,
+        dtypes: list[np.dtype[Any]],
+    ) -> None:
+        self.run_ = run
+        self.oshape = oshape
+        self.h = h
+        self.sliced = [i for i, s in enumerate(sliced) if s]
+        nconst = len(run.consts)
+        nbase = run.nin + nconst
+        n = len(run.ops)
+        # Whether each value varies by block (reads a sliced input), and its block shape.
+        varies = [*sliced, *([False] * nconst)]
+        shapes = [(h, *sh[1:]) if s else sh for sh, s in zip(in_shapes, sliced, strict=True)]
+        shapes += [()] * nconst
+        for _, args in run.ops:
+            varies.append(any(varies[i] for i in args))
+            shapes.append(np.broadcast_shapes(*[shapes[i] for i in args]))
+        last_use = {}
+        for k, (_, args) in enumerate(run.ops):
+            for i in args:
+                last_use[i] = k
+        # Ops on whole inputs alone (``std + 1e-8``): once per call, not per block.
+        self.hoisted = [(run.ufuncs[k], run.ops[k][1], nbase + k) for k in range(n) if not varies[nbase + k]]
+        self.out_dtype = dtypes[-1]
+        self.template: list[Any] = [None] * run.nin + [*run.consts] + [None] * n
+        # The loop: (ufunc, args, scratch index or -1 for the result, value slot) per op
+        # that varies. Ops whose values do not overlap in time share a scratch buffer (an
+        # op may write over an input that dies there).
+        free: dict[Any, list[int]] = {}
+        buf_of: dict[int, int] = {}
+        self.loop: list[tuple[Any, tuple[int, ...], int, int]] = []
+        self.scratch: list[tuple[tuple[int, ...], np.dtype[Any]]] = []
+        for k, (_, args) in enumerate(run.ops):
+            slot = nbase + k
+            if not varies[slot]:
+                continue
+            for i in set(args):
+                if i in buf_of and last_use.get(i) == k:
+                    free.setdefault((shapes[i], dtypes[i - nbase]), []).append(buf_of[i])
+            if k == n - 1:
+                self.loop.append((run.ufuncs[k], args, -1, slot))
+                continue
+            spec = (shapes[slot], dtypes[k])
+            pool = free.get(spec)
+            if pool:
+                buf = pool.pop()
+            else:
+                buf = len(self.scratch)
+                self.scratch.append(spec)
+            buf_of[slot] = buf
+            self.loop.append((run.ufuncs[k], args, buf, slot))
+
+    def run(self, inputs: tuple[Any, ...], flagged: list[str]) -> Any:
+        """The result, computed in blocks; floating-point flags raised go to ``flagged``."""
+        watch = {kind: ("ignore" if mode == "ignore" else "call") for kind, mode in np.geterr().items()}
+
+        def record(kind: str, flag: int) -> None:
+            flagged.append(kind)
+
+        vals = list(self.template)
+        vals[: len(inputs)] = inputs
+        out = np.empty(self.oshape, self.out_dtype)
+        rows = self.oshape[0]
+        pool = _POOL.get()
+        with np.errstate(call=record, **watch):  # type: ignore[arg-type]
+            for ufunc, args, slot in self.hoisted:
+                vals[slot] = ufunc(*[vals[i] for i in args])
+            if pool is None or pool[1] < 2 or out.nbytes < SPLIT_MIN_BYTES:
+                self._rows(vals, out, 0, rows)
+                return out
+        spawn, workers = pool
+        step = max(self.h, self.h * (_PART_BYTES // max(1, out.nbytes // rows * self.h)))
+        bounds = _aligned(rows, max(workers * 2, -(-rows // step)), self.h)
+
+        def part(lo: int, hi: int) -> None:
+            with np.errstate(call=record, **watch):  # type: ignore[arg-type]
+                self._rows(vals, out, lo, hi)
+
+        blocks = _Blocks([functools.partial(part, lo, hi) for lo, hi in bounds])
+        for _ in range(min(workers, len(bounds)) - 1):
+            try:
+                spawn(blocks.drain)
+            except Exception:  # no worker to be had: this thread does it all
+                break
+        blocks.drain()
+        blocks.done.acquire()
+        if blocks.failed:
+            raise blocks.failed[0]
+        return out
+
+    def _rows(self, shared: list[Any], out: Any, lo: int, hi: int) -> None:
+        # Rows [lo, hi) of the result, block by block, with scratch buffers of this call's own.
+        h = self.h
+        vals = list(shared)
+        scratch = [np.empty(shape, dtype) for shape, dtype in self.scratch]
+        steps = [(ufunc, args, scratch[b] if b >= 0 else None, slot, len(args)) for ufunc, args, b, slot in self.loop]
+        inputs = [(i, vals[i]) for i in self.sliced]
+        for r0 in range(lo, hi, h):
+            r1 = min(r0 + h, hi)
+            tail = r1 - r0 != h
+            for i, x in inputs:
+                vals[i] = x[r0:r1]
+            for ufunc, args, dst, slot, n in steps:
+                if dst is None:
+                    dst = out[r0:r1]
+                elif tail:
+                    dst = dst[: r1 - r0]
+                if n == 2:
+                    vals[slot] = ufunc(vals[args[0]], vals[args[1]], out=dst)
+                elif n == 1:
+                    vals[slot] = ufunc(vals[args[0]], out=dst)
+                else:
+                    vals[slot] = ufunc(*[vals[i] for i in args], out=dst)
+
+
+def _aligned(rows: int, parts: int, h: int) -> list[tuple[int, int]]:
+    # ``parts`` row ranges covering ``rows``, each a whole number of blocks but the last.
+    blocks = -(-rows // h)
+    parts = max(1, min(parts, blocks))
+    base, extra = divmod(blocks, parts)
+    bounds = []
+    lo = 0
+    for i in range(parts):
+        hi = min(rows, lo + (base + (1 if i < extra else 0)) * h)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
+class _WithSpawn:
+    """A program whose blocked runs may share their blocks with the pool's workers."""
+
+    __slots__ = ("fn", "spawn", "workers")
+
+    def __init__(self, fn: Callable[..., Any], spawn: Spawn, workers: int) -> None:
+        self.fn = fn
+        self.spawn = spawn
+        self.workers = workers
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        token = _POOL.set((self.spawn, self.workers))
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            _POOL.reset(token)
+
+    @property
+    def __name__(self) -> str:  # how backends name the task
+        return str(getattr(self.fn, "__name__", "blocked"))
+
+
+def with_pool(fn: Callable[..., Any], spawn: Spawn, workers: int) -> Callable[..., Any]:
+    """``fn`` (a program with blocked runs) run with the pool's ``spawn`` at hand (the backend's hook)."""
+    return _WithSpawn(fn, spawn, workers)
+
+
+# -- compiling: runs found in a program and replaced by one step each ----------------------
+class BlockedOp(OpDef):
+    """The op of a blocked step: its kernel is a :class:`BlockedRun` (pickled with it)."""
+
+    __slots__ = ("run", "weight")
+
+    def __init__(self, run: BlockedRun, weight: float) -> None:
+        def blocked(*inputs: Any) -> None:
+            """An element-wise run evaluated in cache-sized blocks."""
+
+        super().__init__(
+            cast("Any", blocked), run, data=0, cost=Cost.MATH, plain=True, returns="one", blas=False, user=False
+        )
+        self.run = run
+        #: ns per output byte, the run's ops' estimate summed (``_compile.program_cost``).
+        self.weight = weight
+
+    def __reduce__(self) -> Any:
+        return BlockedOp, (self.run, self.weight)
+
+
+def _eligible(d: OpDef, templates: tuple[Any, ...], kwargs: Any, checked: int) -> bool:
+    # One ufunc of one output on values and scalar constants (what a block can be fed).
+    if not d.ufunc or kwargs or checked or type(d) is not OpDef:
+        return False
+    kernel = d.kernel_for(np)
+    if not isinstance(kernel, np.ufunc) or kernel.nout != 1:
+        return False
+    return all(type(t) is Ref or type(t) in _SCALARS or isinstance(t, _generic) for t in templates)
+
+
+def block_runs(program: Program, leaves: list[Any]) -> Program:
+    """``program`` with each run of element-wise steps over its largest leaves made one blocked step.
+
+    A run is a tree of eligible steps (one ufunc, on values and scalar constants) whose
+    values only the run reads, ending at a step whose value anything may read. Programs
+    on leaves under :data:`MIN_ITEMS` elements, or with no run of two steps or more,
+    are returned as they are. (Steps of a run on small values alone, such as
+    ``std + 1e-8``, run once per call, not per block: see :class:`_Layout`.)
+    """
+    nleaves = program.nleaves
+    sizes = [math.prod(getattr(t, "_shape", np.shape(t))) for t in leaves]
+    if program.xp != "numpy" or not sizes or max(sizes) < MIN_ITEMS:
+        return program
+    steps = program.steps
+    nsteps = len(steps)
+    roots = set(program.roots)
+    readers: dict[int, set[int]] = {}
+    for k, (_, templates, kwargs, _, _) in enumerate(steps):
+        for t in (*templates, *(kwargs or {}).values()):
+            for e in t if type(t) in (list, tuple) else (t,):
+                if type(e) is Ref:
+                    readers.setdefault(e.slot, set()).add(k)
+    eligible = [_eligible(d, templates, kwargs, checked) for d, templates, kwargs, checked, _ in steps]
+    # Reverse sweep: a step joins the run of its readers when they are all in one run.
+    run_of: list[int] = [-1] * nsteps
+    for k in range(nsteps - 1, -1, -1):
+        if not eligible[k]:
+            continue
+        slot = nleaves + k
+        owners = {run_of[r] for r in readers.get(slot, ())}
+        if slot not in roots and len(owners) == 1 and -1 not in owners:
+            run_of[k] = owners.pop()
+        else:
+            run_of[k] = k  # the end of a run
+    members: dict[int, list[int]] = {}
+    for k in range(nsteps):
+        if run_of[k] >= 0:
+            members.setdefault(run_of[k], []).append(k)
+    runs = {end: ks for end, ks in members.items() if len(ks) > 1}
+    if not runs:
+        return program
+    return _rewrite(program, runs, run_of)
+
+
+def _rewrite(program: Program, runs: dict[int, list[int]], run_of: list[int]) -> Program:
+    nleaves = program.nleaves
+    steps = program.steps
+    new_slot: dict[int, int] = {i: i for i in range(nleaves)}
+    out: list[tuple[OpDef, tuple[Any, ...], Any, int]] = []
+
+    def ref(slot: int) -> Ref:
+        return Ref(new_slot[slot])
+
+    for k, (d, templates, kwargs, checked, _) in enumerate(steps):
+        end = run_of[k]
+        if end >= 0 and end in runs:
+            if end != k:
+                continue  # made by the run's step, at its end
+            step = _run_step(program, runs[k], new_slot)
+        else:
+            step = (
+                d,
+                _remap(templates, new_slot),
+                None if not kwargs else {name: _remap_one(v, new_slot) for name, v in kwargs.items()},
+                checked,
+            )
+        new_slot[nleaves + k] = nleaves + len(out)
+        out.append(step)
+    roots = [new_slot[r] for r in program.roots]
+    # Each intermediate dropped after its last reader, as compile_program does.
+    last: dict[int, int] = {}
+    for i, (_, templates, kwargs, _) in enumerate(out):
+        for t in (*templates, *(kwargs or {}).values()):
+            for e in t if type(t) in (list, tuple) else (t,):
+                if type(e) is Ref:
+                    last[e.slot] = i
+    drops: list[tuple[int, ...]] = [() for _ in out]
+    keep = set(roots)
+    for s, i in last.items():
+        if s >= nleaves and s not in keep:
+            drops[i] = (*drops[i], s)
+    rewritten = Program([(*s, drops[i]) for i, s in enumerate(out)], roots, nleaves, program.xp)
+    rewritten.spawning = with_pool
+    return rewritten
+
+
+def _remap_one(t: Any, new_slot: dict[int, int]) -> Any:
+    if type(t) is Ref:
+        return Ref(new_slot[t.slot])
+    if type(t) in (list, tuple):
+        return type(t)(_remap_one(e, new_slot) for e in t)
+    return t
+
+
+def _remap(templates: tuple[Any, ...], new_slot: dict[int, int]) -> tuple[Any, ...]:
+    return tuple(_remap_one(t, new_slot) for t in templates)
+
+
+def _run_step(program: Program, ks: list[int], new_slot: dict[int, int]) -> tuple[OpDef, tuple[Any, ...], Any, int]:
+    # The blocked step of the run made of steps ``ks`` (in program order, the last its end).
+    nleaves = program.nleaves
+    steps = program.steps
+    inside = {nleaves + k: j for j, k in enumerate(ks)}
+    inputs: dict[int, int] = {}  # old slot -> input index
+    consts: list[Any] = []
+    raw: list[tuple[OpDef, list[tuple[str, Any]]]] = []
+    weight = 0.0
+    for k in ks:
+        d, templates, _, _, _ = steps[k]
+        args: list[tuple[str, Any]] = []
+        for t in templates:
+            if type(t) is Ref:
+                if t.slot in inside:
+                    args.append(("op", inside[t.slot]))
+                else:
+                    args.append(("in", inputs.setdefault(t.slot, len(inputs))))
+            else:
+                args.append(("const", len(consts)))
+                consts.append(t)
+        raw.append((d, args))
+        weight += _WEIGHT * PER_BYTE[d.cost]
+    nin, nconst = len(inputs), len(consts)
+    base = {"in": 0, "const": nin, "op": nin + nconst}
+    ops = tuple((d, tuple(base[kind] + i for kind, i in args)) for d, args in raw)
+    d = BlockedOp(BlockedRun(ops, nin, tuple(consts)), weight)
+    templates = tuple(Ref(new_slot[s]) for s in inputs)
+    return d, templates, None, 0

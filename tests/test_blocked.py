@@ -1,0 +1,328 @@
+"""Blocked evaluation of element-wise runs (``_blocked``): bit for bit the op-by-op path.
+
+Each expression is evaluated twice in one session, once with blocking on (block and
+threshold sizes lowered, so that small arrays take many blocks and a ragged last
+one) and once with it off (the op-by-op program), and the two outcomes compared: the
+result's dtype, shape and bytes, or the error's type and message, and the warnings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aiotensor as at
+from aiotensor import _blocked, _compile
+from aiotensor._expr import Expr
+from aiotensor._opdef import OPS
+
+UNARY = sorted(n for n, d in OPS.items() if d.ufunc and d.data == 1)
+BINARY = sorted(n for n, d in OPS.items() if d.ufunc and d.data == 2)
+DTYPES = ["bool", "int8", "uint8", "int32", "int64", "float16", "float32", "float64", "complex128"]
+
+
+@pytest.fixture
+def blocking(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bool], None]]:
+    """Turn blocking on (small blocks: 96 items, runs from 256) or off; no program cached across."""
+
+    def switch(on: bool) -> None:
+        monkeypatch.setattr(_blocked, "MIN_ITEMS", 256 if on else 1 << 62)
+        monkeypatch.setattr(_blocked, "BLOCK_ITEMS", 96)
+        _compile._CACHE.clear()
+
+    yield switch
+    _compile._CACHE.clear()
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the blocked runs (layouts run), so that a test knows the blocked path ran."""
+    seen: list[int] = []
+    real = _blocked._Layout.run
+
+    def run(self: Any, inputs: Any, flagged: Any) -> Any:
+        seen.append(1)
+        return real(self, inputs, flagged)
+
+    monkeypatch.setattr(_blocked._Layout, "run", run)
+    return seen
+
+
+def _values(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
+    # Values with the awkward cases of each kind: zeros (division), extremes (overflow),
+    # NaN, infinities and negatives (invalid) for floats.
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        flat = rng.integers(0, 2, n).astype(bool)
+    elif dt.kind in "iu":
+        info = np.iinfo(dt)
+        flat = rng.integers(max(info.min, -200), min(info.max, 200), n, endpoint=True).astype(dt)
+        flat[::7] = 0
+        flat[3::11] = info.max
+        flat[5::13] = info.min
+    else:
+        flat = (rng.standard_normal(n) * 4).astype(dt)
+        if dt.kind == "c":
+            flat = flat + 1j * rng.standard_normal(n).astype(dt)
+        specials = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 6e4, -3.5], dtype=dt)
+        flat[: min(n, 7)] = specials[: min(n, 7)]
+        flat[::9] = 0
+    return flat.reshape(shape)
+
+
+async def _outcome(make: Callable[[], Expr]) -> tuple[Any, ...]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            value = await make().eval()
+            got: tuple[Any, ...] = ("ok", value.dtype, value.shape, np.ascontiguousarray(value).tobytes())
+        except Exception as exc:
+            got = ("error", type(exc), str(exc))
+    return (*got, [(w.category, str(w.message)) for w in caught])
+
+
+async def _both(blocking: Callable[[bool], None], make: Callable[[], Expr]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    blocking(True)
+    blocked = await _outcome(make)
+    blocking(False)
+    plain = await _outcome(make)
+    return blocked, plain
+
+
+def _run(name: str, *args: Any) -> Expr:
+    return Expr(OPS[name], args, None, None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_every_op_and_dtype_agrees_bit_for_bit(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int], dtype: str
+) -> None:
+    x = await s.constant(_values(dtype, (37, 29), 1))
+    others = {
+        "same shape": await s.constant(_values(dtype, (37, 29), 2)),
+        "row": await s.constant(_values(dtype, (29,), 3)),
+        "column": await s.constant(_values(dtype, (37, 1), 4)),
+        "0-d": await s.constant(_values(dtype, (), 5)),
+    }
+    with np.errstate(all="ignore"):
+        for name in UNARY:
+            for label, y in others.items():
+                blocked, plain = await _both(blocking, lambda n=name, y=y: _run(n, _run("add", x, y)))
+                assert blocked == plain, (name, dtype, label)
+            blocked, plain = await _both(blocking, lambda n=name: _run(n, _run(n, x)))
+            assert blocked == plain, (name, dtype)
+        for name in BINARY:
+            for label, y in others.items():
+                blocked, plain = await _both(blocking, lambda n=name, y=y: _run(n, _run(n, x, y), y))
+                assert blocked == plain, (name, dtype, label)
+                blocked, plain = await _both(blocking, lambda n=name, y=y: _run(n, 2.5, _run(n, y, _run(n, x, 3))))
+                assert blocked == plain, (name, dtype, label, "python scalars")
+    assert runs  # the blocked path ran (and gave the op-by-op values)
+
+
+@pytest.mark.parametrize(
+    ("xdtype", "ydtype"),
+    [("int8", "float32"), ("uint8", "int64"), ("float16", "float64"), ("bool", "int32"), ("int32", "float32")],
+)
+async def test_mixed_dtypes_promote_as_op_by_op(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int], xdtype: str, ydtype: str
+) -> None:
+    x = await s.constant(_values(xdtype, (40, 30), 6))
+    y = await s.constant(_values(ydtype, (30,), 7))
+    with np.errstate(all="ignore"):
+        for make in (
+            lambda: (x * 3 + y) * 0.5 - x,
+            lambda: (x + 1) / (y - 2) + x * 100,
+            lambda: _run("maximum", x * 2, y) ** 2,
+        ):
+            blocked, plain = await _both(blocking, make)
+            assert blocked == plain
+    assert runs
+
+
+@pytest.mark.parametrize("shape", [(1001,), (37, 29), (5, 7, 11), (0, 29), (), (1, 500), (500, 1)])
+async def test_shapes_not_multiples_of_the_block_and_degenerate_ones(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], shape: tuple[int, ...]
+) -> None:
+    x = await s.constant(_values("float32", shape, 8))
+    row = await s.constant(_values("float32", shape[-1:], 9))
+    col = await s.constant(_values("float32", (*shape[:1], *([1] * (len(shape) - 1))), 10))
+    with np.errstate(all="ignore"):
+        for make in (
+            lambda: ((x * 2.0 + 1.0) * x - 3.0) / 2.0,
+            lambda: (x - row) * col + 1.5,
+            lambda: abs(x * row) + col * 2,
+        ):
+            blocked, plain = await _both(blocking, make)
+            assert blocked == plain
+            assert blocked[0] == "ok"
+
+
+async def test_non_contiguous_inputs(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int]
+) -> None:
+    x = await s.constant(_values("float64", (40, 60), 11))
+    with np.errstate(all="ignore"):
+        for make in (
+            lambda: (x.T * 2.0 + 1.0) * x.T,  # a transposed view read by the run
+            lambda: (x[:, ::3] - 1.0) * x[:, 1::3],  # strided slices
+            lambda: _run("exp", x[::2].T) + x[1::2].T / 3.0,
+        ):
+            blocked, plain = await _both(blocking, make)
+            assert blocked == plain
+            assert blocked[0] == "ok"
+    assert runs
+
+
+async def test_the_standardization_keeps_numpy_values(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int]
+) -> None:
+    v = _values("float32", (300, 17), 12)
+    x = await s.constant(v)
+    blocked, plain = await _both(blocking, lambda: (x - x.mean(axis=0)) / (x.std(axis=0) + 1e-8))
+    assert blocked == plain
+    with np.errstate(all="ignore"):
+        want = (v - v.mean(axis=0)) / (v.std(axis=0) + 1e-8)
+    assert blocked[3] == want.tobytes()
+    assert runs
+
+
+@pytest.mark.parametrize("mode", ["warn", "raise", "ignore", "call"])
+async def test_warnings_and_errors_follow_errstate_as_op_by_op(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], mode: str
+) -> None:
+    f = await s.constant(_values("float32", (40, 30), 13))
+    i = await s.constant(_values("int32", (40, 30), 14))
+    calls: list[str] = []
+    handler: dict[str, Any] = {"call": lambda kind, flag: calls.append(kind)} if mode == "call" else {}
+    with np.errstate(all=mode, **handler):  # type: ignore[arg-type]
+        for make in (
+            lambda: (f / 0.0) + 1.0,  # divide by zero (and invalid: 0 / 0)
+            lambda: _run("sqrt", f - 10.0) * 2.0,  # invalid
+            lambda: (f * 1e38) * 10.0,  # overflow
+            lambda: (i // 0) + 1,  # integer division by zero
+            lambda: (i * 100000) * 100000 + 1,  # integer overflow wraps, silently
+        ):
+            calls.clear()
+            blocking(True)
+            blocked = await _outcome(make)
+            blocked_calls = list(calls)
+            calls.clear()
+            blocking(False)
+            plain = await _outcome(make)
+            assert blocked == plain  # the same result or error, and the same warnings in the same order
+            assert blocked_calls == calls  # errstate's callback called as often, with the same kinds
+
+
+async def test_the_blocked_program_pickles(s: at.AsyncEagerSession, blocking: Callable[[bool], None]) -> None:
+    from aiotensor._engine import _is_tensor
+
+    blocking(True)
+    x = await s.constant(np.linspace(-3.0, 3.0, 900).reshape(30, 30))
+    e = (x * 2.0 + 1.0) / 3.0 - x
+    program, _, _ = _compile.compiled(e, _is_tensor, "numpy", Expr)
+    assert [st[0].name for st in program.steps] == ["blocked"]
+    again = pickle.loads(pickle.dumps(program))
+    arr = s._engine.peek(x)  # type: ignore[attr-defined]
+    assert again(arr).tobytes() == program.fresh()(arr).tobytes()
+    await e  # (evaluated: no warning)
+
+
+async def test_large_runs_split_over_the_pool_with_the_same_values(
+    s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch, runs: list[int]
+) -> None:
+    split: list[int] = []
+    real = _blocked._aligned
+
+    def aligned(rows: int, parts: int, h: int) -> Any:
+        split.append(parts)
+        return real(rows, parts, h)
+
+    monkeypatch.setattr(_blocked, "_aligned", aligned)
+    monkeypatch.setattr(_blocked, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(_blocked, "_PART_BYTES", 1 << 12)
+    _compile._CACHE.clear()
+    v = np.random.default_rng(16).standard_normal((600, 301))
+    x = await s.constant(v)
+    row = await s.constant(v[0] + 1)
+    got = await (((x * 2.0 + 1.0) * x - row) / 3.0 + x).eval()
+    with np.errstate(all="ignore"):
+        want = ((v * 2.0 + 1.0) * v - (v[0] + 1)) / 3.0 + v
+    assert got.tobytes() == want.tobytes()
+    assert runs
+    assert split  # shared out between the workers
+
+
+async def test_cancelling_a_split_run_leaks_nothing(
+    strategy: at.ResourceCleanupStrategy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    real = _blocked._Layout._rows
+
+    def rows(self: Any, *args: Any) -> None:
+        started.set()
+        release.wait(5.0)
+        real(self, *args)
+
+    monkeypatch.setattr(_blocked._Layout, "_rows", rows)
+    monkeypatch.setattr(_blocked, "SPLIT_MIN_BYTES", 0)
+    _compile._CACHE.clear()
+    v = np.random.default_rng(17).standard_normal((1024, 512)).astype(np.float32)
+    async with at.AsyncEagerSession(cleanup=strategy) as s:
+        x = await s.constant(v)
+        before = s.stats()
+        task = asyncio.create_task(_awaited(((x * 2.0 + 1.0) * x - 3.0) / 2.0))
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+        task.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with asyncio.timeout(5.0):
+            while s.stats().live_bytes != before.live_bytes or s.stats().pending:
+                await asyncio.sleep(0.005)
+        assert s.stats().live_tensors == before.live_tensors
+        got = await (((x * 2.0 + 1.0) * x - 3.0) / 2.0).eval()  # and the next run is whole
+        assert got.tobytes() == (((v * 2.0 + 1.0) * v - 3.0) / 2.0).tobytes()
+        del x
+    assert s.stats().live_bytes == 0
+
+
+async def _awaited(e: Expr) -> Any:
+    return await e
+
+
+async def test_a_run_whose_intermediates_would_not_fit_the_memory_limit_runs_blocked(
+    blocking: Callable[[bool], None],
+) -> None:
+    v = np.random.default_rng(18).standard_normal((128, 128))  # 128 KiB
+    config = at.SessionConfig(memory_limit=int(v.nbytes * 2.5))
+    for on in (True, False):
+        async with at.AsyncEagerSession(config=config) as s:
+            x = await s.constant(v)
+            blocking(on)
+            e = (x * 2.0) * (x + 1.0) - (x * 3.0)
+            if on:
+                got = await e.eval()
+                assert got.tobytes() == ((v * 2.0) * (v + 1.0) - (v * 3.0)).tobytes()
+            else:  # op by op, two full-size intermediates and the result do not fit
+                with pytest.raises(at.ResourceExhaustedError):
+                    await e
+            del x
+
+
+def test_the_measured_constants_are_in_aiotensor_info() -> None:
+    from aiotensor._cli import collect_info
+
+    info = collect_info()
+    assert info["blocked"] == _blocked.settings()
+    assert info["blocked"]["block_items"] == _blocked.BLOCK_ITEMS
