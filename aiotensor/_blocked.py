@@ -50,14 +50,14 @@ __all__ = ["BLOCK_ITEMS", "MIN_ITEMS", "SPLIT_MIN_BYTES", "BlockedOp", "BlockedR
 
 #: Output elements per block. Measured on the 10-op float32 chain (``benchmarks/bench_blocked.py
 #: --calibrate``): see docs/performance.md, "Blocked evaluation".
-BLOCK_ITEMS = 16384
+BLOCK_ITEMS = 65536
 #: Output elements from which a run is evaluated in blocks (below: op by op, which the
 #: in-place reuse of dying intermediates already keeps in cache).
 MIN_ITEMS = 1 << 16
 #: Output bytes from which a blocked run on the pool shares its blocks with the other workers.
-SPLIT_MIN_BYTES = 1 << 20
+SPLIT_MIN_BYTES = 32 << 20
 #: Output bytes per part handed to a participant of a split run.
-_PART_BYTES = 1 << 20
+_PART_BYTES = 4 << 20
 
 #: A blocked op's estimate, in arrays touched per output element at ``_cost.PER_BYTE``'s
 #: rates (op by op it is inputs + output, 3 for a binary op): a block stays in cache.
