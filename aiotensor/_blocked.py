@@ -40,13 +40,24 @@ from typing import Any, cast
 
 import numpy as np
 
+from ._blocked_var import VARIANCE, blocked_variance
 from ._chunked import Spawn, _Blocks
 from ._cost import PER_BYTE
 from ._kernels import NUMERIC_KINDS, kernel_error
 from ._opdef import Cost, OpDef
 from ._program import Program, Ref
 
-__all__ = ["BLOCK_ITEMS", "MIN_ITEMS", "SPLIT_MIN_BYTES", "BlockedOp", "BlockedRun", "block_runs", "settings"]
+__all__ = [
+    "BLOCK_ITEMS",
+    "MIN_ITEMS",
+    "SPLIT_MIN_BYTES",
+    "BlockedOp",
+    "BlockedRun",
+    "block_runs",
+    "result_buffer",
+    "settings",
+    "with_pool",
+]
 
 #: Output elements per block. Measured on the 10-op float32 chain (``benchmarks/bench_blocked.py
 #: --calibrate``): see docs/performance.md, "Blocked evaluation".
@@ -67,6 +78,8 @@ _generic = np.generic
 _SCALARS = (int, float, bool, complex)
 #: The pool a kernel running on a worker may hand blocks to: (spawn, workers); set by :class:`_WithSpawn`.
 _POOL: contextvars.ContextVar[tuple[Spawn, int] | None] = contextvars.ContextVar("aiotensor_blocked_pool", default=None)
+#: A recycled buffer the run that makes an array of its shape and dtype writes into (then None).
+_OUT: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("aiotensor_blocked_out", default=None)
 
 
 def settings() -> dict[str, int]:
@@ -239,7 +252,12 @@ class _Layout:
 
         vals = list(self.template)
         vals[: len(inputs)] = inputs
-        out = np.empty(self.oshape, self.out_dtype)
+        holder = _OUT.get()
+        out = holder[0] if holder else None
+        if out is not None and out.shape == self.oshape and out.dtype == self.out_dtype:
+            holder[0] = None  # type: ignore[index]
+        else:
+            out = np.empty(self.oshape, self.out_dtype)
         rows = self.oshape[0]
         pool = _POOL.get()
         with np.errstate(call=record, **watch):  # type: ignore[arg-type]
@@ -317,16 +335,35 @@ class _WithSpawn:
         self.spawn = spawn
         self.workers = workers
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, out: Any = None) -> Any:
         token = _POOL.set((self.spawn, self.workers))
+        given = _OUT.set([out])
         try:
-            return self.fn(*args, **kwargs)
+            return self.fn(*args)
         finally:
+            _OUT.reset(given)
             _POOL.reset(token)
 
     @property
     def __name__(self) -> str:  # how backends name the task
         return str(getattr(self.fn, "__name__", "blocked"))
+
+
+def result_buffer(cache: Any, bufs: tuple[Any, ...]) -> dict[str, Any]:
+    """``{"out": buffer}``: a recycled buffer of the largest input's shape and dtype, or ``{}``.
+
+    Call on the loop thread (the session's cache is confined to it) for a program with
+    blocked runs going to the pool: the run whose result has exactly that shape and
+    dtype (an element-wise formula over same-shaped arrays) writes into it, as a single
+    op writes into the buffer ``_allocator.out_for`` finds. An unused buffer is freed.
+    """
+    if cache is None or not cache.cached_bytes:
+        return {}
+    largest = max((b for b in bufs if type(b) is _ndarray), key=lambda b: b.nbytes, default=None)
+    if largest is None or largest.nbytes < cache.min_bytes:
+        return {}
+    found = cache.take(largest.shape, largest.dtype)
+    return {} if found is None else {"out": found}
 
 
 def with_pool(fn: Callable[..., Any], spawn: Spawn, workers: int) -> Callable[..., Any]:
@@ -404,7 +441,7 @@ def block_runs(program: Program, leaves: list[Any]) -> Program:
         if run_of[k] >= 0:
             members.setdefault(run_of[k], []).append(k)
     runs = {end: ks for end, ks in members.items() if len(ks) > 1}
-    if not runs:
+    if not runs and not any(step[0].name in VARIANCE for step in steps):
         return program
     return _rewrite(program, runs, run_of)
 
@@ -415,9 +452,6 @@ def _rewrite(program: Program, runs: dict[int, list[int]], run_of: list[int]) ->
     new_slot: dict[int, int] = {i: i for i in range(nleaves)}
     out: list[tuple[OpDef, tuple[Any, ...], Any, int]] = []
 
-    def ref(slot: int) -> Ref:
-        return Ref(new_slot[slot])
-
     for k, (d, templates, kwargs, checked, _) in enumerate(steps):
         end = run_of[k]
         if end >= 0 and end in runs:
@@ -426,7 +460,7 @@ def _rewrite(program: Program, runs: dict[int, list[int]], run_of: list[int]) ->
             step = _run_step(program, runs[k], new_slot)
         else:
             step = (
-                d,
+                blocked_variance(d),  # var and std over axis 0 in blocks too (_blocked_var)
                 _remap(templates, new_slot),
                 None if not kwargs else {name: _remap_one(v, new_slot) for name, v in kwargs.items()},
                 checked,
@@ -447,7 +481,7 @@ def _rewrite(program: Program, runs: dict[int, list[int]], run_of: list[int]) ->
         if s >= nleaves and s not in keep:
             drops[i] = (*drops[i], s)
     rewritten = Program([(*s, drops[i]) for i, s in enumerate(out)], roots, nleaves, program.xp)
-    rewritten.spawning = with_pool
+    rewritten.spawning = with_pool if runs else None
     return rewritten
 
 
