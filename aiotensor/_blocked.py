@@ -216,10 +216,12 @@ class _Layout:
         self.hoisted = [(run.ufuncs[k], run.ops[k][1], nbase + k) for k in range(n) if not varies[nbase + k]]
         self.out_dtype = dtypes[-1]
         self.template: list[Any] = [None] * run.nin + [*run.consts] + [None] * n
-        # The loop: (ufunc, args, scratch index or -1 for the result, value slot) per op
-        # that varies. Ops whose values do not overlap in time share a scratch buffer (an
-        # op may write over an input that dies there).
-        free: dict[Any, list[int]] = {}
+        # The loop: (ufunc, args, scratch index or -1 for the result's block, value slot)
+        # per op that varies. Ops whose values do not overlap in time share a buffer (an
+        # op may write over an input that dies there: same shape and dtype, in place).
+        # The result's own block is one of them (-1), taken first: a chain of ops on
+        # arrays of the result's dtype runs in place in it, in cache, with no scratch.
+        free: dict[Any, list[int]] = {((h, *oshape[1:]), dtypes[-1]): [-1]}
         buf_of: dict[int, int] = {}
         self.loop: list[tuple[Any, tuple[int, ...], int, int]] = []
         self.scratch: list[tuple[tuple[int, ...], np.dtype[Any]]] = []
