@@ -71,8 +71,10 @@ SPLIT_MIN_BYTES = 32 << 20
 _PART_BYTES = 4 << 20
 
 #: A blocked op's estimate, in arrays touched per output element at ``_cost.PER_BYTE``'s
-#: rates (op by op it is inputs + output, 3 for a binary op): a block stays in cache.
-_WEIGHT = 2.0
+#: rates (op by op it is inputs + output, 3 for a binary op). Measured: the 10-op chain
+#: on 256x256 float32 in one block took 43 µs (numpy's chain 38 µs), 0.016 ns per byte
+#: and op, 0.55x ``PER_BYTE[MEMORY]``: a block stays in cache. So that run is inline.
+_WEIGHT = 0.6
 _ndarray = np.ndarray
 _generic = np.generic
 _SCALARS = (int, float, bool, complex)

@@ -326,7 +326,7 @@ async def test_cancelling_a_split_run_leaks_nothing(
     monkeypatch.setattr(_blocked._Layout, "_rows", rows)
     monkeypatch.setattr(_blocked, "SPLIT_MIN_BYTES", 0)
     _compile._CACHE.clear()
-    v = np.random.default_rng(17).standard_normal((1024, 512)).astype(np.float32)
+    v = np.random.default_rng(17).standard_normal((2048, 1024)).astype(np.float32)  # runs on the pool
     async with at.AsyncEagerSession(cleanup=strategy) as s:
         x = await s.constant(v)
         before = s.stats()
