@@ -43,6 +43,7 @@ import numpy as np
 from ._blocked_var import VARIANCE, blocked_variance
 from ._chunked import Spawn, _Blocks
 from ._cost import PER_BYTE
+from ._errors import AioTensorError
 from ._kernels import NUMERIC_KINDS, kernel_error
 from ._opdef import Cost, OpDef
 from ._program import Program, Ref
@@ -62,9 +63,15 @@ __all__ = [
 #: Output elements per block. Measured on the 10-op float32 chain (``benchmarks/bench_blocked.py
 #: --calibrate``): see docs/performance.md, "Blocked evaluation".
 BLOCK_ITEMS = 65536
-#: Output elements from which a run is evaluated in blocks (below: op by op, which the
-#: in-place reuse of dying intermediates already keeps in cache).
+#: Output elements from which a run is one step (below: the op-by-op program).
 MIN_ITEMS = 1 << 16
+#: Output elements from which a run is cut in blocks; below, a run that can compute in
+#: place in its result alone is one block, each op once over the whole arrays. Measured
+#: (``benchmarks/bench_blocked.py --calibrate``): blocks lose to that up to 1024x1024
+#: float32 (0.87x against 0.71x numpy's chain), tie at 2048x2048 (0.39x, 0.40x) and win
+#: past the 32 MiB last-level cache (2896x2896 0.38x against 0.50x, 4096x4096 0.21x
+#: against 0.42x).
+BLOCK_FROM_ITEMS = 1 << 22
 #: Output bytes from which a blocked run on the pool shares its blocks with the other workers.
 SPLIT_MIN_BYTES = 32 << 20
 #: Output bytes per part handed to a participant of a split run.
@@ -86,7 +93,12 @@ _OUT: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("aiotens
 
 def settings() -> dict[str, int]:
     """The measured constants, for ``aiotensor info``."""
-    return {"block_items": BLOCK_ITEMS, "min_items": MIN_ITEMS, "split_min_bytes": SPLIT_MIN_BYTES}
+    return {
+        "block_items": BLOCK_ITEMS,
+        "min_items": MIN_ITEMS,
+        "block_from_items": BLOCK_FROM_ITEMS,
+        "split_min_bytes": SPLIT_MIN_BYTES,
+    }
 
 
 class BlockedRun:
@@ -155,6 +167,8 @@ class BlockedRun:
         flagged: list[str] = []
         try:
             out = layout.run(inputs, flagged)
+        except AioTensorError:  # an op of a one-block run failed: its error, as op by op
+            raise
         except Exception:  # op by op raises numpy's own error, naming its op
             return self.op_by_op(inputs)
         if flagged:  # numpy's warnings (or errors), as the caller's errstate says
@@ -175,17 +189,22 @@ class BlockedRun:
         if not oshape or size < MIN_ITEMS:
             return None
         rows = oshape[0]
-        h = min(rows, max(1, BLOCK_ITEMS // (size // rows)))  # one block: the ops still share scratch
         dtypes = self._dtypes(inputs)
         if dtypes is None:
             return None
-        return _Layout(self, shapes, [len(s) == len(oshape) and s[0] == rows for s in shapes], oshape, h, dtypes)
+        sliced = [len(s) == len(oshape) and s[0] == rows for s in shapes]
+        h = min(rows, max(1, BLOCK_ITEMS // (size // rows)))
+        if size < BLOCK_FROM_ITEMS:
+            whole = _Layout(self, shapes, sliced, oshape, rows, dtypes)
+            if not whole.scratch:  # in place in the result alone (else: blocks, so scratch stays small)
+                return whole
+        return _Layout(self, shapes, sliced, oshape, h, dtypes)
 
 
 class _Layout:
     """A run on inputs of given shapes and dtypes: block shapes, scratch buffers, ops hoisted out of the loop."""
 
-    __slots__ = ("h", "hoisted", "loop", "oshape", "out_dtype", "run_", "scratch", "sliced", "template")
+    __slots__ = ("buffer_of", "h", "hoisted", "loop", "oshape", "out_dtype", "run_", "scratch", "sliced", "template")
 
     def __init__(
         self,
@@ -246,6 +265,8 @@ class _Layout:
                 self.scratch.append(spec)
             buf_of[slot] = buf
             self.loop.append((run.ufuncs[k], args, buf, slot))
+        #: Per op: its buffer (-1: the result, -2: none, hoisted), for _whole.
+        self.buffer_of = [buf_of.get(nbase + k, -1 if varies[nbase + k] else -2) for k in range(n)]
 
     def run(self, inputs: tuple[Any, ...], flagged: list[str]) -> Any:
         """The result, computed in blocks; floating-point flags raised go to ``flagged``."""
@@ -263,6 +284,9 @@ class _Layout:
         else:
             out = np.empty(self.oshape, self.out_dtype)
         rows = self.oshape[0]
+        if self.h >= rows:  # one block: each op once, as op by op (numpy's own warnings)
+            self._whole(vals, out)
+            return out
         pool = _POOL.get()
         with np.errstate(call=record, **watch):  # type: ignore[arg-type]
             for ufunc, args, slot in self.hoisted:
@@ -289,6 +313,23 @@ class _Layout:
         if blocks.failed:
             raise blocks.failed[0]
         return out
+
+    def _whole(self, vals: list[Any], out: Any) -> None:
+        # The ops in program order on whole arrays, each writing where _rows would.
+        scratch = [np.empty(shape, dtype) for shape, dtype in self.scratch]
+        run = self.run_
+        for k, (d, args) in enumerate(run.ops):
+            buf = self.buffer_of[k]
+            a = [vals[i] for i in args]
+            try:
+                if buf == -2:  # reads whole inputs alone (hoisted out of _rows' loop)
+                    vals[run.nin + len(run.consts) + k] = run.ufuncs[k](*a)
+                else:
+                    dst = out if buf == -1 else scratch[buf]
+                    vals[run.nin + len(run.consts) + k] = run.ufuncs[k](*a, out=dst)
+            except Exception as exc:
+                error = kernel_error(d.name, tuple(a), exc, False)
+                raise error from error.__cause__
 
     def _rows(self, shared: list[Any], out: Any, lo: int, hi: int) -> None:
         # Rows [lo, hi) of the result, block by block, with scratch buffers of this call's own.

@@ -7,7 +7,8 @@ medians): the 10-op float32 chain of ``bench_engine`` at 16 floats, 256x256,
 
 ``python -m benchmarks.bench_blocked`` prints the table; ``--calibrate`` measures the
 block size and the split threshold on the kernel itself (what ``_blocked``'s constants
-come from); ``--write-docs`` also writes ``docs/img/perf_blocked.png`` (ratio vs size).
+come from); ``--write-docs`` also times the chain's kernel alone at more sizes and writes
+``docs/img/perf_blocked.png`` (ratio vs size).
 Without it nothing in the checkout is written.
 """
 
@@ -208,6 +209,21 @@ def calibrate(rounds: int, only_split: bool = False) -> None:
         print(f"{shape} ({value.nbytes:,} bytes): {statistics.median(ratios):.2f}")
 
 
+def kernel_sweep(rounds: int) -> list[tuple[float, float]]:
+    """The compiled chain's kernel alone (one thread, no dispatch) against numpy's chain, per size."""
+    settle_allocator()
+    points = []
+    for n in (64, 128, 256, 512, 1024, 1448, 2048):
+        program, value = _kernel_program((n, n))
+        calls = max(3, int(1e6 // value.size))
+        ratios = []
+        for _ in range(rounds):
+            base = _time(lambda v=value: chain(v), calls)
+            ratios.append(_time(lambda v=value, p=program: p.fresh()(v), calls) / base)
+        points.append((float(value.size), statistics.median(ratios)))
+    return points
+
+
 def main() -> None:
     """Run on asyncio and uvloop and print the table (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -227,7 +243,10 @@ def main() -> None:
         for row in t.rows:
             print(f"  {row.label:48} {row.stat.fmt(1):>28} {row.ratio:6.2f}x")
     if args.write_docs:
-        plot(report.series["blocked"], ROOT / "docs" / "img" / "perf_blocked.png")
+        series = dict(report.series["blocked"])
+        series["kernel alone, one thread (no dispatch)"] = kernel_sweep(args.rounds)
+        print("kernel alone:", "  ".join(f"{int(x)}: {y:.2f}x" for x, y in series[list(series)[-1]]))
+        plot(series, ROOT / "docs" / "img" / "perf_blocked.png")
         print("wrote docs/img/perf_blocked.png")
 
 

@@ -28,13 +28,14 @@ BINARY = sorted(n for n, d in OPS.items() if d.ufunc and d.data == 2)
 DTYPES = ["bool", "int8", "uint8", "int32", "int64", "float16", "float32", "float64", "complex128"]
 
 
-@pytest.fixture
-def blocking(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bool], None]]:
-    """Turn blocking on (small blocks: 96 items, runs from 256) or off; no program cached across."""
+@pytest.fixture(params=["blocks", "one block"])
+def blocking(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[Callable[[bool], None]]:
+    """Turn blocked runs on (runs from 256 items, in blocks of 96 or in one block) or off; no program cached across."""
 
     def switch(on: bool) -> None:
         monkeypatch.setattr(_blocked, "MIN_ITEMS", 256 if on else 1 << 62)
         monkeypatch.setattr(_blocked, "BLOCK_ITEMS", 96)
+        monkeypatch.setattr(_blocked, "BLOCK_FROM_ITEMS", 256 if request.param == "blocks" else 1 << 62)
         monkeypatch.setattr(_blocked_var, "MIN_ITEMS", 256)
         monkeypatch.setattr(_blocked_var, "BLOCK_ITEMS", 96)
         _compile._CACHE.clear()
@@ -299,6 +300,7 @@ async def test_large_runs_split_over_the_pool_with_the_same_values(
 
     monkeypatch.setattr(_blocked, "_aligned", aligned)
     monkeypatch.setattr(_blocked, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(_blocked, "BLOCK_FROM_ITEMS", 0)
     monkeypatch.setattr(_blocked, "_PART_BYTES", 1 << 12)
     _compile._CACHE.clear()
     v = np.random.default_rng(16).standard_normal((600, 301))
@@ -325,6 +327,7 @@ async def test_cancelling_a_split_run_leaks_nothing(
 
     monkeypatch.setattr(_blocked._Layout, "_rows", rows)
     monkeypatch.setattr(_blocked, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(_blocked, "BLOCK_FROM_ITEMS", 0)
     _compile._CACHE.clear()
     v = np.random.default_rng(17).standard_normal((2048, 1024)).astype(np.float32)  # runs on the pool
     async with at.AsyncEagerSession(cleanup=strategy) as s:
