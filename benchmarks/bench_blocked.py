@@ -177,9 +177,10 @@ def calibrate(rounds: int, only_split: bool = False) -> None:
 
     settle_allocator()
     pool = default_executor()
-    chosen = _blocked.BLOCK_ITEMS
+    chosen, threshold = _blocked.BLOCK_ITEMS, _blocked.BLOCK_FROM_ITEMS
     print("block items: ratio to numpy's chain (median over rounds, one thread)")
     for shape in () if only_split else ((1024, 1024), (2048, 2048)):
+        _blocked.BLOCK_FROM_ITEMS = 0  # blocks at every size
         program, value = _kernel_program(shape)
         n = max(3, int(2e6 // value.size))
         row = {}
@@ -194,6 +195,25 @@ def calibrate(rounds: int, only_split: bool = False) -> None:
             row[items] = statistics.median(ratios)
         print(shape, "  ".join(f"{k}: {v:.2f}" for k, v in row.items()))
     _blocked.BLOCK_ITEMS = chosen
+    print("blocks vs one pass per op in place in the result: ratio to numpy's chain (BLOCK_FROM_ITEMS)")
+    for n in () if only_split else (1024, 2048, 2896, 4096):
+        _blocked.BLOCK_FROM_ITEMS = 0
+        blocked, value = _kernel_program((n, n))
+        _blocked.BLOCK_FROM_ITEMS = 1 << 62
+        whole, _ = _kernel_program((n, n))
+        calls = max(3, int(4e6 // value.size))
+        pairs = []
+        for _ in range(rounds):
+            base = _time(lambda v=value: chain(v), calls)
+            pairs.append(
+                (
+                    _time(lambda v=value, p=blocked: p.fresh()(v), calls) / base,
+                    _time(lambda v=value, p=whole: p.fresh()(v), calls) / base,
+                )
+            )
+        blocks, one = (statistics.median(p[i] for p in pairs) for i in (0, 1))
+        print(f"{n}x{n}: blocks {blocks:.2f}, one pass {one:.2f}")
+    _blocked.BLOCK_FROM_ITEMS = threshold
     print("split over the pool's workers vs one worker: ratio (median over rounds)")
     for shape in ((256, 512), (512, 512), (1024, 1024), (2048, 1024), (2048, 2048)):
         program, value = _kernel_program(shape)
@@ -213,7 +233,7 @@ def kernel_sweep(rounds: int) -> list[tuple[float, float]]:
     """The compiled chain's kernel alone (one thread, no dispatch) against numpy's chain, per size."""
     settle_allocator()
     points = []
-    for n in (64, 128, 256, 512, 1024, 1448, 2048):
+    for n in (64, 128, 256, 512, 1024, 1448, 2048, 2896, 4096):
         program, value = _kernel_program((n, n))
         calls = max(3, int(1e6 // value.size))
         ratios = []
