@@ -1,32 +1,37 @@
-"""Runs of element-wise ops evaluated in cache-sized blocks: one pass over memory per run.
+"""Runs of element-wise ops evaluated as one kernel, in cache-sized blocks when large.
 
 numpy evaluates ``((a * 2.0 + 1.0) * a - 3.0) / 2.0`` one op at a time, each op reading
 and writing full-size arrays. An expression is compiled whole, so :func:`block_runs`
 finds each maximal run of element-wise ufunc steps (a tree of them whose
-intermediates nothing else reads) and replaces it with one step, a :class:`BlockedRun`.
-That kernel walks the output in blocks of rows of about :data:`BLOCK_ITEMS` elements:
-each op of the run writes its block into a small scratch buffer that stays in cache
-(buffers are reused from op to op and from block to block), and the last op writes
-into the result. Large runs share their blocks with the other pool workers
-(:data:`SPLIT_MIN_BYTES`).
+intermediates nothing else reads) on leaves of :data:`MIN_ITEMS` elements or more and
+replaces it with one step, a :class:`BlockedRun`. From :data:`BLOCK_FROM_ITEMS`
+elements, that kernel walks the output in blocks of rows of about :data:`BLOCK_ITEMS`
+elements: each op writes its block into the result's own block when it has the
+result's dtype (a chain then runs in place there, in cache) or into a small scratch
+block, buffers reused from op to op and from block to block. Below it, a run that can
+compute in place in its result alone is one block: each op once, over whole arrays.
+Large runs on the pool share their blocks with the other workers
+(:data:`SPLIT_MIN_BYTES`), and write into a buffer the session's cache recycled
+(:func:`result_buffer`).
 
 **Same values.** Every op is the same ufunc on operands of the same dtypes as the
-op-by-op run (each scratch buffer has the dtype the op-by-op intermediate would
-have: :meth:`BlockedRun._dtypes` runs the ops once on 0-d probes, so NEP 50's rules for
+op-by-op run (each buffer has the dtype the op-by-op intermediate would have:
+:meth:`BlockedRun._dtypes` runs the ops once on 0-d probes, so NEP 50's rules for
 Python scalars apply as they do op by op), on the same elements, so each element of
 the result is bit for bit the op-by-op one. Inputs broadcast as numpy does: one whose
 leading axis is the output's is sliced by rows, any other (a row vector, a scalar)
 is read whole by every block; ops that read only whole inputs run once, not per block.
 
-**Same errors and warnings.** Floating-point flags are recorded while the blocks run
+**Same errors and warnings.** Floating-point flags are recorded while blocks run
 (``np.errstate(call=...)`` for each kind the caller does not ignore). When one is
 raised, or anything fails, the blocked result is dropped and the run is evaluated
 again op by op, which gives numpy's own warnings, ``errstate`` behaviour and errors
-(naming the failing op, as the op-by-op program does). Runs too small to gain
-(:data:`MIN_ITEMS`) and shapes that block badly are evaluated op by op too.
+(naming the failing op, as the op-by-op program does). A one-block run calls each
+ufunc once on whole arrays, so its warnings are numpy's as they come. Runs under
+:data:`MIN_ITEMS` and shapes that do not block (0-d, empty) are evaluated op by op.
 
-**Memory.** A blocked run allocates its result and scratch blocks only (at most one
-block per op of the run, per participant), never a full-size intermediate: the
+**Memory.** A run allocates its result and scratch blocks only (block-sized, at most
+one per value alive at once, per participant), never a full-size intermediate: the
 program's budget counts the result alone.
 """
 
@@ -60,19 +65,23 @@ __all__ = [
     "with_pool",
 ]
 
-#: Output elements per block. Measured on the 10-op float32 chain (``benchmarks/bench_blocked.py
-#: --calibrate``): see docs/performance.md, "Blocked evaluation".
+#: Output elements per block (256 KiB of float32: a block and the input rows it reads
+#: stay in the 1 MiB L2). Measured on the 10-op float32 chain at 2048x2048, ratio to
+#: numpy's chain (``python -m benchmarks.bench_blocked --calibrate``): 4096 items 0.98x,
+#: 16384 0.69x, 32768 0.43x, 65536 0.35x, 131072 0.33x (see docs/performance.md).
 BLOCK_ITEMS = 65536
 #: Output elements from which a run is one step (below: the op-by-op program).
 MIN_ITEMS = 1 << 16
 #: Output elements from which a run is cut in blocks; below, a run that can compute in
 #: place in its result alone is one block, each op once over the whole arrays. Measured
-#: (``benchmarks/bench_blocked.py --calibrate``): blocks lose to that up to 1024x1024
-#: float32 (0.87x against 0.71x numpy's chain), tie at 2048x2048 (0.39x, 0.40x) and win
-#: past the 32 MiB last-level cache (2896x2896 0.38x against 0.50x, 4096x4096 0.21x
-#: against 0.42x).
+#: (``--calibrate``): blocks do not beat one pass per op in place below 2048x2048
+#: float32 (1024x1024: 0.65x and 0.66x numpy's chain), and only tie above it with
+#: the machine shared (2048x2048 0.46-0.53x against 0.41-0.48x; 4096x4096 0.40-0.44x
+#: against 0.40-0.43x; once, under heavier load, 0.21x against 0.33x).
 BLOCK_FROM_ITEMS = 1 << 22
-#: Output bytes from which a blocked run on the pool shares its blocks with the other workers.
+#: Output bytes from which a blocked run on the pool shares its blocks with the other
+#: workers. Measured (``--calibrate --only-split``, split time / one worker, blocks):
+#: 1 MiB 1.07-1.15, 4 MiB 0.93-1.12, 16 MiB 0.90-0.99, 32 MiB 0.80-0.91, 64 MiB 0.74-0.81.
 SPLIT_MIN_BYTES = 32 << 20
 #: Output bytes per part handed to a participant of a split run.
 _PART_BYTES = 4 << 20

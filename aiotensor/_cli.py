@@ -285,7 +285,7 @@ def _info(args: argparse.Namespace) -> int:
         "BLAS": blas,
         "memory": f"{info['physical_memory']:,} bytes" if info["physical_memory"] else "unknown",
         "blocked runs": "{block_items} items a block, runs from {min_items} items,"
-        " split from {split_min_bytes:,} bytes".format(**info["blocked"]),
+        " blocks from {block_from_items} items, split from {split_min_bytes:,} bytes".format(**info["blocked"]),
     }
     width = max(map(len, rows))
     for key, value in rows.items():

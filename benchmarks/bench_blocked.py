@@ -214,8 +214,10 @@ def calibrate(rounds: int, only_split: bool = False) -> None:
         blocks, one = (statistics.median(p[i] for p in pairs) for i in (0, 1))
         print(f"{n}x{n}: blocks {blocks:.2f}, one pass {one:.2f}")
     _blocked.BLOCK_FROM_ITEMS = threshold
-    print("split over the pool's workers vs one worker: ratio (median over rounds)")
-    for shape in ((256, 512), (512, 512), (1024, 1024), (2048, 1024), (2048, 2048)):
+    print("split over the pool's workers vs one worker, in blocks: ratio (median over rounds)")
+    split_from = _blocked.SPLIT_MIN_BYTES
+    _blocked.BLOCK_FROM_ITEMS = _blocked.SPLIT_MIN_BYTES = 0
+    for shape in ((512, 512), (1024, 1024), (2048, 1024), (2048, 2048), (4096, 2048), (4096, 4096)):
         program, value = _kernel_program(shape)
         n = max(3, int(2e6 // value.size))
 
@@ -227,6 +229,7 @@ def calibrate(rounds: int, only_split: bool = False) -> None:
 
         ratios = [_time(split, n) / _time(one, n) for _ in range(rounds)]
         print(f"{shape} ({value.nbytes:,} bytes): {statistics.median(ratios):.2f}")
+    _blocked.BLOCK_FROM_ITEMS, _blocked.SPLIT_MIN_BYTES = threshold, split_from
 
 
 def kernel_sweep(rounds: int) -> list[tuple[float, float]]:
