@@ -242,7 +242,7 @@ def collect_info() -> dict[str, Any]:
     import numpy
 
     from ._backend import DEFAULT_PRIORITY, default_executor
-    from ._blocked import settings as blocked_settings
+    from ._blocked_run import settings as blocked_settings
     from ._priority import describe
 
     pool = default_executor()

@@ -27,7 +27,7 @@ import numpy as np
 from . import _defaults
 from ._allocator import out_for
 from ._backend import Backend
-from ._blocked import result_buffer
+from ._blocked_run import result_buffer
 from ._compile import compile_program, compiled, program_cost
 from ._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS, OVERHEAD_NS, PER_BYTE, SLICED_MAX, estimate_us
 from ._errors import (

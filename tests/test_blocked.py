@@ -1,4 +1,4 @@
-"""Blocked evaluation of element-wise runs (``_blocked``): bit for bit the op-by-op path.
+"""Blocked runs (``_blocked``, ``_blocked_run``, ``_blocked_var``): bit for bit the op-by-op path.
 
 Each expression is evaluated twice in one session, once with blocking on (block and
 threshold sizes lowered, so that small arrays take many blocks and a ragged last
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor import _blocked, _blocked_var, _compile
+from aiotensor import _blocked_run, _blocked_var, _compile
 from aiotensor._expr import Expr
 from aiotensor._opdef import OPS
 
@@ -33,9 +33,9 @@ def blocking(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) ->
     """Turn blocked runs on (runs from 256 items, in blocks of 96 or in one block) or off; no program cached across."""
 
     def switch(on: bool) -> None:
-        monkeypatch.setattr(_blocked, "MIN_ITEMS", 256 if on else 1 << 62)
-        monkeypatch.setattr(_blocked, "BLOCK_ITEMS", 96)
-        monkeypatch.setattr(_blocked, "BLOCK_FROM_ITEMS", 256 if request.param == "blocks" else 1 << 62)
+        monkeypatch.setattr(_blocked_run, "MIN_ITEMS", 256 if on else 1 << 62)
+        monkeypatch.setattr(_blocked_run, "BLOCK_ITEMS", 96)
+        monkeypatch.setattr(_blocked_run, "BLOCK_FROM_ITEMS", 256 if request.param == "blocks" else 1 << 62)
         monkeypatch.setattr(_blocked_var, "MIN_ITEMS", 256)
         monkeypatch.setattr(_blocked_var, "BLOCK_ITEMS", 96)
         _compile._CACHE.clear()
@@ -48,13 +48,13 @@ def blocking(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) ->
 def runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the blocked runs (layouts run), so that a test knows the blocked path ran."""
     seen: list[int] = []
-    real = _blocked._Layout.run
+    real = _blocked_run._Layout.run
 
     def run(self: Any, inputs: Any, flagged: Any) -> Any:
         seen.append(1)
         return real(self, inputs, flagged)
 
-    monkeypatch.setattr(_blocked._Layout, "run", run)
+    monkeypatch.setattr(_blocked_run._Layout, "run", run)
     return seen
 
 
@@ -286,22 +286,28 @@ async def test_the_blocked_program_pickles(s: at.AsyncEagerSession, blocking: Ca
     arr = s._engine.peek(x)  # type: ignore[attr-defined]
     assert again(arr).tobytes() == program.fresh()(arr).tobytes()
     await e  # (evaluated: no warning)
+    e = x.std(axis=0) + 1.0
+    program, _, _ = _compile.compiled(e, _is_tensor, "numpy", Expr)
+    assert type(program.steps[0][0]).__name__ == "_VarOp"
+    again = pickle.loads(pickle.dumps(program))
+    assert again(arr).tobytes() == program.fresh()(arr).tobytes() == (np.std(arr, axis=0) + 1.0).tobytes()
+    await e
 
 
 async def test_large_runs_split_over_the_pool_with_the_same_values(
     s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch, runs: list[int]
 ) -> None:
     split: list[int] = []
-    real = _blocked._aligned
+    real = _blocked_run._aligned
 
     def aligned(rows: int, parts: int, h: int) -> Any:
         split.append(parts)
         return real(rows, parts, h)
 
-    monkeypatch.setattr(_blocked, "_aligned", aligned)
-    monkeypatch.setattr(_blocked, "SPLIT_MIN_BYTES", 0)
-    monkeypatch.setattr(_blocked, "BLOCK_FROM_ITEMS", 0)
-    monkeypatch.setattr(_blocked, "_PART_BYTES", 1 << 12)
+    monkeypatch.setattr(_blocked_run, "_aligned", aligned)
+    monkeypatch.setattr(_blocked_run, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(_blocked_run, "BLOCK_FROM_ITEMS", 0)
+    monkeypatch.setattr(_blocked_run, "_PART_BYTES", 1 << 12)
     _compile._CACHE.clear()
     v = np.random.default_rng(16).standard_normal((600, 301))
     x = await s.constant(v)
@@ -318,16 +324,16 @@ async def test_cancelling_a_split_run_leaks_nothing(
     strategy: at.ResourceCleanupStrategy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     started, release = threading.Event(), threading.Event()
-    real = _blocked._Layout._rows
+    real = _blocked_run._Layout._rows
 
     def rows(self: Any, *args: Any) -> None:
         started.set()
         release.wait(5.0)
         real(self, *args)
 
-    monkeypatch.setattr(_blocked._Layout, "_rows", rows)
-    monkeypatch.setattr(_blocked, "SPLIT_MIN_BYTES", 0)
-    monkeypatch.setattr(_blocked, "BLOCK_FROM_ITEMS", 0)
+    monkeypatch.setattr(_blocked_run._Layout, "_rows", rows)
+    monkeypatch.setattr(_blocked_run, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(_blocked_run, "BLOCK_FROM_ITEMS", 0)
     _compile._CACHE.clear()
     v = np.random.default_rng(17).standard_normal((2048, 1024)).astype(np.float32)  # runs on the pool
     async with at.AsyncEagerSession(cleanup=strategy) as s:
@@ -382,5 +388,5 @@ def test_the_measured_constants_are_in_aiotensor_info() -> None:
     from aiotensor._cli import collect_info
 
     info = collect_info()
-    assert info["blocked"] == _blocked.settings()
-    assert info["blocked"]["block_items"] == _blocked.BLOCK_ITEMS
+    assert info["blocked"] == _blocked_run.settings()
+    assert info["blocked"]["block_items"] == _blocked_run.BLOCK_ITEMS
