@@ -80,7 +80,6 @@ _PART_BYTES = 4 << 20
 
 _ndarray = np.ndarray
 _generic = np.generic
-_SCALARS = (int, float, bool, complex)
 #: The pool a kernel running on a worker may hand blocks to: (spawn, workers); set by :class:`_WithSpawn`.
 _POOL: contextvars.ContextVar[tuple[Spawn, int] | None] = contextvars.ContextVar("aiotensor_blocked_pool", default=None)
 #: A recycled buffer the run that makes an array of its shape and dtype writes into (then None).
