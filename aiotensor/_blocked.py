@@ -25,7 +25,7 @@ from ._cost import PER_BYTE
 from ._opdef import Cost, OpDef
 from ._program import Program, Ref
 
-__all__ = ["BlockedOp", "block_runs"]
+__all__ = ["TRAILING", "BlockedOp", "block_runs"]
 
 #: A blocked op's estimate, in arrays touched per output element at ``_cost.PER_BYTE``'s
 #: rates (op by op it is inputs + output, 3 for a binary op). Measured: the 10-op chain
@@ -66,11 +66,30 @@ def _eligible(d: OpDef, templates: tuple[Any, ...], kwargs: Any, checked: int) -
     return all(type(t) is Ref or type(t) in _SCALARS or isinstance(t, _generic) for t in templates)
 
 
+#: Reductions a run may end with (over its last axis: each row is reduced as numpy does).
+TRAILING = frozenset({"sum", "mean", "max", "min"})
+
+
+def _trailing(step: Any) -> bool:
+    # A sum, mean, max or min of one value over one axis, with numpy's own accumulator.
+    d, templates, kwargs, checked, _ = step
+    if d.name not in TRAILING or type(d) is not OpDef or checked or len(templates) != 1:
+        return False
+    if type(templates[0]) is not Ref:
+        return False
+    kwargs = kwargs or {}
+    axis = kwargs.get("axis")
+    if type(axis) is tuple and len(axis) == 1:
+        axis = axis[0]
+    return type(axis) is int and set(kwargs) <= {"axis", "keepdims", "dtype"} and kwargs.get("dtype") is None
+
+
 def block_runs(program: Program, leaves: list[Any]) -> Program:
     """``program`` with each run of element-wise steps over its largest leaves made one blocked step.
 
     A run is a tree of eligible steps (one ufunc, on values and scalar constants) whose
-    values only the run reads, ending at a step whose value anything may read. Programs
+    values only the run reads, ending at a step whose value anything may read, or at a
+    ``sum``, ``mean``, ``max`` or ``min`` over one axis that alone reads it. Programs
     on leaves under ``_blocked_run.MIN_ITEMS`` elements, or with no run of two steps or more,
     are returned as they are. (Steps of a run on small values alone, such as
     ``std + 1e-8``, run once per call, not per block: see :class:`_Layout`.)
@@ -105,6 +124,12 @@ def block_runs(program: Program, leaves: list[Any]) -> Program:
         if run_of[k] >= 0:
             members.setdefault(run_of[k], []).append(k)
     runs = {end: ks for end, ks in members.items() if len(ks) > 1}
+    for end in list(runs):  # a reduction over the last axis reading the run's result alone joins it
+        (k, *others) = readers.get(nleaves + end, {-1})
+        if k >= 0 and not others and nleaves + end not in roots and _trailing(steps[k]):
+            runs[k] = [*runs.pop(end), k]
+            for m in runs[k]:
+                run_of[m] = k
     if not runs and not any(step[0].name in VARIANCE for step in steps):
         return program
     return _rewrite(program, runs, run_of)
@@ -170,6 +195,10 @@ def _run_step(program: Program, ks: list[int], new_slot: dict[int, int]) -> tupl
     consts: list[Any] = []
     raw: list[tuple[OpDef, list[tuple[str, Any]]]] = []
     weight = 0.0
+    reduce = None
+    if steps[ks[-1]][0].name in TRAILING and not steps[ks[-1]][0].ufunc:
+        reduce = (steps[ks[-1]][0], dict(steps[ks[-1]][2] or {}))
+        ks = ks[:-1]
     for k in ks:
         d, templates, _, _, _ = steps[k]
         args: list[tuple[str, Any]] = []
@@ -187,6 +216,6 @@ def _run_step(program: Program, ks: list[int], new_slot: dict[int, int]) -> tupl
     nin, nconst = len(inputs), len(consts)
     base = {"in": 0, "const": nin, "op": nin + nconst}
     ops = tuple((d, tuple(base[kind] + i for kind, i in args)) for d, args in raw)
-    d = BlockedOp(BlockedRun(ops, nin, tuple(consts)), weight)
+    d = BlockedOp(BlockedRun(ops, nin, tuple(consts), reduce), weight)
     templates = tuple(Ref(new_slot[s]) for s in inputs)
     return d, templates, None, 0

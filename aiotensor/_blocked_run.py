@@ -103,17 +103,26 @@ class BlockedRun:
     result of op ``i - nin - len(consts)``. The last op is the run's result.
     """
 
-    __slots__ = ("_memo", "consts", "nin", "ops", "ufuncs")
+    __slots__ = ("_memo", "consts", "nin", "ops", "reduce", "ufuncs")
 
-    def __init__(self, ops: tuple[tuple[OpDef, tuple[int, ...]], ...], nin: int, consts: tuple[Any, ...]) -> None:
+    def __init__(
+        self,
+        ops: tuple[tuple[OpDef, tuple[int, ...]], ...],
+        nin: int,
+        consts: tuple[Any, ...],
+        reduce: tuple[OpDef, dict[str, Any]] | None = None,
+    ) -> None:
         self.ops = ops
         self.nin = nin
         self.consts = consts
+        #: A reduction (``sum``, ``mean``, ``max``, ``min``: op, its keyword args) of the last
+        #: op's value, which the run then returns; blocked over its last axis only.
+        self.reduce = reduce
         self.ufuncs: list[Any] = [d.kernel_for(np) for d, _ in ops]
         self._memo: dict[Any, _Layout | None] = {}  # by the inputs' shapes and dtypes
 
     def __reduce__(self) -> tuple[type[BlockedRun], tuple[Any, ...]]:
-        return BlockedRun, (self.ops, self.nin, self.consts)
+        return BlockedRun, (self.ops, self.nin, self.consts, self.reduce)
 
     # -- op by op: small runs, and the reference for errors and warnings -----------------
     def op_by_op(self, inputs: tuple[Any, ...]) -> Any:
@@ -126,7 +135,14 @@ class BlockedRun:
             except Exception as exc:
                 error = kernel_error(d.name, tuple(a), exc, False)
                 raise error from error.__cause__
-        return vals[-1]
+        if self.reduce is None:
+            return vals[-1]
+        d, kwargs = self.reduce
+        try:
+            return d.kernel_for(np)(vals[-1], **kwargs)
+        except Exception as exc:
+            error = kernel_error(d.name, (vals[-1],), exc, False)
+            raise error from error.__cause__
 
     def _dtypes(self, inputs: tuple[Any, ...]) -> list[np.dtype[Any]] | None:
         # Each op's output dtype, from a run on 0-d probes (numpy 2 types a 0-d array as
@@ -189,6 +205,8 @@ class BlockedRun:
             return None
         sliced = [len(s) == len(oshape) and s[0] == rows for s in shapes]
         h = min(rows, max(1, BLOCK_ITEMS // (size // rows)))
+        if self.reduce is not None:  # blocks (no full-size value), if numpy reduces each row alone
+            return _Layout(self, shapes, sliced, oshape, h, dtypes) if _rowwise(self.reduce, oshape, dtypes) else None
         if size < BLOCK_FROM_ITEMS:
             whole = _Layout(self, shapes, sliced, oshape, rows, dtypes)
             if not whole.scratch:  # in place in the result alone (else: blocks, so scratch stays small)
@@ -196,10 +214,39 @@ class BlockedRun:
         return _Layout(self, shapes, sliced, oshape, h, dtypes)
 
 
+def _rowwise(reduce: tuple[OpDef, dict[str, Any]], oshape: tuple[int, ...], dtypes: list[np.dtype[Any]]) -> bool:
+    # Over the last axis of two or more: numpy reduces each row on its own (pairwise
+    # sums along the contiguous row), so rows of a block give the same values. Sums and
+    # means of float32 and float64 only: numpy accumulates other dtypes in another one.
+    d, kwargs = reduce
+    axis = kwargs.get("axis")
+    axis = axis[0] if type(axis) is tuple else axis
+    if len(oshape) < 2 or axis not in (-1, len(oshape) - 1):
+        return False
+    return dtypes[-1].kind in "biuf" if d.name in ("max", "min") else dtypes[-1] in _FLOATS
+
+
+_FLOATS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
+_REDUCERS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
+
+
 class _Layout:
     """A run on inputs of given shapes and dtypes: block shapes, scratch buffers, ops hoisted out of the loop."""
 
-    __slots__ = ("buffer_of", "h", "hoisted", "loop", "oshape", "out_dtype", "run_", "scratch", "sliced", "template")
+    __slots__ = (
+        "buffer_of",
+        "h",
+        "hoisted",
+        "loop",
+        "oshape",
+        "out_dtype",
+        "reducer",
+        "rshape",
+        "run_",
+        "scratch",
+        "sliced",
+        "template",
+    )
 
     def __init__(
         self,
@@ -231,13 +278,22 @@ class _Layout:
         # Ops on whole inputs alone (``std + 1e-8``): once per call, not per block.
         self.hoisted = [(run.ufuncs[k], run.ops[k][1], nbase + k) for k in range(n) if not varies[nbase + k]]
         self.out_dtype = dtypes[-1]
+        #: With a trailing reduction: (ufunc whose reduce it is, keepdims, count to divide by
+        #: for a mean or 0), and the result's shape; else None and the run's shape.
+        self.reducer: tuple[Any, bool, int] | None = None
+        self.rshape = oshape
+        if run.reduce is not None:
+            d, kwargs = run.reduce
+            keep = bool(kwargs.get("keepdims", False))
+            self.reducer = (_REDUCERS[d.name], keep, oshape[-1] if d.name == "mean" else 0)
+            self.rshape = (*oshape[:-1], 1) if keep else oshape[:-1]
         self.template: list[Any] = [None] * run.nin + [*run.consts] + [None] * n
         # The loop: (ufunc, args, scratch index or -1 for the result's block, value slot)
         # per op that varies. Ops whose values do not overlap in time share a buffer (an
         # op may write over an input that dies there: same shape and dtype, in place).
         # The result's own block is one of them (-1), taken first: a chain of ops on
         # arrays of the result's dtype runs in place in it, in cache, with no scratch.
-        free: dict[Any, list[int]] = {((h, *oshape[1:]), dtypes[-1]): [-1]}
+        free: dict[Any, list[int]] = {} if self.reducer else {((h, *oshape[1:]), dtypes[-1]): [-1]}
         buf_of: dict[int, int] = {}
         self.loop: list[tuple[Any, tuple[int, ...], int, int]] = []
         self.scratch: list[tuple[tuple[int, ...], np.dtype[Any]]] = []
@@ -248,7 +304,7 @@ class _Layout:
             for i in set(args):
                 if i in buf_of and last_use.get(i) == k:
                     free.setdefault((shapes[i], dtypes[i - nbase]), []).append(buf_of[i])
-            if k == n - 1:
+            if k == n - 1 and not self.reducer:
                 self.loop.append((run.ufuncs[k], args, -1, slot))
                 continue
             spec = (shapes[slot], dtypes[k])
@@ -274,12 +330,12 @@ class _Layout:
         vals[: len(inputs)] = inputs
         holder = _OUT.get()
         out = holder[0] if holder else None
-        if out is not None and out.shape == self.oshape and out.dtype == self.out_dtype:
+        if out is not None and out.shape == self.rshape and out.dtype == self.out_dtype:
             holder[0] = None  # type: ignore[index]
         else:
-            out = np.empty(self.oshape, self.out_dtype)
+            out = np.empty(self.rshape, self.out_dtype)
         rows = self.oshape[0]
-        if self.h >= rows:  # one block: each op once, as op by op (numpy's own warnings)
+        if self.h >= rows and not self.reducer:  # one block: each op once, as op by op (numpy's own warnings)
             self._whole(vals, out)
             return out
         pool = _POOL.get()
@@ -288,7 +344,7 @@ class _Layout:
                 vals[slot] = ufunc(*[vals[i] for i in args])
             if pool is None or pool[1] < 2 or out.nbytes < SPLIT_MIN_BYTES:
                 self._rows(vals, out, 0, rows)
-                return out
+                return self._finish(out)
         spawn, workers = pool
         step = max(self.h, self.h * (_PART_BYTES // max(1, out.nbytes // rows * self.h)))
         bounds = _aligned(rows, max(workers * 2, -(-rows // step)), self.h)
@@ -307,6 +363,13 @@ class _Layout:
         blocks.done.acquire()
         if blocks.failed:
             raise blocks.failed[0]
+        with np.errstate(call=record, **watch):  # type: ignore[arg-type]
+            return self._finish(out)
+
+    def _finish(self, out: Any) -> Any:
+        # A mean: the sums divided by the count, as numpy's _mean does (in place, unsafe cast).
+        if self.reducer is not None and self.reducer[2]:
+            np.true_divide(out, np.intp(self.reducer[2]), out=out, casting="unsafe", subok=False)
         return out
 
     def _whole(self, vals: list[Any], out: Any) -> None:
@@ -333,6 +396,8 @@ class _Layout:
         scratch = [np.empty(shape, dtype) for shape, dtype in self.scratch]
         steps = [(ufunc, args, scratch[b] if b >= 0 else None, slot, len(args)) for ufunc, args, b, slot in self.loop]
         inputs = [(i, vals[i]) for i in self.sliced]
+        reducer = self.reducer
+        last = len(vals) - 1  # the last op's value
         for r0 in range(lo, hi, h):
             r1 = min(r0 + h, hi)
             tail = r1 - r0 != h
@@ -349,6 +414,8 @@ class _Layout:
                     vals[slot] = ufunc(vals[args[0]], out=dst)
                 else:
                     vals[slot] = ufunc(*[vals[i] for i in args], out=dst)
+            if reducer is not None:  # each row of the block reduced as numpy reduces it
+                reducer[0].reduce(vals[last], axis=-1, keepdims=reducer[1], out=out[r0:r1])
 
 
 def _aligned(rows: int, parts: int, h: int) -> list[tuple[int, int]]:

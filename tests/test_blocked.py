@@ -204,6 +204,37 @@ async def test_the_standardization_keeps_numpy_values(
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "float16"])
+async def test_a_trailing_reduction_over_the_last_axis_keeps_numpy_values(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int], dtype: str
+) -> None:
+    # Joined to the run and reduced block by block when each row's reduction is numpy's
+    # (the last axis: pairwise sums along each row); numpy's call on the run's result
+    # otherwise (other dtypes for sum and mean, other axes, 1-d results).
+    from aiotensor._engine import _is_tensor
+
+    v = _values(dtype, (97, 3, 301), 21)
+    x = await s.constant(v)
+    row = await s.constant(_values(dtype, (301,), 22))
+    flat = await s.constant(v.reshape(-1))
+    with np.errstate(all="ignore"):
+        for name in ("sum", "mean", "max", "min"):
+            for kwargs in ({"axis": -1}, {"axis": 2, "keepdims": True}, {"axis": 0}, {"axis": (1,)}):
+                make = lambda n=name, kw=kwargs: _reduce(n, (x - row) * 0.5 + x, **kw) * 1  # noqa: E731
+                blocked, plain = await _both(blocking, make)
+                assert blocked == plain, (name, kwargs)
+            blocked, plain = await _both(blocking, lambda n=name: _reduce(n, flat * 2 + flat, axis=-1))
+            assert blocked == plain
+    blocking(True)
+    e = _reduce("sum", x * 2.0 + row, axis=-1)
+    program, _, _ = _compile.compiled(e, _is_tensor, "numpy", Expr)
+    assert [st[0].name for st in program.steps] == ["blocked"]  # the sum is part of the run
+    with np.errstate(all="ignore"):
+        await e
+    if dtype in ("float32", "float64"):
+        assert runs
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "float16"])
 async def test_var_and_std_over_axis_0_keep_numpy_values(
     s: at.AsyncEagerSession, blocking: Callable[[bool], None], dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -243,6 +274,15 @@ async def test_var_overflow_warns_as_numpy(s: at.AsyncEagerSession, blocking: Ca
     v[::2] *= -1  # a mean near 0, squared deviations past float32's range
     x = await s.constant(v)
     blocked, plain = await _both(blocking, lambda: x.var(axis=0) * 1.0)
+    assert blocked == plain
+    assert any("overflow" in str(message) for _, message in blocked[-1])
+
+
+async def test_a_trailing_sum_that_overflows_warns_as_numpy(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None]
+) -> None:
+    x = await s.constant(np.full((300, 4), 3e38, np.float32))
+    blocked, plain = await _both(blocking, lambda: _reduce("sum", x * 1.0 + 0.0, axis=-1))
     assert blocked == plain
     assert any("overflow" in str(message) for _, message in blocked[-1])
 
