@@ -9,7 +9,8 @@ reused from op to op and from block to block. Below it, a run that can compute i
 in its result alone is one block: each op once, over whole arrays. Large runs on the
 pool share their blocks with the other workers (:data:`SPLIT_MIN_BYTES`, through
 :func:`with_pool`, the backend's hook), and write into a buffer the session's cache
-recycled (:func:`result_buffer`).
+recycled (:func:`result_buffer`). A run may end with a ``sum``, ``mean``, ``max`` or
+``min`` over its last axis: each block's rows are reduced into the result's rows.
 
 **Same values.** Every op is the same ufunc on operands of the same dtypes as the
 op-by-op run (each buffer has the dtype the op-by-op intermediate would have:
