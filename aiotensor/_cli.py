@@ -242,6 +242,7 @@ def collect_info() -> dict[str, Any]:
     import numpy
 
     from ._backend import DEFAULT_PRIORITY, default_executor
+    from ._blocked_run import settings as blocked_settings
     from ._priority import describe
 
     pool = default_executor()
@@ -259,6 +260,7 @@ def collect_info() -> dict[str, Any]:
         "worker_priority": describe(DEFAULT_PRIORITY),
         "blas": _blas(),
         "physical_memory": PHYSICAL_MEMORY,
+        "blocked": blocked_settings(),  # element-wise runs in blocks (measured: docs/performance.md)
     }
 
 
@@ -282,6 +284,8 @@ def _info(args: argparse.Namespace) -> int:
         "worker priority": info["worker_priority"],
         "BLAS": blas,
         "memory": f"{info['physical_memory']:,} bytes" if info["physical_memory"] else "unknown",
+        "blocked runs": "{block_items} items a block, runs from {min_items} items,"
+        " blocks from {block_from_items} items, split from {split_min_bytes:,} bytes".format(**info["blocked"]),
     }
     width = max(map(len, rows))
     for key, value in rows.items():

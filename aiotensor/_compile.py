@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._blocked import block_runs
 from ._cost import OVERHEAD_NS, PER_BYTE, Spec, estimate_us, out_spec
 from ._kernels import as_numeric
 from ._opdef import Cost, OpDef
@@ -138,7 +139,7 @@ def compile_program(
         if s >= nleaves and s not in keep:
             steps[i][4] = (*steps[i][4], s)
     program = Program([(s[0], s[1], s[2], s[3], s[4]) for s in steps], root_slots, nleaves, xp)
-    return program, leaves
+    return block_runs(program, leaves), leaves  # runs of element-wise steps: one blocked step each
 
 
 _SCALAR_TYPES = frozenset({int, float, bool, complex, str, type(None)})
@@ -265,7 +266,8 @@ def _elementwise_cost(steps: list[Any], shape: tuple[int, ...], leaves: list[Any
                 narrow = False
             elif tt is not float and tt is not int and tt is not bool:
                 narrow = False  # a dtype (astype), None, ...: the items may grow
-        arrays_per_byte += max(arrays, 2) * PER_BYTE[cost]
+        weight = getattr(d, "weight", None)  # a blocked run (_blocked): its ops' estimates summed
+        arrays_per_byte += max(arrays, 2) * PER_BYTE[cost] if weight is None else weight
     itemsize = max(t._dtype.itemsize for t in leaves) if narrow else 8
     return (len(steps) * OVERHEAD_NS + itemsize * math.prod(shape) * arrays_per_byte) / 1000.0
 

@@ -27,6 +27,7 @@ import numpy as np
 from . import _defaults
 from ._allocator import out_for
 from ._backend import Backend
+from ._blocked_run import result_buffer
 from ._compile import compile_program, compiled, program_cost
 from ._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS, OVERHEAD_NS, PER_BYTE, SLICED_MAX, estimate_us
 from ._errors import (
@@ -668,6 +669,8 @@ class Engine:
                 result = await self._run_sliced(label, cast(Program, kernel), bufs)
             else:
                 self._held = 0.0
+                if not kw and getattr(kernel, "spawning", None) is not None and self.backend.in_process:
+                    kw = result_buffer(registry.cache, bufs)  # a blocked run's result into a freed buffer
                 try:
                     # blas= only when set: a backend written before it existed still runs the rest.
                     submit = self.backend.submit

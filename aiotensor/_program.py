@@ -132,7 +132,7 @@ class Program:
     :func:`compiled`); :meth:`fresh` gives the copy one run uses, with its own budget.
     """
 
-    __slots__ = ("_kernels", "blas", "budget", "nleaves", "roots", "steps", "xp")
+    __slots__ = ("_kernels", "blas", "budget", "nleaves", "roots", "spawning", "steps", "xp")
 
     def __init__(
         self,
@@ -149,11 +149,14 @@ class Program:
         self.blas = any(s[0].blas for s in steps)
         self.budget = Budget("an expression")
         self._kernels: _Plan | None = None
+        #: Set for a program with blocked runs (``_blocked``): how a backend lends it its pool.
+        self.spawning: Callable[..., Any] | None = None
 
     def fresh(self) -> Program:
         """This program with a budget of its own, for one run."""
         run = _new(Program)
         run.steps, run.roots, run.nleaves, run.xp, run.blas = self.steps, self.roots, self.nleaves, self.xp, self.blas
+        run.spawning = self.spawning
         kernels = self._kernels
         run._kernels = kernels if kernels is not None else self._resolve_kernels()
         run.budget = Budget("an expression")
@@ -204,7 +207,9 @@ class Program:
         self._kernels = plan
         return plan
 
-    def __call__(self, *leaves: Any) -> Any:
+    def __call__(self, *leaves: Any, out: Any = None) -> Any:
+        # ``out``: a recycled buffer the engine offers a program with blocked runs; only
+        # the backend's wrapper of such a program (``_blocked_run.with_pool``) hands it on.
         plan = self._kernels
         if plan is None:
             plan = self._resolve_kernels()

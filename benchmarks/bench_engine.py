@@ -24,6 +24,7 @@ import aiotensor as at
 
 from ._harness import settle_allocator
 from ._minimal import MinimalSession
+from .bench_blocked import chain
 
 Timer = Callable[[], Awaitable[float]]
 
@@ -63,28 +64,6 @@ async def _rows(rounds: int, n: int) -> dict[str, tuple[float, float, float]]:
         w2 = rng.standard_normal((512, 10)).astype(np.float32) * 0.1
         tx, tw1, tw2 = await s.constant(x), await s.constant(w1), await s.constant(w2)
 
-        def chain_np(v: Any) -> Any:
-            y = v * 2.0 + 1.0
-            y = y - 0.5
-            y = y * y
-            y = y / 3.0
-            y = y + v
-            y = abs(y)
-            y = y * 0.1
-            y = y - v
-            return y + 1.0
-
-        def chain_expr(t: at.Tensor) -> at.Expr:
-            y = t * 2.0 + 1.0
-            y = y - 0.5
-            y = y * y
-            y = y / 3.0
-            y = y + t
-            y = abs(y)
-            y = y * 0.1
-            y = y - t
-            return y + 1.0
-
         def mlp(ops: at.FusedOps, v: Any, w1: Any, w2: Any) -> Any:
             return ops.relu(v @ w1) @ w2
 
@@ -114,13 +93,13 @@ async def _rows(rounds: int, n: int) -> dict[str, tuple[float, float, float]]:
             _add_case("minimal session: add 256x256", lambda: m.add(m256, n256), big, big2, n // 4),
             (
                 "10-op expr 16 f32",
-                lambda: _per_call(lambda: _awaited(chain_expr(a16)), n),
-                lambda: _np(lambda: chain_np(small), n),
+                lambda: _per_call(lambda: _awaited(chain(a16)), n),
+                lambda: _np(lambda: chain(small), n),
             ),
             (
                 "10-op expr 256x256",
-                lambda: _per_call(lambda: _awaited(chain_expr(a256)), n // 8),
-                lambda: _np(lambda: chain_np(big), n // 8),
+                lambda: _per_call(lambda: _awaited(chain(a256)), n // 8),
+                lambda: _np(lambda: chain(big), n // 8),
             ),
             (
                 "fused MLP vs ops one by one",

@@ -205,3 +205,13 @@ def test_web_benchmark_quick_run_writes_only_where_asked(tmp_path: Path) -> None
     assert "| 16 rows: req/s >= 1.00x best baseline |" in text
     assert "| zero errors | 0 | yes |" in text
     assert (tracked.stat().st_mtime_ns if tracked.exists() else None) == before
+
+
+async def test_blocked_benchmark_measures_every_row() -> None:
+    from benchmarks import bench_blocked
+
+    found = await bench_blocked.measure(1, 0.0005, {"16 floats": (16,), "tiny": (64, 64)})
+    assert set(found) == {"16 floats", "tiny", "standardization"}
+    for ours, numpy in found.values():
+        assert ours.median > 0
+        assert numpy.median > 0

@@ -1,0 +1,124 @@
+"""``var`` and ``std`` over axis 0 in row blocks: numpy's values without its full-size temporary.
+
+numpy's ``var`` (``numpy/_core/_methods.py``, ``_var``) computes the mean, then
+``x - mean`` as a full-size array, squares it in place and sums it over the axis. Over
+axis 0 of a C-contiguous float array, that sum adds the rows in order (the reduction
+axis is the outer loop: no pairwise summation), so it can be accumulated a block of
+rows at a time: the running sum is put in front of the block's squared deviations
+and ``np.add.reduce`` over axis 0 continues the same sequence of additions. The
+result is bit for bit numpy's; the deviations live in one block-sized buffer.
+
+:class:`BlockedVar` does that for float32 and float64 arrays of two or more
+dimensions reduced over axis 0 alone (what a standardization per column asks);
+anything else, and any run that raises a floating-point flag the caller's ``errstate``
+does not ignore, is numpy's own call.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, cast
+
+import numpy as np
+
+from ._opdef import OpDef
+
+__all__ = ["VARIANCE", "BlockedVar", "blocked_variance"]
+
+#: The ops :func:`blocked_variance` replaces.
+VARIANCE = frozenset({"var", "std"})
+#: Elements of deviations per block.
+BLOCK_ITEMS = 65536
+#: Elements from which the blocked computation is used.
+MIN_ITEMS = 1 << 16
+_FLOATS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
+
+
+class BlockedVar:
+    """The kernel of ``var`` or ``std``: blocked over axis 0 when that keeps numpy's values."""
+
+    __slots__ = ("kernel", "sqrt")
+
+    def __init__(self, kernel: Any, sqrt: bool) -> None:
+        self.kernel = kernel
+        self.sqrt = sqrt
+
+    def __call__(self, xp: Any, x: Any, **kwargs: Any) -> Any:
+        axis = kwargs.get("axis")
+        ddof = kwargs.get("correction", 0)
+        if (
+            type(x) is not np.ndarray
+            or x.dtype not in _FLOATS
+            or axis not in (0, (0,))
+            or x.ndim < 2
+            or not x.flags.c_contiguous
+            or x.size < MIN_ITEMS
+            or set(kwargs) - {"axis", "correction", "keepdims"}
+            or type(ddof) not in (int, float)
+            or not 0 <= ddof < x.shape[0]
+        ):
+            return self.kernel(x, **kwargs)
+        flagged: list[str] = []
+
+        def record(kind: str, flag: int) -> None:
+            flagged.append(kind)
+
+        watch = {kind: ("ignore" if mode == "ignore" else "call") for kind, mode in np.geterr().items()}
+        with np.errstate(call=record, **cast("Any", watch)):
+            out = self._blocked(x, ddof, bool(kwargs.get("keepdims", False)))
+        if flagged:  # numpy's own warnings or errors, as the caller's errstate says
+            return self.kernel(x, **kwargs)
+        return out
+
+    def _blocked(self, x: Any, ddof: float, keepdims: bool) -> Any:
+        # numpy's _var, step for step, with ``x - mean`` squared and summed a block at a time.
+        rows = x.shape[0]
+        rcount = np.intp(rows)
+        arrmean = np.add.reduce(x, axis=(0,), keepdims=True)
+        arrmean = np.true_divide(arrmean, rcount, out=arrmean, casting="unsafe", subok=False)
+        row_items = math.prod(x.shape[1:])
+        h = max(1, BLOCK_ITEMS // max(1, row_items))
+        buf = np.empty((h + 1, *x.shape[1:]), x.dtype)  # the running sum, then the block's deviations
+        acc = np.empty((1, *x.shape[1:]), x.dtype)
+        for lo in range(0, rows, h):
+            hi = min(lo + h, rows)
+            dev = buf[1 : hi - lo + 1]
+            np.subtract(x[lo:hi], arrmean, out=dev)
+            np.square(dev, out=dev)
+            if lo:
+                buf[0] = acc[0]
+                np.add.reduce(buf[: hi - lo + 1], axis=0, keepdims=True, out=acc)
+            else:
+                np.add.reduce(dev, axis=0, keepdims=True, out=acc)
+        ret = acc if keepdims else acc[0].copy()
+        count = np.maximum(rcount - ddof, 0)
+        ret = np.true_divide(ret, count, out=ret, casting="unsafe", subok=False)
+        if self.sqrt:
+            ret = np.sqrt(ret, out=ret)
+        return ret
+
+    def __reduce__(self) -> tuple[type[BlockedVar], tuple[Any, bool]]:
+        return BlockedVar, (self.kernel, self.sqrt)
+
+
+class _VarOp(OpDef):
+    """``var`` or ``std`` with a :class:`BlockedVar` kernel (named, costed and checked as the op)."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, d: OpDef) -> None:
+        kernel = BlockedVar(d.kernel_for(np), d.name == "std")
+        super().__init__(
+            d.spec, kernel, data=d.data, cost=d.cost, plain=d.plain, returns=d.returns, blas=False, user=False
+        )
+        self.op = d
+
+    def __reduce__(self) -> Any:
+        return _VarOp, (self.op,)
+
+
+def blocked_variance(d: OpDef) -> OpDef:
+    """``d`` itself, or for ``var`` and ``std`` the same op with the blocked kernel."""
+    if d.name in VARIANCE and type(d) is OpDef and isinstance(d.kernel, str):
+        return _VarOp(d)
+    return d

@@ -1,0 +1,277 @@
+"""Issue 30: element-wise runs evaluated in cache-sized blocks, against numpy's op-by-op chain.
+
+Rows (asyncio and uvloop, aiotensor and numpy interleaved round by round, ratio of
+medians): the 10-op float32 chain of ``bench_engine`` at 16 floats, 256x256,
+1024x1024 and 2048x2048, and the standardization
+``(x - x.mean(axis=0)) / (x.std(axis=0) + 1e-8)`` on (4096, 512).
+
+``python -m benchmarks.bench_blocked`` prints the table; ``--calibrate`` measures the
+block size and the split threshold on the kernel itself (what ``_blocked``'s constants
+come from); ``--write-docs`` also times the chain's kernel alone at more sizes and writes
+``docs/img/perf_blocked.png`` (ratio vs size).
+Without it nothing in the checkout is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import aiotensor as at
+
+from ._harness import Report, Stat, calibrated, calibrated_sync, interleaved, loop_factories, run_on, settle_allocator
+
+SIZES: dict[str, tuple[int, ...]] = {
+    "16 floats": (16,),
+    "256x256": (256, 256),
+    "1024x1024": (1024, 1024),
+    "2048x2048": (2048, 2048),
+}
+#: The issue's targets (ratio to numpy), per case.
+TARGETS = {"16 floats": 5.0, "256x256": 1.0, "1024x1024": 0.5, "2048x2048": 0.35, "standardization": 0.7}
+STANDARDIZE_SHAPE = (4096, 512)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def chain(v: Any) -> Any:
+    """The 10-op chain (``* + - * / + abs * - +``) on an array or a tensor (an expression)."""
+    y = v * 2.0 + 1.0
+    y = y - 0.5
+    y = y * y
+    y = y / 3.0
+    y = y + v
+    y = abs(y)
+    y = y * 0.1
+    y = y - v
+    return y + 1.0
+
+
+def standardize(v: Any) -> Any:
+    """Columns to zero mean and unit deviation."""
+    return (v - v.mean(axis=0)) / (v.std(axis=0) + 1e-8)
+
+
+async def _case(
+    s: at.AsyncEagerSession, formula: Callable[[Any], Any], value: Any, rounds: int, budget: float
+) -> tuple[Stat, Stat]:
+    t = await s.constant(value)
+
+    async def ours() -> Any:
+        return await formula(t)
+
+    variants: dict[str, Callable[[], Awaitable[float]]] = {
+        "numpy": calibrated_sync(lambda: formula(value), budget),
+        "aiotensor": await calibrated(ours, budget),
+    }
+    found = await interleaved(variants, rounds)
+    return found["aiotensor"], found["numpy"]
+
+
+async def measure(rounds: int, budget: float, sizes: dict[str, tuple[int, ...]]) -> dict[str, tuple[Stat, Stat]]:
+    """case -> (aiotensor µs, numpy µs) over interleaved rounds, in one session."""
+    settle_allocator()
+    rng = np.random.default_rng(0)
+    out: dict[str, tuple[Stat, Stat]] = {}
+    async with at.AsyncEagerSession() as s:
+        for label, shape in sizes.items():
+            value = rng.standard_normal(shape).astype(np.float32)
+            out[label] = await _case(s, chain, value, rounds, budget)
+        value = rng.standard_normal(STANDARDIZE_SHAPE).astype(np.float32)
+        out["standardization"] = await _case(s, standardize, value, rounds, budget)
+    return out
+
+
+def _ratio(pair: tuple[Stat, Stat]) -> float:
+    return pair[0].median / pair[1].median
+
+
+def run(report: Report) -> None:
+    """The rows and the targets of issue 30, on every loop."""
+    rounds = max(3, report.rounds)
+    budget = 0.02 if report.quick else 0.1
+    sizes = dict(SIZES)
+    series: dict[str, list[tuple[float, float]]] = {}
+    for loop_name in loop_factories():
+        found = run_on(loop_name, measure(rounds, budget, sizes))
+        t = report.table(
+            f"blocked element-wise runs (issue 30), {loop_name}: float32, aiotensor vs numpy in one run",
+            "µs",
+            ratio_label="x numpy",
+        )
+        for label, pair in found.items():
+            name = "10-op chain" if label != "standardization" else f"standardization {STANDARDIZE_SHAPE}"
+            t.add(
+                f"{name} {label if label != 'standardization' else ''}".strip() + ": aiotensor", pair[0], _ratio(pair)
+            )
+            t.add(f"{name} {label if label != 'standardization' else ''}".strip() + ": numpy", pair[1], 1.0)
+            ratio = _ratio(pair)
+            shown = name if label == "standardization" else f"{name} {label}"
+            report.target(30, f"{loop_name}: {shown} <= {TARGETS[label]}x numpy", f"{ratio:.2f}x", None
+                          if report.quick else ratio <= TARGETS[label])  # fmt: skip
+        series[loop_name] = [(float(np.prod(SIZES[k])), _ratio(found[k])) for k in SIZES]
+    report.series["blocked"] = series
+
+
+def plot(series: dict[str, list[tuple[float, float]]], path: Path) -> None:
+    """Ratio to numpy against elements per operand, one line per loop."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, points in series.items():
+        xs, ys = zip(*points, strict=True)
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("float32 elements per operand")
+    ax.set_ylabel("aiotensor / numpy (median time)")
+    ax.set_title("10-op chain, blocked evaluation vs numpy's op-by-op chain")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- calibration: the block size and the split threshold, measured on the kernel ------------
+def _kernel_program(shape: tuple[int, ...]) -> tuple[Any, Any]:
+    # The chain's compiled program (one blocked step) and its input.
+    from aiotensor._compile import compile_program
+    from aiotensor._engine import _is_tensor
+    from aiotensor._expr import Expr
+
+    async def build() -> tuple[Any, Any]:
+        async with at.AsyncEagerSession() as s:
+            value = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+            t = await s.constant(value)
+            e = chain(t)
+            program, _ = compile_program([e], _is_tensor, "numpy", Expr)
+            await e
+            return program, value
+
+    return asyncio.run(build())
+
+
+def _time(fn: Callable[[], Any], n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def calibrate(rounds: int, only_split: bool = False) -> None:
+    """Print the chain's time per block size (one thread), and split vs one thread on the pool."""
+    from aiotensor import _blocked_run as _blocked
+    from aiotensor._backend import default_executor
+
+    settle_allocator()
+    pool = default_executor()
+    chosen, threshold = _blocked.BLOCK_ITEMS, _blocked.BLOCK_FROM_ITEMS
+    print("block items: ratio to numpy's chain (median over rounds, one thread)")
+    for shape in () if only_split else ((1024, 1024), (2048, 2048)):
+        _blocked.BLOCK_FROM_ITEMS = 0  # blocks at every size
+        program, value = _kernel_program(shape)
+        n = max(3, int(2e6 // value.size))
+        row = {}
+        for items in (4096, 8192, 16384, 32768, 65536, 131072):
+            _blocked.BLOCK_ITEMS = items
+            for step in program.steps:
+                step[0].run._memo.clear()
+            ratios = []
+            for _ in range(rounds):
+                base = _time(lambda v=value: chain(v), n)
+                ratios.append(_time(lambda v=value, p=program: p.fresh()(v), n) / base)
+            row[items] = statistics.median(ratios)
+        print(shape, "  ".join(f"{k}: {v:.2f}" for k, v in row.items()))
+    _blocked.BLOCK_ITEMS = chosen
+    print("blocks vs one pass per op in place in the result: ratio to numpy's chain (BLOCK_FROM_ITEMS)")
+    for n in () if only_split else (1024, 2048, 2896, 4096):
+        _blocked.BLOCK_FROM_ITEMS = 0
+        blocked, value = _kernel_program((n, n))
+        _blocked.BLOCK_FROM_ITEMS = 1 << 62
+        whole, _ = _kernel_program((n, n))
+        calls = max(3, int(4e6 // value.size))
+        pairs = []
+        for _ in range(rounds):
+            base = _time(lambda v=value: chain(v), calls)
+            pairs.append(
+                (
+                    _time(lambda v=value, p=blocked: p.fresh()(v), calls) / base,
+                    _time(lambda v=value, p=whole: p.fresh()(v), calls) / base,
+                )
+            )
+        blocks, one = (statistics.median(p[i] for p in pairs) for i in (0, 1))
+        print(f"{n}x{n}: blocks {blocks:.2f}, one pass {one:.2f}")
+    _blocked.BLOCK_FROM_ITEMS = threshold
+    print("split over the pool's workers vs one worker, in blocks: ratio (median over rounds)")
+    split_from = _blocked.SPLIT_MIN_BYTES
+    _blocked.BLOCK_FROM_ITEMS = _blocked.SPLIT_MIN_BYTES = 0
+    for shape in ((512, 512), (1024, 1024), (2048, 1024), (2048, 2048), (4096, 2048), (4096, 4096)):
+        program, value = _kernel_program(shape)
+        n = max(3, int(2e6 // value.size))
+
+        def one(program: Any = program, value: Any = value) -> Any:
+            return pool.submit(program.fresh(), value).result()
+
+        def split(program: Any = program, value: Any = value) -> Any:
+            return pool.submit(_blocked.with_pool(program.fresh(), pool.spawn, pool.max_workers), value).result()
+
+        ratios = [_time(split, n) / _time(one, n) for _ in range(rounds)]
+        print(f"{shape} ({value.nbytes:,} bytes): {statistics.median(ratios):.2f}")
+    _blocked.BLOCK_FROM_ITEMS, _blocked.SPLIT_MIN_BYTES = threshold, split_from
+
+
+def kernel_sweep(rounds: int) -> list[tuple[float, float]]:
+    """The compiled chain's kernel alone (one thread, no dispatch) against numpy's chain, per size."""
+    settle_allocator()
+    points = []
+    for n in (64, 128, 256, 512, 1024, 1448, 2048, 2896, 4096):
+        program, value = _kernel_program((n, n))
+        calls = max(3, int(1e6 // value.size))
+        ratios = []
+        for _ in range(rounds):
+            base = _time(lambda v=value: chain(v), calls)
+            ratios.append(_time(lambda v=value, p=program: p.fresh()(v), calls) / base)
+        points.append((float(value.size), statistics.median(ratios)))
+    return points
+
+
+def main() -> None:
+    """Run on asyncio and uvloop and print the table (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--calibrate", action="store_true", help="measure the block size and the split threshold")
+    parser.add_argument("--only-split", action="store_true", help="with --calibrate: the split threshold alone")
+    parser.add_argument("--write-docs", action="store_true", help="also write docs/img/perf_blocked.png")
+    args = parser.parse_args()
+    if args.calibrate:
+        calibrate(args.rounds, args.only_split)
+        return
+    report = Report(quick=args.quick, rounds=args.rounds)
+    run(report)
+    for t in report.tables:
+        print(t.title)
+        for row in t.rows:
+            print(f"  {row.label:48} {row.stat.fmt(1):>28} {row.ratio:6.2f}x")
+    if args.write_docs:
+        series = dict(report.series["blocked"])
+        series["kernel alone, one thread (no dispatch)"] = kernel_sweep(args.rounds)
+        print("kernel alone:", "  ".join(f"{int(x)}: {y:.2f}x" for x, y in series[list(series)[-1]]))
+        plot(series, ROOT / "docs" / "img" / "perf_blocked.png")
+        print("wrote docs/img/perf_blocked.png")
+
+
+if __name__ == "__main__":
+    main()

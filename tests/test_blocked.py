@@ -1,0 +1,432 @@
+"""Blocked runs (``_blocked``, ``_blocked_run``, ``_blocked_var``): bit for bit the op-by-op path.
+
+Each expression is evaluated twice in one session, once with blocking on (block and
+threshold sizes lowered, so that small arrays take many blocks and a ragged last
+one) and once with it off (the op-by-op program), and the two outcomes compared: the
+result's dtype, shape and bytes, or the error's type and message, and the warnings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aiotensor as at
+from aiotensor import _blocked_run, _blocked_var, _compile
+from aiotensor._expr import Expr
+from aiotensor._opdef import OPS
+
+UNARY = sorted(n for n, d in OPS.items() if d.ufunc and d.data == 1)
+BINARY = sorted(n for n, d in OPS.items() if d.ufunc and d.data == 2)
+DTYPES = ["bool", "int8", "uint8", "int32", "int64", "float16", "float32", "float64", "complex128"]
+
+
+@pytest.fixture(params=["blocks", "one block"])
+def blocking(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[Callable[[bool], None]]:
+    """Turn blocked runs on (runs from 256 items, in blocks of 96 or in one block) or off; no program cached across."""
+
+    def switch(on: bool) -> None:
+        monkeypatch.setattr(_blocked_run, "MIN_ITEMS", 256 if on else 1 << 62)
+        monkeypatch.setattr(_blocked_run, "BLOCK_ITEMS", 96)
+        monkeypatch.setattr(_blocked_run, "BLOCK_FROM_ITEMS", 256 if request.param == "blocks" else 1 << 62)
+        monkeypatch.setattr(_blocked_var, "MIN_ITEMS", 256)
+        monkeypatch.setattr(_blocked_var, "BLOCK_ITEMS", 96)
+        _compile._CACHE.clear()
+
+    yield switch
+    _compile._CACHE.clear()
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the blocked runs (layouts run), so that a test knows the blocked path ran."""
+    seen: list[int] = []
+    real = _blocked_run._Layout.run
+
+    def run(self: Any, inputs: Any, flagged: Any) -> Any:
+        seen.append(1)
+        return real(self, inputs, flagged)
+
+    monkeypatch.setattr(_blocked_run._Layout, "run", run)
+    return seen
+
+
+def _values(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
+    # Values with the awkward cases of each kind: zeros (division), extremes (overflow),
+    # NaN, infinities and negatives (invalid) for floats.
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        flat = rng.integers(0, 2, n).astype(bool)
+    elif dt.kind in "iu":
+        info = np.iinfo(dt)
+        flat = rng.integers(max(info.min, -200), min(info.max, 200), n, endpoint=True).astype(dt)
+        flat[::7] = 0
+        flat[3::11] = info.max
+        flat[5::13] = info.min
+    else:
+        flat = (rng.standard_normal(n) * 4).astype(dt)
+        if dt.kind == "c":
+            flat = flat + 1j * rng.standard_normal(n).astype(dt)
+        specials = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 6e4, -3.5], dtype=dt)
+        flat[: min(n, 7)] = specials[: min(n, 7)]
+        flat[::9] = 0
+    return flat.reshape(shape)
+
+
+async def _outcome(make: Callable[[], Expr]) -> tuple[Any, ...]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            value = await make().eval()
+            got: tuple[Any, ...] = ("ok", value.dtype, value.shape, np.ascontiguousarray(value).tobytes())
+        except Exception as exc:
+            got = ("error", type(exc), str(exc))
+    return (*got, [(w.category, str(w.message)) for w in caught])
+
+
+async def _both(blocking: Callable[[bool], None], make: Callable[[], Expr]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    blocking(True)
+    blocked = await _outcome(make)
+    blocking(False)
+    plain = await _outcome(make)
+    return blocked, plain
+
+
+def _reduce(name: str, x: Any, **kwargs: Any) -> Expr:
+    return Expr(OPS[name], *OPS[name].spec(x, **kwargs))
+
+
+def _run(name: str, *args: Any) -> Expr:
+    return Expr(OPS[name], args, None, None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_every_op_and_dtype_agrees_bit_for_bit(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int], dtype: str
+) -> None:
+    x = await s.constant(_values(dtype, (37, 29), 1))
+    others = {
+        "same shape": await s.constant(_values(dtype, (37, 29), 2)),
+        "row": await s.constant(_values(dtype, (29,), 3)),
+        "column": await s.constant(_values(dtype, (37, 1), 4)),
+        "0-d": await s.constant(_values(dtype, (), 5)),
+    }
+    with np.errstate(all="ignore"):
+        for name in UNARY:
+            for label, y in others.items():
+                blocked, plain = await _both(blocking, lambda n=name, y=y: _run(n, _run("add", x, y)))
+                assert blocked == plain, (name, dtype, label)
+            blocked, plain = await _both(blocking, lambda n=name: _run(n, _run(n, x)))
+            assert blocked == plain, (name, dtype)
+        for name in BINARY:
+            for label, y in others.items():
+                blocked, plain = await _both(blocking, lambda n=name, y=y: _run(n, _run(n, x, y), y))
+                assert blocked == plain, (name, dtype, label)
+                blocked, plain = await _both(blocking, lambda n=name, y=y: _run(n, 2.5, _run(n, y, _run(n, x, 3))))
+                assert blocked == plain, (name, dtype, label, "python scalars")
+    assert runs  # the blocked path ran (and gave the op-by-op values)
+
+
+@pytest.mark.parametrize(
+    ("xdtype", "ydtype"),
+    [("int8", "float32"), ("uint8", "int64"), ("float16", "float64"), ("bool", "int32"), ("int32", "float32")],
+)
+async def test_mixed_dtypes_promote_as_op_by_op(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int], xdtype: str, ydtype: str
+) -> None:
+    x = await s.constant(_values(xdtype, (40, 30), 6))
+    y = await s.constant(_values(ydtype, (30,), 7))
+    with np.errstate(all="ignore"):
+        for make in (
+            lambda: (x * 3 + y) * 0.5 - x,
+            lambda: (x + 1) / (y - 2) + x * 100,
+            lambda: _run("maximum", x * 2, y) ** 2,
+        ):
+            blocked, plain = await _both(blocking, make)
+            assert blocked == plain
+    assert runs
+
+
+@pytest.mark.parametrize("shape", [(1001,), (37, 29), (5, 7, 11), (0, 29), (), (1, 500), (500, 1)])
+async def test_shapes_not_multiples_of_the_block_and_degenerate_ones(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], shape: tuple[int, ...]
+) -> None:
+    x = await s.constant(_values("float32", shape, 8))
+    row = await s.constant(_values("float32", shape[-1:], 9))
+    col = await s.constant(_values("float32", (*shape[:1], *([1] * (len(shape) - 1))), 10))
+    with np.errstate(all="ignore"):
+        for make in (
+            lambda: ((x * 2.0 + 1.0) * x - 3.0) / 2.0,
+            lambda: (x - row) * col + 1.5,
+            lambda: abs(x * row) + col * 2,
+        ):
+            blocked, plain = await _both(blocking, make)
+            assert blocked == plain
+            assert blocked[0] == "ok"
+
+
+async def test_non_contiguous_inputs(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int]
+) -> None:
+    x = await s.constant(_values("float64", (40, 60), 11))
+    with np.errstate(all="ignore"):
+        for make in (
+            lambda: (x.T * 2.0 + 1.0) * x.T,  # a transposed view read by the run
+            lambda: (x[:, ::3] - 1.0) * x[:, 1::3],  # strided slices
+            lambda: _run("exp", x[::2].T) + x[1::2].T / 3.0,
+        ):
+            blocked, plain = await _both(blocking, make)
+            assert blocked == plain
+            assert blocked[0] == "ok"
+    assert runs
+
+
+async def test_the_standardization_keeps_numpy_values(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int]
+) -> None:
+    v = _values("float32", (300, 17), 12)
+    x = await s.constant(v)
+    blocked, plain = await _both(blocking, lambda: (x - x.mean(axis=0)) / (x.std(axis=0) + 1e-8))
+    assert blocked == plain
+    with np.errstate(all="ignore"):
+        want = (v - v.mean(axis=0)) / (v.std(axis=0) + 1e-8)
+    assert blocked[3] == want.tobytes()
+    assert runs
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "float16"])
+async def test_a_trailing_reduction_over_the_last_axis_keeps_numpy_values(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int], dtype: str
+) -> None:
+    # Joined to the run and reduced block by block when each row's reduction is numpy's
+    # (the last axis: pairwise sums along each row); numpy's call on the run's result
+    # otherwise (other dtypes for sum and mean, other axes, 1-d results).
+    from aiotensor._engine import _is_tensor
+
+    v = _values(dtype, (97, 3, 301), 21)
+    x = await s.constant(v)
+    row = await s.constant(_values(dtype, (301,), 22))
+    flat = await s.constant(v.reshape(-1))
+    with np.errstate(all="ignore"):
+        for name in ("sum", "mean", "max", "min"):
+            for kwargs in ({"axis": -1}, {"axis": 2, "keepdims": True}, {"axis": 0}, {"axis": (1,)}):
+                make = lambda n=name, kw=kwargs: _reduce(n, (x - row) * 0.5 + x, **kw) * 1  # noqa: E731
+                blocked, plain = await _both(blocking, make)
+                assert blocked == plain, (name, kwargs)
+            blocked, plain = await _both(blocking, lambda n=name: _reduce(n, flat * 2 + flat, axis=-1))
+            assert blocked == plain
+    blocking(True)
+    e = _reduce("sum", x * 2.0 + row, axis=-1)
+    program, _, _ = _compile.compiled(e, _is_tensor, "numpy", Expr)
+    assert [st[0].name for st in program.steps] == ["blocked"]  # the sum is part of the run
+    with np.errstate(all="ignore"):
+        await e
+    if dtype in ("float32", "float64"):
+        assert runs
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "float16"])
+async def test_var_and_std_over_axis_0_keep_numpy_values(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocked_calls: list[int] = []
+    real = _blocked_var.BlockedVar._blocked
+
+    def spy(self: Any, *args: Any) -> Any:
+        blocked_calls.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(_blocked_var.BlockedVar, "_blocked", spy)
+    # Blocked for float32 and float64 (the running sum continues numpy's row order);
+    # numpy's own call for the rest, for other axes and for too few rows.
+    v = np.random.default_rng(19).standard_normal((301, 5, 7)).astype(dtype) * 50 + 7
+    x = await s.constant(v)
+    for make in (
+        lambda: x.std(axis=0) + 0.0,
+        lambda: x.var(axis=0, keepdims=True) * 1.0,
+        lambda: _reduce("std", x, axis=0, correction=1) * 1.0,
+        lambda: x.var(axis=(0, 1)) * 1.0,
+        lambda: x.std(axis=1) * 1.0,
+        lambda: x.var() * 1.0,
+        lambda: _reduce("var", x[:1], axis=0, correction=1) * 1.0,  # no degrees of freedom: numpy's warning
+    ):
+        with np.errstate(all="ignore"):
+            blocked, plain = await _both(blocking, make)
+        assert blocked == plain
+        assert blocked[0] == "ok", blocked
+    with np.errstate(all="ignore"):
+        want = np.std(v, axis=0) + 0.0
+    assert (await _both(blocking, lambda: x.std(axis=0) + 0.0))[0][3] == want.tobytes()
+    assert bool(blocked_calls) == (dtype in ("float32", "float64"))
+
+
+async def test_var_overflow_warns_as_numpy(s: at.AsyncEagerSession, blocking: Callable[[bool], None]) -> None:
+    v = np.full((300, 4), 3e38, np.float32)
+    v[::2] *= -1  # a mean near 0, squared deviations past float32's range
+    x = await s.constant(v)
+    blocked, plain = await _both(blocking, lambda: x.var(axis=0) * 1.0)
+    assert blocked == plain
+    assert any("overflow" in str(message) for _, message in blocked[-1])
+
+
+async def test_a_trailing_sum_that_overflows_warns_as_numpy(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None]
+) -> None:
+    x = await s.constant(np.full((300, 4), 3e38, np.float32))
+    blocked, plain = await _both(blocking, lambda: _reduce("sum", x * 1.0 + 0.0, axis=-1))
+    assert blocked == plain
+    assert any("overflow" in str(message) for _, message in blocked[-1])
+
+
+@pytest.mark.parametrize("mode", ["warn", "raise", "ignore", "call"])
+async def test_warnings_and_errors_follow_errstate_as_op_by_op(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], mode: str
+) -> None:
+    f = await s.constant(_values("float32", (40, 30), 13))
+    i = await s.constant(_values("int32", (40, 30), 14))
+    calls: list[str] = []
+    handler: dict[str, Any] = {"call": lambda kind, flag: calls.append(kind)} if mode == "call" else {}
+    with np.errstate(all=mode, **handler):  # type: ignore[arg-type]
+        for make in (
+            lambda: (f / 0.0) + 1.0,  # divide by zero (and invalid: 0 / 0)
+            lambda: _run("sqrt", f - 10.0) * 2.0,  # invalid
+            lambda: (f * 1e38) * 10.0,  # overflow
+            lambda: (i // 0) + 1,  # integer division by zero
+            lambda: (i * 100000) * 100000 + 1,  # integer overflow wraps, silently
+        ):
+            calls.clear()
+            blocking(True)
+            blocked = await _outcome(make)
+            blocked_calls = list(calls)
+            calls.clear()
+            blocking(False)
+            plain = await _outcome(make)
+            assert blocked == plain  # the same result or error, and the same warnings in the same order
+            assert blocked_calls == calls  # errstate's callback called as often, with the same kinds
+
+
+async def test_the_blocked_program_pickles(s: at.AsyncEagerSession, blocking: Callable[[bool], None]) -> None:
+    from aiotensor._engine import _is_tensor
+
+    blocking(True)
+    x = await s.constant(np.linspace(-3.0, 3.0, 900).reshape(30, 30))
+    e = (x * 2.0 + 1.0) / 3.0 - x
+    program, _, _ = _compile.compiled(e, _is_tensor, "numpy", Expr)
+    assert [st[0].name for st in program.steps] == ["blocked"]
+    again = pickle.loads(pickle.dumps(program))
+    arr = s._engine.peek(x)  # type: ignore[attr-defined]
+    assert again(arr).tobytes() == program.fresh()(arr).tobytes()
+    await e  # (evaluated: no warning)
+    e = x.std(axis=0) + 1.0
+    program, _, _ = _compile.compiled(e, _is_tensor, "numpy", Expr)
+    assert type(program.steps[0][0]).__name__ == "_VarOp"
+    again = pickle.loads(pickle.dumps(program))
+    assert again(arr).tobytes() == program.fresh()(arr).tobytes() == (np.std(arr, axis=0) + 1.0).tobytes()
+    await e
+
+
+async def test_large_runs_split_over_the_pool_with_the_same_values(
+    s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch, runs: list[int]
+) -> None:
+    split: list[int] = []
+    real = _blocked_run._aligned
+
+    def aligned(rows: int, parts: int, h: int) -> Any:
+        split.append(parts)
+        return real(rows, parts, h)
+
+    monkeypatch.setattr(_blocked_run, "_aligned", aligned)
+    monkeypatch.setattr(_blocked_run, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(_blocked_run, "BLOCK_FROM_ITEMS", 0)
+    monkeypatch.setattr(_blocked_run, "_PART_BYTES", 1 << 12)
+    _compile._CACHE.clear()
+    v = np.random.default_rng(16).standard_normal((600, 301))
+    x = await s.constant(v)
+    row = await s.constant(v[0] + 1)
+    got = await (((x * 2.0 + 1.0) * x - row) / 3.0 + x).eval()
+    with np.errstate(all="ignore"):
+        want = ((v * 2.0 + 1.0) * v - (v[0] + 1)) / 3.0 + v
+    assert got.tobytes() == want.tobytes()
+    assert runs
+    assert split  # shared out between the workers
+
+
+async def test_cancelling_a_split_run_leaks_nothing(
+    strategy: at.ResourceCleanupStrategy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    real = _blocked_run._Layout._rows
+
+    def rows(self: Any, *args: Any) -> None:
+        started.set()
+        release.wait(5.0)
+        real(self, *args)
+
+    monkeypatch.setattr(_blocked_run._Layout, "_rows", rows)
+    monkeypatch.setattr(_blocked_run, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(_blocked_run, "BLOCK_FROM_ITEMS", 0)
+    _compile._CACHE.clear()
+    v = np.random.default_rng(17).standard_normal((2048, 1024)).astype(np.float32)  # runs on the pool
+    async with at.AsyncEagerSession(cleanup=strategy) as s:
+        x = await s.constant(v)
+        before = s.stats()
+        task = asyncio.create_task(_awaited(((x * 2.0 + 1.0) * x - 3.0) / 2.0))
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+        task.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with asyncio.timeout(5.0):  # the kernel ends; its result is adopted as dropped
+            while s.stats().in_flight:
+                await asyncio.sleep(0.005)
+        if strategy is at.ResourceCleanupStrategy.IN_BACKGROUND:
+            async with asyncio.timeout(5.0):
+                while s.stats().live_bytes != before.live_bytes:
+                    await asyncio.sleep(0.005)
+        got = await (((x * 2.0 + 1.0) * x - 3.0) / 2.0).eval()  # and the next run is whole
+        assert got.tobytes() == (((v * 2.0 + 1.0) * v - 3.0) / 2.0).tobytes()
+        del x
+    after = s.stats()
+    assert (after.live_tensors, after.live_bytes, after.pending) == (0, 0, 0)
+    assert after.allocated == after.freed
+
+
+async def _awaited(e: Expr) -> Any:
+    return await e
+
+
+async def test_a_run_whose_intermediates_would_not_fit_the_memory_limit_runs_blocked(
+    blocking: Callable[[bool], None],
+) -> None:
+    v = np.random.default_rng(18).standard_normal((128, 128))  # 128 KiB
+    config = at.SessionConfig(memory_limit=int(v.nbytes * 2.5))
+    for on in (True, False):
+        async with at.AsyncEagerSession(config=config) as s:
+            x = await s.constant(v)
+            blocking(on)
+            e = (x * 2.0) * (x + 1.0) - (x * 3.0)
+            if on:
+                got = await e.eval()
+                assert got.tobytes() == ((v * 2.0) * (v + 1.0) - (v * 3.0)).tobytes()
+            else:  # op by op, two full-size intermediates and the result do not fit
+                with pytest.raises(at.ResourceExhaustedError):
+                    await e
+            del x
+
+
+def test_the_measured_constants_are_in_aiotensor_info() -> None:
+    from aiotensor._cli import collect_info
+
+    info = collect_info()
+    assert info["blocked"] == _blocked_run.settings()
+    assert info["blocked"]["block_items"] == _blocked_run.BLOCK_ITEMS
