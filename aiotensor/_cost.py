@@ -71,6 +71,9 @@ _SCALARS = frozenset({int, float, bool, complex})
 _ndarray = np.ndarray
 # Module constants: an enum member looked up on its class costs ~80 ns (EnumType.__getattr__).
 _UNKNOWN, _CREATE, _PRODUCT, _INDEX = Cost.UNKNOWN, Cost.CREATE, Cost.PRODUCT, Cost.INDEX
+# Broadcast shapes by the operands' shapes (see _broadcast), cleared when full.
+_broadcasts: dict[tuple[tuple[int, ...], ...], tuple[int, ...] | None] = {}
+_BROADCASTS_MAX = 1024
 
 
 class Spec:
@@ -107,10 +110,21 @@ def _broadcast(arrays: list[Any]) -> tuple[int, ...] | None:
     shape = arrays[0].shape
     for a in arrays:
         if a.shape != shape:
+            shapes = tuple([a.shape for a in arrays])
             try:
-                return tuple(np.broadcast_shapes(*(a.shape for a in arrays)))
+                return _broadcasts[shapes]
+            except KeyError:
+                pass
+            try:
+                out: tuple[int, ...] | None = tuple(np.broadcast_shapes(*shapes))
             except ValueError:  # the kernel will reject these shapes
-                return None
+                out = None
+            # np.broadcast_shapes costs ~4 µs, as much as the op it estimates; a service
+            # broadcasts the same few shapes (rows against a parameter's) again and again.
+            if len(_broadcasts) >= _BROADCASTS_MAX:
+                _broadcasts.clear()
+            _broadcasts[shapes] = out
+            return out
     return tuple(shape)
 
 

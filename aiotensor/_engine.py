@@ -40,6 +40,7 @@ from ._errors import (
 )
 from ._expr import Expr
 from ._kernels import KernelResult, as_numeric, finalize, info, kernel_error, normalize
+from ._loopload import BUSY_INLINE_US, offload
 from ._opdef import OPS, Cost, OpDef, namespace
 from ._ops._apply import label as apply_label
 from ._program import Program, Step
@@ -130,7 +131,8 @@ class Engine:
         )
         # The cost model's estimate (``_cost``) of an element-wise op is OVERHEAD_NS plus
         # bytes touched x ns per byte: it runs inline when the second term fits in this.
-        self._inline_ns = self._inline_us * 1000.0 - OVERHEAD_NS
+        # (Above BUSY_INLINE_US, op() decides: a busy loop sends such kernels to the pool.)
+        self._inline_ns = min(self._inline_us, BUSY_INLINE_US) * 1000.0 - OVERHEAD_NS
         # The lean path's device (a remote backend may know its devices only once started).
         self._device = backend.default_device if self._lean else ""
         self._soft = soft_placement
@@ -383,7 +385,8 @@ class Engine:
             return result
         device = self.place(label)
         limit = self._inline_us
-        if limit and d.cost is not _UNKNOWN and estimate_us(d, bufs, kw, nbytes) <= limit:  # type: ignore[arg-type]
+        est = estimate_us(d, bufs, kw, nbytes) if limit and d.cost is not _UNKNOWN else math.inf  # type: ignore[arg-type]
+        if est <= limit and (est <= BUSY_INLINE_US or not offload(est)):  # (_loopload: a busy loop offloads)
             if nbytes is None and d.returns == "one" and self.registry.memory_limit is None:
                 # Nothing to reserve or wait for: run and own it without another coroutine frame.
                 policy = self.policy
@@ -644,8 +647,10 @@ class Engine:
         safe_point = policy.safe_point
         if safe_point is not None:
             safe_point()
-        inline = est_us <= self._inline_us and self._inline_us > 0
-        sliced = not inline and est_us <= SLICED_MAX * self._inline_us and isinstance(kernel, Program)
+        # A busy loop (_loopload) sends what would run inline or sliced to the pool.
+        busy = BUSY_INLINE_US < est_us <= SLICED_MAX * self._inline_us and offload(est_us)
+        inline = est_us <= self._inline_us and self._inline_us > 0 and not busy
+        sliced = not inline and not busy and est_us <= SLICED_MAX * self._inline_us and isinstance(kernel, Program)
         if (inline or sliced) and policy.inline_point is not None:
             policy.inline_point()  # runs on the loop without suspending: free what was dropped first
         if inline and nbytes is None and registry.memory_limit is None and self._plain_inline:
@@ -738,6 +743,7 @@ class Engine:
         lean_loop = self._lean_loop
         if (
             est_us > self._inline_us
+            or est_us > BUSY_INLINE_US  # call() asks whether the loop is busy
             or self._held >= self._hold_s  # time to yield: call() does
             or lean_loop is None
             or _get_loop() is not lean_loop
