@@ -74,6 +74,8 @@ _UNKNOWN, _CREATE, _PRODUCT, _INDEX = Cost.UNKNOWN, Cost.CREATE, Cost.PRODUCT, C
 # Broadcast shapes by the operands' shapes (see _broadcast), cleared when full.
 _broadcasts: dict[tuple[tuple[int, ...], ...], tuple[int, ...] | None] = {}
 _BROADCASTS_MAX = 1024
+# The same for two shapes, with the size: the hot path of estimate_us.
+_pairs: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], int]] = {}
 
 
 class Spec:
@@ -150,6 +152,17 @@ def out_spec(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> 
     return None if shape is None else Spec(shape, itemsize)
 
 
+def _pair(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...], int] | None:
+    """The broadcast shape of ``a`` and ``b`` and its size, cached in ``_pairs``; None if they do not broadcast."""
+    shape = _broadcast([Spec(a, 1), Spec(b, 1)])
+    if shape is None:
+        return None
+    if len(_pairs) >= _BROADCASTS_MAX:
+        _pairs.clear()
+    both = _pairs[(a, b)] = (shape, math.prod(shape))
+    return both
+
+
 def _touched_bytes(arrays: list[Any], nbytes: int | None) -> int:
     """Bytes read plus bytes written, the output sized from the inputs' shapes."""
     total: int = sum(a.nbytes for a in arrays)
@@ -188,7 +201,13 @@ def estimate_us(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, 
                 if shape is None:
                     shape, size = a.shape, a.size
                 elif a.shape != shape:
-                    break
+                    # Broadcasting (rows against a parameter's row): the shapes' result, cached.
+                    both = _pairs.get((shape, a.shape))
+                    if both is None:
+                        both = _pair(shape, a.shape)
+                        if both is None:
+                            break  # shapes the kernel will reject: the general path
+                    shape, size = both
                 total += a.nbytes
                 if a.itemsize > itemsize:
                     itemsize = a.itemsize
