@@ -149,3 +149,19 @@ async def test_the_real_clocks_see_a_spinning_loop_busier_than_a_waiting_one() -
         assert spinning > waiting
     finally:
         _loopload._local.sensor = Sensor()
+
+
+async def test_the_web_example_reports_the_loop_load_in_its_stats(clocks: Clocks) -> None:
+    import dataclasses
+
+    from examples.web_service.app import create_app
+
+    clocks.busy = True
+    clocks.tick(2 * WINDOW_S)
+    _loopload.offload(BUSY_INLINE_US + 1)
+    app = create_app(forward="ops")
+    async with app.router.lifespan_context(app):
+        loop = app.state.service.stats()["loop"]
+    assert loop == dataclasses.asdict(at.loop_load())
+    assert loop["samples"] == 1
+    assert loop["offloaded"] + loop["kept_inline"] == 1
