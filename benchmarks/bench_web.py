@@ -376,6 +376,27 @@ COLUMNS = [
 ]
 
 
+def _health_targets(
+    prefix: str, ours: Measured, thread: Measured | None, handler: Measured | None
+) -> list[tuple[str, str, bool | None]]:
+    """The ``/health`` targets: p99 <= to_thread's at 16 rows, <= 0.5x numpy in the handler's above."""
+    out: list[tuple[str, str, bool | None]] = []
+    p99 = ours.health_ms(99)
+    if ours.rows <= 16 and thread is not None:
+        theirs = thread.health_ms(99)
+        out.append((f"{prefix}: /health p99 <= to_thread's", f"{p99:.1f} vs {theirs:.1f} ms", p99 <= theirs))
+    if ours.rows > 16 and handler is not None:
+        theirs = handler.health_ms(99)
+        out.append(
+            (
+                f"{prefix}: /health p99 <= 0.5x numpy in handler's",
+                f"{p99:.1f} vs {theirs:.1f} ms ({p99 / theirs:.2f}x)",
+                p99 <= 0.5 * theirs,
+            )
+        )
+    return out
+
+
 def targets(results: list[Measured], subject: str = EXAMPLE) -> list[tuple[str, str, bool | None]]:
     """The issue's targets: (target, measured, met) for ``subject`` (the example's app: batched).
 
@@ -407,20 +428,7 @@ def targets(results: list[Measured], subject: str = EXAMPLE) -> list[tuple[str, 
         ratio = ours.rps / best.rps
         measured = f"{ratio:.2f}x ({best.variant})"
         out.append((f"{rows} rows: req/s >= {want:.2f}x best baseline", measured, ratio >= want))
-        if rows <= 16 and thread is not None:
-            ours_p99, theirs = ours.health_ms(99), thread.health_ms(99)
-            out.append(
-                (f"{rows} rows: /health p99 <= to_thread's", f"{ours_p99:.1f} vs {theirs:.1f} ms", ours_p99 <= theirs)
-            )
-        if rows > 16 and handler is not None:
-            ours_p99, theirs = ours.health_ms(99), handler.health_ms(99)
-            out.append(
-                (
-                    f"{rows} rows: /health p99 <= 0.5x numpy in handler's",
-                    f"{ours_p99:.1f} vs {theirs:.1f} ms ({ours_p99 / theirs:.2f}x)",
-                    ours_p99 <= 0.5 * theirs,
-                )
-            )
+        out += _health_targets(f"{rows} rows", ours, thread, handler)
         if thread is not None and thread.rss_after:
             ratio = ours.rss_after / thread.rss_after
             out.append((f"{rows} rows: RSS after <= 1.25x to_thread's", f"{ratio:.2f}x", ratio <= 1.25))
@@ -444,24 +452,7 @@ def targets_29(results: list[Measured]) -> list[tuple[str, str, bool | None]]:
             measured = f"{ratio:.2f}x ({best.variant})"
             out.append((f"{subject}, {rows} rows: req/s >= 1.00x best baseline", measured, ratio >= 1.0))
             out.append((f"{subject}, {rows} rows: moonshot req/s >= 1.30x best baseline", measured, ratio >= 1.3))
-            if rows <= 16 and thread is not None:
-                p99, theirs = ours.health_ms(99), thread.health_ms(99)
-                out.append(
-                    (
-                        f"{subject}, {rows} rows: /health p99 <= to_thread's",
-                        f"{p99:.1f} vs {theirs:.1f} ms",
-                        p99 <= theirs,
-                    )
-                )
-            if rows > 16 and handler is not None:
-                p99, theirs = ours.health_ms(99), handler.health_ms(99)
-                out.append(
-                    (
-                        f"{subject}, {rows} rows: /health p99 <= 0.5x numpy in handler's",
-                        f"{p99:.1f} vs {theirs:.1f} ms ({p99 / theirs:.2f}x)",
-                        p99 <= 0.5 * theirs,
-                    )
-                )
+            out += _health_targets(f"{subject}, {rows} rows", ours, thread, handler)
     return out
 
 

@@ -84,8 +84,8 @@ def test_small_kernels_never_ask(clocks: Clocks) -> None:
     assert at.loop_load().samples == 0
 
 
-async def test_a_busy_loop_sends_kernels_in_the_band_to_the_pool(clocks: Clocks) -> None:
-    clocks.busy = True
+async def add_ten_times(clocks: Clocks) -> None:
+    """Ten adds in the band, a window apart, each checked against NumPy."""
     a = np.random.default_rng(0).standard_normal(BAND)
     async with at.AsyncEagerSession() as s:
         x = await s.constant(a)
@@ -93,6 +93,11 @@ async def test_a_busy_loop_sends_kernels_in_the_band_to_the_pool(clocks: Clocks)
             clocks.tick()
             y = await s.add(x, x)
             np.testing.assert_array_equal(await y.numpy(), a + a)
+
+
+async def test_a_busy_loop_sends_kernels_in_the_band_to_the_pool(clocks: Clocks) -> None:
+    clocks.busy = True
+    await add_ten_times(clocks)
     load = at.loop_load()
     assert load.busy
     assert load.offloaded >= 9  # all but the first window's, before the average rose
@@ -100,13 +105,7 @@ async def test_a_busy_loop_sends_kernels_in_the_band_to_the_pool(clocks: Clocks)
 
 
 async def test_an_idle_loop_keeps_kernels_in_the_band_inline(clocks: Clocks) -> None:
-    a = np.random.default_rng(0).standard_normal(BAND)
-    async with at.AsyncEagerSession() as s:
-        x = await s.constant(a)
-        for _ in range(10):
-            clocks.tick()
-            y = await s.add(x, x)
-            np.testing.assert_array_equal(await y.numpy(), a + a)
+    await add_ten_times(clocks)
     load = at.loop_load()
     assert not load.busy
     assert load.offloaded == 0
