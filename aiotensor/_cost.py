@@ -10,7 +10,9 @@ transcendental ops (:class:`~aiotensor._opdef.Cost` ``MEMORY`` and ``MATH``), an
 ``flops x ns per flop`` for matrix products. The constants were measured on a 2-core
 x86-64 machine (``docs/performance.md``, "break-even") and are deliberately on the slow
 side, so that a mis-estimate sends a kernel to the pool rather than stalling the loop.
-``Cost.UNKNOWN`` (``apply``, fused functions on first sight) is never inlined.
+``Cost.UNKNOWN`` (``apply``, fused functions on first sight) is never inlined. On a
+saturated loop (``_loopload``) the bound drops to ``BUSY_INLINE_US``: there the loop's
+own time, not the hop's latency, is what a kernel should not cost.
 
 The estimate reads only shapes and byte counts (no numpy call on the common path, where
 every array argument has the same shape). It works on arrays and on :class:`Spec`

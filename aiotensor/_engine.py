@@ -647,10 +647,10 @@ class Engine:
         safe_point = policy.safe_point
         if safe_point is not None:
             safe_point()
-        # A busy loop (_loopload) sends what would run inline or sliced to the pool.
-        busy = BUSY_INLINE_US < est_us <= SLICED_MAX * self._inline_us and offload(est_us)
-        inline = est_us <= self._inline_us and self._inline_us > 0 and not busy
-        sliced = not inline and not busy and est_us <= SLICED_MAX * self._inline_us and isinstance(kernel, Program)
+        inline = est_us <= self._inline_us and self._inline_us > 0
+        sliced = not inline and est_us <= SLICED_MAX * self._inline_us and isinstance(kernel, Program)
+        if (inline or sliced) and est_us > BUSY_INLINE_US and offload(est_us):
+            inline = sliced = False  # a busy loop (_loopload) sends it to the pool
         if (inline or sliced) and policy.inline_point is not None:
             policy.inline_point()  # runs on the loop without suspending: free what was dropped first
         if inline and nbytes is None and registry.memory_limit is None and self._plain_inline:
@@ -736,7 +736,8 @@ class Engine:
         """:meth:`call`'s common case without a coroutine frame, or ``None`` (then await :meth:`call`).
 
         It applies to a lean session (open, on its loop, numpy, no memory limit) on its
-        default device, for a kernel whose ``est_us`` is within the inline threshold,
+        default device, for a kernel whose ``est_us`` is within the inline threshold and
+        ``BUSY_INLINE_US`` (above it, :meth:`call` asks whether the loop is busy),
         while the run of inline work has not spent its hold budget (then :meth:`call`
         yields first).
         """

@@ -13,9 +13,9 @@ Saturation is measured, per thread (a loop runs on one): the loop thread's CPU t
 (``time.thread_time``) over wall time, in windows of at least :data:`WINDOW_S`, smoothed
 by an EWMA. A thread that never waits in ``select``/``epoll`` has a utilization near 1;
 an idle loop near 0. It needs no private API, so it reads asyncio and uvloop alike, and
-it costs one ``clock_gettime`` per window, taken only by kernels in the band between
-:data:`BUSY_INLINE_US` and the inline threshold (the decision is never asked for
-smaller ones). The state flips with hysteresis (busy above :data:`BUSY_ABOVE`, idle
+it costs one ``clock_gettime`` per window, taken only by kernels that would run on the
+loop (inline, or a program in slices) and are estimated above :data:`BUSY_INLINE_US`
+(the decision is never asked for smaller ones). The state flips with hysteresis (busy above :data:`BUSY_ABOVE`, idle
 again below :data:`IDLE_BELOW`) so that moving kernels off a busy loop, which lowers its
 utilization, does not at once move them back.
 """
@@ -70,8 +70,8 @@ class LoopLoad:
         samples: Utilization windows measured.
         offloaded: Kernels sent to the pool because the loop was busy (they would
             have run inline on an idle loop).
-        kept_inline: Kernels in the same band of estimates kept inline because the
-            loop was not busy.
+        kept_inline: Kernels in the same band of estimates kept on the loop (inline,
+            or a program in slices) because the loop was not busy.
     """
 
     utilization: float = 0.0
@@ -124,7 +124,7 @@ class Sensor:
         return self.busy
 
     def offload(self) -> bool:
-        """Whether a kernel in the band (``BUSY_INLINE_US`` < estimate <= the inline threshold) goes to the pool."""
+        """Whether a kernel that would run on the loop, estimated above ``BUSY_INLINE_US``, goes to the pool."""
         if self.sample():
             self.offloaded += 1
             return True
@@ -158,8 +158,9 @@ def loop_load() -> LoopLoad:
     """How busy the calling thread's event loop is, and where that sent kernels.
 
     Kernels whose estimate lies between ``busy_inline_us`` and the session's
-    ``inline_threshold_us`` run inline on an idle loop and on the pool while the loop is
-    saturated (its thread found no time to wait for I/O): the pool's thread computes them
-    while the loop serves. Counts are totals since the thread first asked.
+    ``inline_threshold_us`` (and expressions' programs that would run on the loop in
+    slices) run on the loop while it is idle and on the pool while it is saturated (its
+    thread found no time to wait for I/O): the pool's thread computes them while the loop
+    serves. Counts are totals since the thread first asked.
     """
     return _local.sensor.snapshot()

@@ -164,3 +164,22 @@ async def test_the_web_example_reports_the_loop_load_in_its_stats(clocks: Clocks
     assert loop == dataclasses.asdict(at.loop_load())
     assert loop["samples"] == 1
     assert loop["offloaded"] + loop["kept_inline"] == 1
+
+
+async def test_a_busy_loop_sends_a_program_it_would_run_in_slices_to_the_pool(clocks: Clocks) -> None:
+    from aiotensor._cost import SLICED_MAX, estimate_us
+    from aiotensor._opdef import OPS
+
+    a = np.random.default_rng(0).standard_normal(BAND)
+    add = estimate_us(OPS["add"], (a, a), None, None)
+    assert at.SessionConfig().inline_threshold_us < 3 * add <= SLICED_MAX * at.SessionConfig().inline_threshold_us
+    clocks.busy = True
+    async with at.AsyncEagerSession() as s:
+        x = await s.constant(a)
+        for _ in range(3):
+            clocks.tick(2 * WINDOW_S)
+            y = await ((x + x) * x - x)  # three ops: one program, in slices on an idle loop
+            np.testing.assert_allclose(await y.numpy(), (a + a) * a - a)
+    load = at.loop_load()
+    assert load.offloaded >= 2
+    assert load.kept_inline <= 1
