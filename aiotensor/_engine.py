@@ -40,7 +40,7 @@ from ._errors import (
 )
 from ._expr import Expr
 from ._kernels import KernelResult, as_numeric, finalize, info, kernel_error, normalize
-from ._loopload import BUSY_INLINE_US, offload
+from ._loopload import BUSY_INLINE_US, offload, stays_inline
 from ._opdef import OPS, Cost, OpDef, namespace
 from ._ops._apply import label as apply_label
 from ._program import Program, Step
@@ -736,19 +736,19 @@ class Engine:
         """:meth:`call`'s common case without a coroutine frame, or ``None`` (then await :meth:`call`).
 
         It applies to a lean session (open, on its loop, numpy, no memory limit) on its
-        default device, for a kernel whose ``est_us`` is within the inline threshold and
-        ``BUSY_INLINE_US`` (above it, :meth:`call` asks whether the loop is busy),
-        while the run of inline work has not spent its hold budget (then :meth:`call`
-        yields first).
+        default device, for a kernel whose ``est_us`` is within the inline threshold
+        (and, above ``BUSY_INLINE_US``, while the loop is not busy: else :meth:`call`
+        sends it to the pool), while the run of inline work has not spent its hold
+        budget (then :meth:`call` yields first).
         """
         lean_loop = self._lean_loop
         if (
             est_us > self._inline_us
-            or est_us > BUSY_INLINE_US  # call() asks whether the loop is busy
             or self._held >= self._hold_s  # time to yield: call() does
             or lean_loop is None
             or _get_loop() is not lean_loop
             or (self.placed and self.device_var.get() is not None)
+            or (est_us > BUSY_INLINE_US and not stays_inline())  # (last: it counts the kernel as kept)
         ):
             return None
         policy = self.policy

@@ -37,6 +37,7 @@ __all__ = [
     "loop_load",
     "offload",
     "sensor",
+    "stays_inline",
 ]
 
 #: On a saturated loop, kernels estimated above this many µs go to the pool. A pool round
@@ -152,6 +153,19 @@ def sensor() -> Sensor:
 def offload(est_us: float) -> bool:
     """Whether a kernel estimated at ``est_us``, within the inline threshold, goes to the pool: the loop is busy."""
     return est_us > BUSY_INLINE_US and _local.sensor.offload()
+
+
+def stays_inline() -> bool:
+    """For a kernel in the band about to run inline: True (counted as kept inline) unless the loop is busy.
+
+    When it is, the kernel's caller takes the path that calls :func:`offload`, which
+    counts it once.
+    """
+    sensor = _local.sensor
+    if sensor.sample():
+        return False
+    sensor.kept_inline += 1
+    return True
 
 
 def loop_load() -> LoopLoad:

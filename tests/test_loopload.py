@@ -123,7 +123,23 @@ async def test_a_busy_loop_sends_fused_calls_in_the_band_to_the_pool(clocks: Clo
             y = await double(x)
             assert isinstance(y, at.Tensor)
             np.testing.assert_array_equal(await y.numpy(), a + a)
-    assert at.loop_load().offloaded >= 8  # (the first call runs on the pool to be measured)
+    load = at.loop_load()
+    assert load.offloaded >= 8  # (the first call runs on the pool to be measured)
+    assert load.offloaded + load.kept_inline == 9  # each later call counted once
+
+
+async def test_an_idle_loop_runs_fused_calls_in_the_band_inline(clocks: Clocks) -> None:
+    double = at.function(lambda ops, v: v + v)
+    a = np.random.default_rng(0).standard_normal(BAND)
+    async with at.AsyncEagerSession() as s:
+        x = await s.constant(a)
+        for _ in range(10):
+            clocks.tick()
+            y = await double(x)
+            assert isinstance(y, at.Tensor)
+            np.testing.assert_array_equal(await y.numpy(), a + a)
+    load = at.loop_load()
+    assert (load.offloaded, load.kept_inline) == (0, 9)
 
 
 async def test_the_real_clocks_see_a_spinning_loop_busier_than_a_waiting_one() -> None:
