@@ -130,9 +130,10 @@ class Engine:
             and not log_placement
         )
         # The cost model's estimate (``_cost``) of an element-wise op is OVERHEAD_NS plus
-        # bytes touched x ns per byte: it runs inline when the second term fits in this.
-        # (Above BUSY_INLINE_US, op() decides: a busy loop sends such kernels to the pool.)
-        self._inline_ns = min(self._inline_us, BUSY_INLINE_US) * 1000.0 - OVERHEAD_NS
+        # bytes touched x ns per byte: it runs inline when the second term fits in this
+        # (above the second, only while the loop is not busy: see _loopload).
+        self._inline_ns = self._inline_us * 1000.0 - OVERHEAD_NS
+        self._busy_ns = BUSY_INLINE_US * 1000.0 - OVERHEAD_NS
         # The lean path's device (a remote backend may know its devices only once started).
         self._device = backend.default_device if self._lean else ""
         self._soft = soft_placement
@@ -451,7 +452,8 @@ class Engine:
             else:
                 break
         else:
-            if shape is not None and (total + largest) * _PER_BYTE_OF[d] <= self._inline_ns:
+            cost_ns = (total + largest) * _PER_BYTE_OF[d]
+            if shape is not None and cost_ns <= self._inline_ns and (cost_ns <= self._busy_ns or stays_inline()):
                 policy = self.policy
                 safe_point = policy.safe_point
                 if safe_point is not None:
