@@ -112,8 +112,8 @@ async def test_an_idle_loop_keeps_kernels_in_the_band_inline(clocks: Clocks) -> 
     assert load.kept_inline == 10
 
 
-async def test_a_busy_loop_sends_fused_calls_in_the_band_to_the_pool(clocks: Clocks) -> None:
-    clocks.busy = True
+async def double_ten_times(clocks: Clocks) -> None:
+    """Ten calls of a fused function in the band, a window apart, each checked against NumPy."""
     double = at.function(lambda ops, v: v + v)
     a = np.random.default_rng(0).standard_normal(BAND)
     async with at.AsyncEagerSession() as s:
@@ -123,21 +123,18 @@ async def test_a_busy_loop_sends_fused_calls_in_the_band_to_the_pool(clocks: Clo
             y = await double(x)
             assert isinstance(y, at.Tensor)
             np.testing.assert_array_equal(await y.numpy(), a + a)
+
+
+async def test_a_busy_loop_sends_fused_calls_in_the_band_to_the_pool(clocks: Clocks) -> None:
+    clocks.busy = True
+    await double_ten_times(clocks)
     load = at.loop_load()
     assert load.offloaded >= 8  # (the first call runs on the pool to be measured)
     assert load.offloaded + load.kept_inline == 9  # each later call counted once
 
 
 async def test_an_idle_loop_runs_fused_calls_in_the_band_inline(clocks: Clocks) -> None:
-    double = at.function(lambda ops, v: v + v)
-    a = np.random.default_rng(0).standard_normal(BAND)
-    async with at.AsyncEagerSession() as s:
-        x = await s.constant(a)
-        for _ in range(10):
-            clocks.tick()
-            y = await double(x)
-            assert isinstance(y, at.Tensor)
-            np.testing.assert_array_equal(await y.numpy(), a + a)
+    await double_ten_times(clocks)
     load = at.loop_load()
     assert (load.offloaded, load.kept_inline) == (0, 9)
 
