@@ -463,7 +463,8 @@ def markdown(results: list[Measured], args: argparse.Namespace, command: str, lo
         "",
         f"`{command}` on {os.cpu_count()} cores ({load}), Python {platform.python_version()}; each variant a"
         f" `uvicorn --loop uvloop` process (one worker, BLAS threads {args.blas_threads}); "
-        f"`wrk -t{args.threads} -c{args.connections}` POST /predict ({IN_FEATURES} float features per row) for"
+        f"`wrk -t{args.threads} -c{args.connections}` POST /predict ({IN_FEATURES} float features per row; the"
+        f" user-style service {USER_FEATURES}) for"
         f" {args.duration} s per round, {args.rounds} interleaved rounds; `/health` probed every"
         f" {args.health_every * 1e3:g} ms during the load; RSS before the load, its peak during it, and"
         f" {args.after:g} s after each server's last round. One run on a shared machine: expect noise.",
