@@ -38,6 +38,8 @@ from ._functional import __all__ as _op_names
 from ._interactive import InteractiveSession as InteractiveSession
 from ._kernels import BufferInfo as BufferInfo
 from ._kernels import KernelResult as KernelResult
+from ._loopload import LoopLoad as LoopLoad
+from ._loopload import loop_load as loop_load
 from ._registry import SessionStats as SessionStats
 from ._session import AsyncEagerSession as AsyncEagerSession
 from ._session import get_default_session as get_default_session
@@ -67,6 +69,7 @@ __all__ = [
     "KernelError",
     "KernelResult",
     "LocalBackend",
+    "LoopLoad",
     "NoSessionError",
     "PendingKernel",
     "ResourceCleanupStrategy",
@@ -81,6 +84,7 @@ __all__ = [
     "blas_threads",
     "function",
     "get_default_session",
+    "loop_load",
     "set_blas_threads",
     *_op_names,
 ]

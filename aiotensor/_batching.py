@@ -252,6 +252,8 @@ class BatchedFunction:
                 tensors, _, runner = future.result()
                 _discard(tensors, runner)  # handed over, but not taken: dropped now
             raise
+        if caller.engine is runner:  # its tensors are its session's already: no coroutine for that
+            return tuple(tensors) if multi else tensors[0]
         return await self._deliver(caller, runner, tensors, multi)
 
     async def _deliver(
@@ -277,6 +279,8 @@ class BatchedFunction:
         owner: Engine | None = None  # the most derived of theirs: it may read them all
         for p in params:
             tp = type(p)
+            if tp is Tensor and p._engine is owner:  # the common case: params of one session
+                continue
             for t in p if tp is list or tp is tuple else (p,):
                 if type(t) is not Tensor:
                     continue

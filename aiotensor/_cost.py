@@ -10,7 +10,9 @@ transcendental ops (:class:`~aiotensor._opdef.Cost` ``MEMORY`` and ``MATH``), an
 ``flops x ns per flop`` for matrix products. The constants were measured on a 2-core
 x86-64 machine (``docs/performance.md``, "break-even") and are deliberately on the slow
 side, so that a mis-estimate sends a kernel to the pool rather than stalling the loop.
-``Cost.UNKNOWN`` (``apply``, fused functions on first sight) is never inlined.
+``Cost.UNKNOWN`` (``apply``, fused functions on first sight) is never inlined. On a
+saturated loop (``_loopload``) the bound drops to ``BUSY_INLINE_US``: there the loop's
+own time, not the hop's latency, is what a kernel should not cost.
 
 The estimate reads only shapes and byte counts (no numpy call on the common path, where
 every array argument has the same shape). It works on arrays and on :class:`Spec`
@@ -84,6 +86,11 @@ _SCALARS = frozenset({int, float, bool, complex})
 _ndarray = np.ndarray
 # Module constants: an enum member looked up on its class costs ~80 ns (EnumType.__getattr__).
 _UNKNOWN, _CREATE, _PRODUCT, _INDEX = Cost.UNKNOWN, Cost.CREATE, Cost.PRODUCT, Cost.INDEX
+# Broadcast shapes by the operands' shapes (see _broadcast), cleared when full.
+_broadcasts: dict[tuple[tuple[int, ...], ...], tuple[int, ...] | None] = {}
+_BROADCASTS_MAX = 1024
+# The same for two shapes, with the size: the hot path of estimate_us.
+_pairs: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], int]] = {}
 
 
 class Spec:
@@ -120,10 +127,21 @@ def _broadcast(arrays: list[Any]) -> tuple[int, ...] | None:
     shape = arrays[0].shape
     for a in arrays:
         if a.shape != shape:
+            shapes = tuple([a.shape for a in arrays])
             try:
-                return tuple(np.broadcast_shapes(*(a.shape for a in arrays)))
+                return _broadcasts[shapes]
+            except KeyError:
+                pass
+            try:
+                out: tuple[int, ...] | None = tuple(np.broadcast_shapes(*shapes))
             except ValueError:  # the kernel will reject these shapes
-                return None
+                out = None
+            # np.broadcast_shapes costs ~4 µs, as much as the op it estimates; a service
+            # broadcasts the same few shapes (rows against a parameter's) again and again.
+            if len(_broadcasts) >= _BROADCASTS_MAX:
+                _broadcasts.clear()
+            _broadcasts[shapes] = out
+            return out
     return tuple(shape)
 
 
@@ -147,6 +165,17 @@ def out_spec(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> 
         return None if len(arrays) > 1 else Spec(tuple(arrays[0].shape), itemsize)
     shape = _broadcast(arrays)
     return None if shape is None else Spec(shape, itemsize)
+
+
+def _pair(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...], int] | None:
+    """The broadcast shape of ``a`` and ``b`` and its size, cached in ``_pairs``; None if they do not broadcast."""
+    shape = _broadcast([Spec(a, 1), Spec(b, 1)])
+    if shape is None:
+        return None
+    if len(_pairs) >= _BROADCASTS_MAX:
+        _pairs.clear()
+    both = _pairs[(a, b)] = (shape, math.prod(shape))
+    return both
 
 
 def _touched_bytes(arrays: list[Any], nbytes: int | None) -> int:
@@ -190,7 +219,13 @@ def estimate_us(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, 
                 if shape is None:
                     shape, size = a.shape, a.size
                 elif a.shape != shape:
-                    break
+                    # Broadcasting (rows against a parameter's row): the shapes' result, cached.
+                    both = _pairs.get((shape, a.shape))
+                    if both is None:
+                        both = _pair(shape, a.shape)
+                        if both is None:
+                            break  # shapes the kernel will reject: the general path
+                    shape, size = both
                 total += a.nbytes
                 if a.itemsize > itemsize:
                     itemsize = a.itemsize

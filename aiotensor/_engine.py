@@ -41,6 +41,7 @@ from ._errors import (
 )
 from ._expr import Expr
 from ._kernels import KernelResult, as_numeric, finalize, info, kernel_error, normalize
+from ._loopload import BUSY_INLINE_US, offload, stays_inline
 from ._opdef import OPS, Cost, OpDef, namespace
 from ._ops._apply import label as apply_label
 from ._program import Program, Step
@@ -130,8 +131,10 @@ class Engine:
             and not log_placement
         )
         # The cost model's estimate (``_cost``) of an element-wise op is OVERHEAD_NS plus
-        # bytes touched x ns per byte: it runs inline when the second term fits in this.
+        # bytes touched x ns per byte: it runs inline when the second term fits in this
+        # (above the second, only while the loop is not busy: see _loopload).
         self._inline_ns = self._inline_us * 1000.0 - OVERHEAD_NS
+        self._busy_ns = BUSY_INLINE_US * 1000.0 - OVERHEAD_NS
         # The lean path's device (a remote backend may know its devices only once started).
         self._device = backend.default_device if self._lean else ""
         self._soft = soft_placement
@@ -384,7 +387,8 @@ class Engine:
             return result
         device = self.place(label)
         limit = self._inline_us
-        if limit and d.cost is not _UNKNOWN and estimate_us(d, bufs, kw, nbytes) <= limit:  # type: ignore[arg-type]
+        est = estimate_us(d, bufs, kw, nbytes) if limit and d.cost is not _UNKNOWN else math.inf  # type: ignore[arg-type]
+        if est <= limit and (est <= BUSY_INLINE_US or not offload(est)):  # (_loopload: a busy loop offloads)
             if nbytes is None and d.returns == "one" and self.registry.memory_limit is None:
                 # Nothing to reserve or wait for: run and own it without another coroutine frame.
                 policy = self.policy
@@ -449,7 +453,8 @@ class Engine:
             else:
                 break
         else:
-            if shape is not None and (total + largest) * _PER_BYTE_OF[d] <= self._inline_ns:
+            cost_ns = (total + largest) * _PER_BYTE_OF[d]
+            if shape is not None and cost_ns <= self._inline_ns and (cost_ns <= self._busy_ns or stays_inline()):
                 policy = self.policy
                 safe_point = policy.safe_point
                 if safe_point is not None:
@@ -647,6 +652,8 @@ class Engine:
             safe_point()
         inline = est_us <= self._inline_us and self._inline_us > 0
         sliced = not inline and est_us <= SLICED_MAX * self._inline_us and isinstance(kernel, Program)
+        if (inline or sliced) and est_us > BUSY_INLINE_US and offload(est_us):
+            inline = sliced = False  # a busy loop (_loopload) sends it to the pool
         if (inline or sliced) and policy.inline_point is not None:
             policy.inline_point()  # runs on the loop without suspending: free what was dropped first
         if inline and nbytes is None and registry.memory_limit is None and self._plain_inline:
@@ -734,9 +741,10 @@ class Engine:
         """:meth:`call`'s common case without a coroutine frame, or ``None`` (then await :meth:`call`).
 
         It applies to a lean session (open, on its loop, numpy, no memory limit) on its
-        default device, for a kernel whose ``est_us`` is within the inline threshold,
-        while the run of inline work has not spent its hold budget (then :meth:`call`
-        yields first).
+        default device, for a kernel whose ``est_us`` is within the inline threshold
+        (and, above ``BUSY_INLINE_US``, while the loop is not busy: else :meth:`call`
+        sends it to the pool), while the run of inline work has not spent its hold
+        budget (then :meth:`call` yields first).
         """
         lean_loop = self._lean_loop
         if (
@@ -745,6 +753,7 @@ class Engine:
             or lean_loop is None
             or _get_loop() is not lean_loop
             or (self.placed and self.device_var.get() is not None)
+            or (est_us > BUSY_INLINE_US and not stays_inline())  # (last: it counts the kernel as kept)
         ):
             return None
         policy = self.policy

@@ -49,10 +49,18 @@ if str(ROOT) not in sys.path:  # run as a script: the checkout's root, not examp
 from examples.web_service.model import IN_FEATURES  # noqa: E402 -- needs the checkout on the path
 from examples.web_service.server import RunningServer, serve  # noqa: E402
 
+USER_FEATURES = 32  # (benchmarks/_web_apps.py: not importable here without the examples on the path)
+
 BASELINES = ("numpy in handler", "numpy to_thread")
 #: label -> (uvicorn target, app dir)
 EXAMPLE = "aiotensor batched (the example)"
 OPS = "aiotensor (op by op)"
+#: The user-style service (issue 29: standardize + linear scoring, op by op, as the web
+#: guide teaches) and its own NumPy twins (``_web_apps``).
+USER = "user service: aiotensor"
+USER_NUMPY = "user service: numpy in handler"
+USER_THREAD = "user service: numpy to_thread"
+USER_VARIANTS = (USER, USER_NUMPY, USER_THREAD)
 VARIANTS: dict[str, tuple[str, Path]] = {
     EXAMPLE: ("web_service.app:app", ROOT / "examples"),
     OPS: ("web_service.app:ops_app", ROOT / "examples"),
@@ -60,6 +68,9 @@ VARIANTS: dict[str, tuple[str, Path]] = {
     "aiotensor, no disconnect watch": ("_web_apps:no_watch_app", ROOT / "benchmarks"),
     "numpy in handler": ("web_service.baselines:numpy_app", ROOT / "examples"),
     "numpy to_thread": ("web_service.baselines:to_thread_app", ROOT / "examples"),
+    USER: ("_web_apps:user_app", ROOT / "benchmarks"),
+    USER_NUMPY: ("_web_apps:user_numpy_app", ROOT / "benchmarks"),
+    USER_THREAD: ("_web_apps:user_to_thread_app", ROOT / "benchmarks"),
 }
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "bench_web.md"
 INSTALL_HINT = "install it with `apt-get install wrk` (Debian/Ubuntu) or `brew install wrk` (macOS)"
@@ -228,22 +239,24 @@ def wrk(url: str, script: Path, args: argparse.Namespace, seconds: int) -> dict[
     return summary
 
 
-def write_bodies(directory: Path, rows: int, count: int = 8) -> Path:
+def write_bodies(directory: Path, rows: int, count: int = 8, features: int = IN_FEATURES) -> Path:
     """``count`` JSON bodies of ``rows`` random rows, and the Lua script that sends them in turn."""
     rng = np.random.default_rng(rows)
     paths = []
     for k in range(count):
-        path = directory / f"body_{rows}_{k}.json"
-        path.write_text(json.dumps({"inputs": rng.standard_normal((rows, IN_FEATURES)).round(6).tolist()}))
+        path = directory / f"body_{rows}_{features}_{k}.json"
+        path.write_text(json.dumps({"inputs": rng.standard_normal((rows, features)).round(6).tolist()}))
         paths.append(path)
-    script = directory / f"predict_{rows}.lua"
+    script = directory / f"predict_{rows}_{features}.lua"
     script.write_text(LUA % ", ".join(json.dumps(str(p)) for p in paths))
     return script
 
 
 def measure(rows: int, variants: list[str], args: argparse.Namespace, tmp: Path, console: Console) -> list[Measured]:
     """Serve every variant on fresh servers and load them in interleaved rounds."""
-    script = write_bodies(tmp, rows)
+    scripts = {
+        v: write_bodies(tmp, rows, features=USER_FEATURES if v in USER_VARIANTS else IN_FEATURES) for v in variants
+    }
     blas = str(args.blas_threads)
     env = {"OPENBLAS_NUM_THREADS": blas, "OMP_NUM_THREADS": blas, "MKL_NUM_THREADS": blas}
     results = {v: Measured(v, rows) for v in variants}
@@ -257,7 +270,7 @@ def measure(rows: int, variants: list[str], args: argparse.Namespace, tmp: Path,
         for v in variants:
             results[v].rss_before = rss_of(servers[v].process.pid)
             if args.warmup:
-                wrk(servers[v].url, script, args, args.warmup)  # first calls, caches, the cost model
+                wrk(servers[v].url, scripts[v], args, args.warmup)  # first calls, caches, the cost model
         last_end: dict[str, float] = {}
         for r in range(args.rounds):
             order = variants[r % len(variants) :] + variants[: r % len(variants)]
@@ -268,7 +281,7 @@ def measure(rows: int, variants: list[str], args: argparse.Namespace, tmp: Path,
                 cpu_before = thread_cpu(pid)
                 prober.start()
                 try:
-                    summary = wrk(servers[v].url, script, args, args.duration)
+                    summary = wrk(servers[v].url, scripts[v], args, args.duration)
                 finally:
                     prober.halt.set()
                     prober.join()
@@ -306,9 +319,10 @@ def measure(rows: int, variants: list[str], args: argparse.Namespace, tmp: Path,
 
 
 # -- reporting -------------------------------------------------------------------------------
-def best_baseline(results: list[Measured]) -> Measured | None:
-    """The baseline with the most requests/s."""
-    baselines = [m for m in results if m.variant in BASELINES]
+def best_baseline(results: list[Measured], user: bool = False) -> Measured | None:
+    """The baseline with the most requests/s (of the user-style service's twins if ``user``)."""
+    names = (USER_NUMPY, USER_THREAD) if user else BASELINES
+    baselines = [m for m in results if m.variant in names]
     return max(baselines, key=lambda m: m.rps) if baselines else None
 
 
@@ -321,7 +335,7 @@ def rows_of(results: list[Measured]) -> list[list[str]]:
     """Table rows: every variant with its figures and its ratio to the best baseline."""
     out = []
     for m in results:
-        best = best_baseline([r for r in results if r.rows == m.rows])
+        best = best_baseline([r for r in results if r.rows == m.rows], user=m.variant in USER_VARIANTS)
         ratio = f"{m.rps / best.rps:.2f}" if best is not None and best.rps else "-"
         out.append(
             [
@@ -362,6 +376,27 @@ COLUMNS = [
 ]
 
 
+def _health_targets(
+    prefix: str, ours: Measured, thread: Measured | None, handler: Measured | None
+) -> list[tuple[str, str, bool | None]]:
+    """The ``/health`` targets: p99 <= to_thread's at 16 rows, <= 0.5x numpy in the handler's above."""
+    out: list[tuple[str, str, bool | None]] = []
+    p99 = ours.health_ms(99)
+    if ours.rows <= 16 and thread is not None:
+        theirs = thread.health_ms(99)
+        out.append((f"{prefix}: /health p99 <= to_thread's", f"{p99:.1f} vs {theirs:.1f} ms", p99 <= theirs))
+    if ours.rows > 16 and handler is not None:
+        theirs = handler.health_ms(99)
+        out.append(
+            (
+                f"{prefix}: /health p99 <= 0.5x numpy in handler's",
+                f"{p99:.1f} vs {theirs:.1f} ms ({p99 / theirs:.2f}x)",
+                p99 <= 0.5 * theirs,
+            )
+        )
+    return out
+
+
 def targets(results: list[Measured], subject: str = EXAMPLE) -> list[tuple[str, str, bool | None]]:
     """The issue's targets: (target, measured, met) for ``subject`` (the example's app: batched).
 
@@ -393,25 +428,31 @@ def targets(results: list[Measured], subject: str = EXAMPLE) -> list[tuple[str, 
         ratio = ours.rps / best.rps
         measured = f"{ratio:.2f}x ({best.variant})"
         out.append((f"{rows} rows: req/s >= {want:.2f}x best baseline", measured, ratio >= want))
-        if rows <= 16 and thread is not None:
-            ours_p99, theirs = ours.health_ms(99), thread.health_ms(99)
-            out.append(
-                (f"{rows} rows: /health p99 <= to_thread's", f"{ours_p99:.1f} vs {theirs:.1f} ms", ours_p99 <= theirs)
-            )
-        if rows > 16 and handler is not None:
-            ours_p99, theirs = ours.health_ms(99), handler.health_ms(99)
-            out.append(
-                (
-                    f"{rows} rows: /health p99 <= 0.5x numpy in handler's",
-                    f"{ours_p99:.1f} vs {theirs:.1f} ms ({ours_p99 / theirs:.2f}x)",
-                    ours_p99 <= 0.5 * theirs,
-                )
-            )
+        out += _health_targets(f"{rows} rows", ours, thread, handler)
         if thread is not None and thread.rss_after:
             ratio = ours.rss_after / thread.rss_after
             out.append((f"{rows} rows: RSS after <= 1.25x to_thread's", f"{ratio:.2f}x", ratio <= 1.25))
     errors = sum(m.errors for m in results)
     out.append(("zero errors", str(errors), errors == 0))
+    return out
+
+
+def targets_29(results: list[Measured]) -> list[tuple[str, str, bool | None]]:
+    """Issue 29's targets, for the example and for the user-style service against its own twins."""
+    out: list[tuple[str, str, bool | None]] = []
+    apps = ((EXAMPLE, "numpy in handler", "numpy to_thread"), (USER, USER_NUMPY, USER_THREAD))
+    for subject, handler_name, thread_name in apps:
+        for rows in sorted({m.rows for m in results}):
+            same = [m for m in results if m.rows == rows]
+            ours, best = by_name(same, subject), best_baseline(same, user=subject == USER)
+            thread, handler = by_name(same, thread_name), by_name(same, handler_name)
+            if ours is None or best is None or not best.rps:
+                continue
+            ratio = ours.rps / best.rps
+            measured = f"{ratio:.2f}x ({best.variant})"
+            out.append((f"{subject}, {rows} rows: req/s >= 1.00x best baseline", measured, ratio >= 1.0))
+            out.append((f"{subject}, {rows} rows: moonshot req/s >= 1.30x best baseline", measured, ratio >= 1.3))
+            out += _health_targets(f"{subject}, {rows} rows", ours, thread, handler)
     return out
 
 
@@ -422,7 +463,8 @@ def markdown(results: list[Measured], args: argparse.Namespace, command: str, lo
         "",
         f"`{command}` on {os.cpu_count()} cores ({load}), Python {platform.python_version()}; each variant a"
         f" `uvicorn --loop uvloop` process (one worker, BLAS threads {args.blas_threads}); "
-        f"`wrk -t{args.threads} -c{args.connections}` POST /predict ({IN_FEATURES} float features per row) for"
+        f"`wrk -t{args.threads} -c{args.connections}` POST /predict ({IN_FEATURES} float features per row; the"
+        f" user-style service {USER_FEATURES}) for"
         f" {args.duration} s per round, {args.rounds} interleaved rounds; `/health` probed every"
         f" {args.health_every * 1e3:g} ms during the load; RSS before the load, its peak during it, and"
         f" {args.after:g} s after each server's last round. One run on a shared machine: expect noise.",
@@ -433,6 +475,10 @@ def markdown(results: list[Measured], args: argparse.Namespace, command: str, lo
     lines += ["| " + " | ".join(row) + " |" for row in rows_of(results)]
     lines += ["", f"| target ({EXAMPLE}) | measured | met |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {'yes' if ok else 'no'} |" for t, m, ok in targets(results)]
+    extra = targets_29(results)
+    if extra:
+        lines += ["", "| target (issue 29) | measured | met |", "|---|---|---|"]
+        lines += [f"| {t} | {m} | {'yes' if ok else 'no'} |" for t, m, ok in extra]
     return "\n".join(lines) + "\n"
 
 
@@ -483,6 +529,13 @@ def main(argv: list[str] | None = None) -> int:
     for t, m, ok in targets(results):
         goals.add_row(t, m, "yes" if ok else "no")
     console.print(goals)
+    if targets_29(results):
+        goals = Table(title="Targets (issue 29)")
+        for column in ("target", "measured", "met"):
+            goals.add_column(column)
+        for t, m, ok in targets_29(results):
+            goals.add_row(t, m, "yes" if ok else "no")
+        console.print(goals)
     command = " ".join(["python benchmarks/bench_web.py", *(sys.argv[1:] if argv is None else argv)])
     path = args.markdown or (DEFAULT_RESULTS if args.write_docs else None)
     if path is not None:

@@ -223,3 +223,18 @@ async def test_a_float_floor_division_expression_is_not_run_in_slices() -> None:
         np.testing.assert_array_equal(got, (np.full(1 << 14, 7.0, np.float32) // 2.0) % 3.0)
         assert len(backend.kernels) == 1
         del a
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [((16, 32), (32,)), ((32,), (16, 32)), ((16, 1), (1, 32)), ((4, 16, 32), (16, 32)), ((16, 32), (3,))],
+)
+def test_broadcasting_operands_are_estimated_as_the_general_path_does(a: tuple[int, ...], b: tuple[int, ...]) -> None:
+    from aiotensor._cost import Spec
+
+    add = OPS["add"]
+    x, y = np.ones(a, np.float32), np.ones(b)
+    # The general path (Spec operands skip the array-only hot path), then the hot path twice (cached).
+    general = estimate_us(add, (Spec(a, 4), Spec(b, 8)), None, None)
+    assert estimate_us(add, (x, y), None, None) == general
+    assert estimate_us(add, (x, y), None, None) == general

@@ -121,6 +121,8 @@ class Service:
             "requests": requests,
             # The batched forward pass (the default): calls, batches, rows and calls per batch.
             "batching": dataclasses.asdict(batched_forward.stats()),
+            # How busy the event loop is, and the kernels that sent to the pool (at.loop_load).
+            "loop": dataclasses.asdict(at.loop_load()),
         }
 
 

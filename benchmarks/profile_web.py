@@ -1,0 +1,274 @@
+"""Where the event loop's time goes per request (issue 29): a ladder of in-process ASGI apps.
+
+Each rung adds one piece of the request path to the one before, so the difference of
+two rungs' loop CPU per request is what that piece costs the loop thread:
+
+* the **user-style service** (``_web_apps.user_app``: standardize 16 x 32 rows with a
+  fitted scaler, score them linearly, op by op, as ``docs/guides/web-services.md``
+  teaches): FastAPI and pydantic alone, + the request-session middleware, + the request
+  session (opened by the dependency, closed by the middleware), + each of its four ops,
+  + the fetch and the response; beside its NumPy twins (in the handler, ``to_thread``);
+* the **web example** (an MLP, 64 -> 512 -> 512 -> 10): op by op, fused, batched, and
+  its NumPy twins.
+
+The requests are driven in process (no sockets, no HTTP parsing: what uvicorn adds is
+the same for every rung): 32 clients keep one request each in flight, and the loop
+thread's CPU time (``time.thread_time``) over a run, divided by the requests, is the
+figure. Rungs take turns in interleaved rounds; the table gives the median over rounds.
+
+Run::
+
+    python -m benchmarks.profile_web            # ~1 minute
+    python -m benchmarks.profile_web --quick    # a smoke run
+    python -m benchmarks.profile_web --markdown  # also print the table as markdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import Depends, FastAPI, Request
+
+import aiotensor as at
+from aiotensor import web
+from aiotensor.web.fastapi import RequestSession
+
+from ._harness import loop_factories, run_on
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+from web_service import app as example
+from web_service import baselines
+from web_service.model import IN_FEATURES
+
+from ._web_apps import USER_FEATURES, ScoreRequest, ScoreResponse, user_numpy_app, user_to_thread_app, user_weights
+
+App = Callable[..., Awaitable[None]]
+CLIENTS = 32
+#: The user-style service's rungs: how far its handler goes.
+USER_RUNGS = (
+    "FastAPI + pydantic, no aiotensor",
+    "+ middleware (no session)",
+    "+ an async FastAPI dependency (no session)",
+    "+ request session open/close (the dependency's)",
+    "+ subtract",
+    "+ divide",
+    "+ matmul",
+    "+ add",
+    "+ fetch and response (the service)",
+)
+
+
+async def _nothing() -> None:
+    """A dependency as cheap as they come: what FastAPI charges for one."""
+
+
+def user_rung(stage: int) -> FastAPI:
+    """The user-style service cut after rung ``stage`` (an index into :data:`USER_RUNGS`)."""
+    sessions = web.Sessions()
+    weights = user_weights()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> Any:
+        async with sessions.open() as s:
+            app.state.model = {k: await s.constant(v, name=k) for k, v in weights.items()}
+            yield
+
+    app = FastAPI(lifespan=lifespan)
+    if stage >= 1:
+        sessions.install(app)
+    fixed = ScoreResponse(scores=[[0.0]])
+
+    if stage < 2:
+
+        @app.post("/predict")
+        async def bare(body: ScoreRequest, request: Request) -> ScoreResponse:
+            np.asarray(body.inputs, dtype=np.float32)
+            return fixed
+
+        return app
+    if stage == 2:
+
+        @app.post("/predict")
+        async def dependency(
+            body: ScoreRequest, request: Request, s: Annotated[None, Depends(_nothing)]
+        ) -> ScoreResponse:
+            np.asarray(body.inputs, dtype=np.float32)
+            return fixed
+
+        return app
+    stage -= 1  # (the rungs below count from the session's)
+
+    @app.post("/predict")
+    async def predict(body: ScoreRequest, request: Request, s: RequestSession) -> ScoreResponse:
+        m = request.app.state.model
+        x: Any = np.asarray(body.inputs, dtype=np.float32)
+        if stage >= 3:
+            x = await s.subtract(x, m["mean"])
+        if stage >= 4:
+            x = await s.divide(x, m["scale"])
+        if stage >= 5:
+            x = await s.matmul(x, m["w"])
+        if stage >= 6:
+            x = await s.add(x, m["b"])
+        if stage >= 7:
+            return ScoreResponse(scores=(await x.numpy()).tolist())
+        return fixed
+
+    return app
+
+
+def _scope(path: str, body: bytes) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+
+
+async def _request(app: App, body: bytes) -> int:
+    """One POST /predict through ``app`` as a server would drive it; its status."""
+    read = False
+    answered = asyncio.get_running_loop().create_future()
+    status = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal read
+        if not read:
+            read = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await answered  # the disconnect a server sends once the response is out
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif not message.get("more_body", False) and not answered.done():
+            answered.set_result(None)
+
+    await app(_scope("/predict", body), receive, send)
+    return status
+
+
+async def _load(app: App, bodies: list[bytes], n: int) -> float:
+    """``CLIENTS`` clients, ``n`` requests each: the loop thread's CPU µs per request."""
+
+    async def client(k: int) -> None:
+        for i in range(n):
+            status = await _request(app, bodies[(k + i) % len(bodies)])
+            if status != 200:
+                raise RuntimeError(f"status {status}")
+
+    start = time.thread_time()
+    async with asyncio.TaskGroup() as tg:
+        for k in range(CLIENTS):
+            tg.create_task(client(k))
+    return (time.thread_time() - start) / (CLIENTS * n) * 1e6
+
+
+def _bodies(rows: int, features: int) -> list[bytes]:
+    rng = np.random.default_rng(rows)
+    return [json.dumps({"inputs": rng.standard_normal((rows, features)).round(6).tolist()}).encode() for _ in range(8)]
+
+
+async def _measure(apps: dict[str, FastAPI], bodies: list[bytes], rounds: int, n: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {label: [] for label in apps}
+    async with contextlib.AsyncExitStack() as stack:
+        for app in apps.values():
+            await stack.enter_async_context(app.router.lifespan_context(app))
+        for app in apps.values():
+            await _load(app, bodies, max(2, n // 4))  # warm-up: first calls, the cost model
+        labels = list(apps)
+        for r in range(rounds):
+            for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
+                out[label].append(await _load(apps[label], bodies, n))
+    return out
+
+
+def profile(rounds: int, n: int, loop_name: str) -> list[tuple[str, str, float, float | None]]:
+    """(workload, rung, loop µs per request, µs over the rung before) for both services on ``loop_name``."""
+    rows: list[tuple[str, str, float, float | None]] = []
+    at.set_blas_threads(1)
+    try:
+        user = {label: user_rung(i) for i, label in enumerate(USER_RUNGS)}
+        user["numpy in handler"] = user_numpy_app
+        user["numpy to_thread"] = user_to_thread_app
+        measured = run_on(loop_name, _measure(user, _bodies(16, USER_FEATURES), rounds, n))
+        previous = None
+        for label in user:
+            us = statistics.median(measured[label])
+            step = us - previous if previous is not None and label in USER_RUNGS else None
+            rows.append((f"user-style service, 16x{USER_FEATURES}", label, us, step))
+            previous = us if label in USER_RUNGS else previous
+        ex = {
+            "example op by op": example.ops_app,
+            "example fused": example.fused_app,
+            "example batched": example.app,
+            "numpy in handler": baselines.numpy_app,
+            "numpy to_thread": baselines.to_thread_app,
+        }
+        for size in (16, 512):
+            measured = run_on(loop_name, _measure(ex, _bodies(size, IN_FEATURES), rounds, n if size == 16 else n // 4))
+            rows += [(f"web example, {size}x{IN_FEATURES}", k, statistics.median(v), None) for k, v in measured.items()]
+    finally:
+        at.set_blas_threads(None)
+    return rows
+
+
+def markdown(rows: list[tuple[str, str, float, float | None]], command: str, loop_name: str) -> str:
+    """The table for docs/performance.md."""
+    lines = [
+        f"`{command}`, {loop_name} loop, {CLIENTS} clients in process (no HTTP parsing), BLAS threads 1;"
+        " loop-thread CPU per request, median over interleaved rounds, on a machine shared with other jobs.",
+        "",
+        "| workload | rung | loop CPU µs/request | µs over the rung above |",
+        "|---|---|---:|---:|",
+    ]
+    for workload, label, us, step in rows:
+        lines.append(f"| {workload} | {label} | {us:.0f} | {'' if step is None else f'{step:+.0f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line, run, print."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_web", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests and rounds")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5, quick 2)")
+    parser.add_argument("--requests", type=int, default=None, help="requests per client per round (default 40)")
+    parser.add_argument("--loop", choices=list(loop_factories()), default=list(loop_factories())[-1])
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (2 if args.quick else 5)
+    n = args.requests or (10 if args.quick else 40)
+    rows = profile(rounds, n, args.loop)
+    command = " ".join(["python -m benchmarks.profile_web", *(sys.argv[1:] if argv is None else argv)])
+    if args.markdown:
+        print(markdown(rows, command, args.loop))
+    else:
+        for workload, label, us, step in rows:
+            print(f"{workload:<28} {label:<40} {us:8.1f} µs {'' if step is None else f'{step:+8.1f}'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
