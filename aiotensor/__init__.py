@@ -8,6 +8,7 @@ event loop stays responsive; buffers of dropped handles are freed by one of thre
 
 import importlib.metadata as _metadata
 
+from . import xp as xp  # the Array API namespace (a module: not in __all__)
 from ._backend import Backend as Backend
 from ._backend import InlineExecutor as InlineExecutor
 from ._backend import LocalBackend as LocalBackend

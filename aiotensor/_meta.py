@@ -1,0 +1,230 @@
+"""An expression's shape and dtype, known before it runs, from its inputs' metadata only.
+
+No kernel ever runs on the data: element-wise ops follow NumPy's broadcasting and
+promotion (:mod:`_ufuncs`), reductions a shape rule, indexing a run on a zero-stride
+stand-in of the input, and the other ops a run of their kernel on small zero-filled
+stand-ins of the inputs' shapes and dtypes (exact, because every op of the table gives
+its output's shape and dtype from its inputs' shapes and dtypes alone). Where a size
+depends on the values (``unique_values``, ``nonzero``, a boolean mask) it is ``None``;
+where nothing exact is cheap (a large input to an op without a rule, a user kernel),
+the shape or dtype is ``None``: unknown, never wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any, cast
+
+import numpy as np
+
+from ._opdef import Cost, OpDef, item_op
+from ._ufuncs import ufunc_result
+
+__all__ = ["DATA_DEPENDENT", "Meta", "Shape", "broadcast", "node_meta"]
+
+#: A shape with ``None`` where the size is known only at run time.
+Shape = tuple[int | None, ...]
+#: (shape or None if unknown, dtype or None if unknown); a list of them for several results.
+Meta = tuple[Shape | None, np.dtype[Any] | None]
+#: Ops whose output sizes depend on the input values.
+DATA_DEPENDENT = frozenset(
+    {"nonzero", "argwhere", "unique", "unique_values", "unique_counts", "unique_inverse", "unique_all", "repeat"}
+)
+#: Ops whose kernels run on stand-ins only up to this many input elements.
+_SMALL = 4096
+_UNKNOWN: Meta = (None, None)
+_PY_SCALARS = (bool, int, float, complex)
+
+
+def broadcast(shapes: list[Shape]) -> Shape | None:
+    """The broadcast of shapes with unknown (``None``) sizes, or ``None`` if they cannot broadcast."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out: list[int | None] = []
+    for i in range(-ndim, 0):
+        dims = {s[i] for s in shapes if len(s) >= -i}
+        known = {d for d in dims if d is not None and d != 1}
+        if len(known) > 1:
+            return None
+        if known:
+            out.append(known.pop())
+        elif None in dims:
+            out.append(None)
+        else:
+            out.append(1)
+    return tuple(out)
+
+
+def _stand_in(shape: Shape, dtype: np.dtype[Any]) -> Any:
+    # Square float matrices are identities, so that inv/solve/cholesky of a stand-in succeed.
+    arr = np.zeros(cast("tuple[int, ...]", shape), dtype)
+    if len(shape) >= 2 and shape[-1] == shape[-2] and dtype.kind in "fc":
+        arr[...] = np.eye(shape[-1], dtype=dtype)  # type: ignore[arg-type]
+    return arr
+
+
+def _run(fn: Callable[[], Any]) -> Any:
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn()
+
+
+def _out_meta(out: Any, dynamic: bool) -> Any:
+    if isinstance(out, list | tuple):
+        return [_out_meta(o, dynamic) for o in out]
+    arr = np.asarray(out)
+    shape: Shape = tuple(None for _ in arr.shape) if dynamic else arr.shape
+    return shape, arr.dtype
+
+
+def node_meta(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, meta_of: Callable[[Any], Any]) -> Any:
+    """The metadata of op ``d`` applied to ``args``; ``meta_of`` gives an argument's (or None if it is a value)."""
+    try:
+        return _node_meta(d, args, kwargs or {}, meta_of)
+    except Exception:
+        return _UNKNOWN
+
+
+def _node_meta(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any], meta_of: Callable[[Any], Any]) -> Any:
+    if d is item_op:
+        parent = meta_of(args[0])
+        return parent[args[1]] if isinstance(parent, list) else _UNKNOWN
+    if d.user:
+        return _UNKNOWN  # never run a user's kernel for metadata
+    metas = [meta_of(a) for a in args]
+    if d.ufunc and isinstance(d.kernel, str) and not kwargs:
+        return _elementwise(getattr(np, d.kernel), args, metas)
+    if d.name == "getitem":
+        return _getitem(metas[0], args[1], meta_of)
+    if d.data == 1 and "axis" in kwargs and "keepdims" in kwargs and metas[0] is not None:
+        return _reduction(d, args, kwargs, metas[0])
+    return _by_stand_ins(d, args, kwargs, metas, meta_of)
+
+
+def _elementwise(ufunc: np.ufunc, args: tuple[Any, ...], metas: list[Any]) -> Meta:
+    shapes: list[Shape] = []
+    trial: list[Any] = []
+    for a, m in zip(args, metas, strict=True):
+        if m is None:
+            if not isinstance(a, _PY_SCALARS):
+                a = np.asarray(a)
+                m = (a.shape, a.dtype)
+            else:
+                trial.append(a)
+                continue
+        if isinstance(m, list) or m[1] is None:
+            return _UNKNOWN
+        trial.append(np.zeros((), m[1]))
+        if m[0] is None:
+            shapes = []
+            break
+        shapes.append(m[0])
+    known = ufunc_result(ufunc, trial)
+    dtype = None if known is None else known[1]
+    if len(shapes) != len([m for m in metas if m is not None]):
+        return None, dtype
+    return broadcast(shapes), dtype
+
+
+def _reduction(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any], m: Meta) -> Meta:
+    shape, dtype = m
+    if shape is None or dtype is None:
+        return _UNKNOWN
+    axis, keepdims = kwargs["axis"], kwargs["keepdims"]
+    ndim = len(shape)
+    one = np.ones((1,) * ndim, dtype)
+    out = _run(lambda: d.kernel_for(np)(one, *args[1:], **kwargs))
+    axes = range(ndim) if axis is None else [a % ndim for a in ((axis,) if isinstance(axis, int) else axis)]
+    dims: list[int | None] = []
+    for i, n in enumerate(shape):
+        if i in axes:
+            if keepdims:
+                dims.append(1)
+        else:
+            dims.append(n)
+    return tuple(dims), np.asarray(out).dtype
+
+
+def _getitem(m: Any, key: Any, meta_of: Callable[[Any], Any]) -> Meta:
+    if m is None or isinstance(m, list) or m[0] is None or None in m[0] or m[1] is None:
+        return _UNKNOWN
+    shape, dtype = m
+    x = np.broadcast_to(np.zeros((), dtype), shape)  # no memory, whatever the shape
+    parts = key if type(key) is tuple else (key,)
+    masks = False
+    empty: list[Any] = []
+    one: list[Any] = []
+    for p in parts:
+        km = meta_of(p) if not isinstance(p, np.ndarray) else (p.shape, p.dtype)
+        if km is None:
+            empty.append(p)
+            one.append(p)
+            continue
+        if isinstance(km, list) or km[0] is None or None in km[0] or km[1] is None:
+            return None, dtype
+        kshape, kdtype = km
+        if kdtype == np.bool_:
+            masks = True
+            empty.append(np.zeros(kshape, bool))
+            first = np.zeros(kshape, bool)
+            first.reshape(-1)[:1] = True
+            one.append(first)
+        else:
+            index = np.zeros(kshape, np.intp)
+            empty.append(index)
+            one.append(index)
+    got = _run(lambda: x[tuple(empty)]).shape
+    if not masks:
+        return got, dtype
+    other = _run(lambda: x[tuple(one)]).shape
+    return tuple(a if a == b else None for a, b in zip(got, other, strict=True)), dtype
+
+
+def _by_stand_ins(
+    d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any], metas: list[Any], meta_of: Callable[[Any], Any]
+) -> Any:
+    total = 0
+
+    def stand_in(a: Any, m: Any) -> Any:
+        nonlocal total
+        if m is None:
+            if isinstance(a, list | tuple):
+                return type(a)(stand_in(e, meta_of(e)) for e in a)
+            return a
+        if isinstance(m, list) or m[0] is None or None in m[0] or m[1] is None:
+            raise LookupError  # an input of unknown shape: the output's is unknown too
+        total += math.prod(m[0])
+        return _stand_in(m[0], m[1])
+
+    if d.cost is Cost.CREATE and d.kernel_for(np).__name__ == "_k_full":
+        return tuple(args[0]), args[2]  # zeros, ones, full: (shape, fill, dtype)
+    try:
+        trial = [stand_in(a, m) for a, m in zip(args, metas, strict=True)]
+        trial_kw = {k: stand_in(v, meta_of(v)) for k, v in kwargs.items()}
+    except LookupError:
+        return _UNKNOWN
+    if total > _SMALL:
+        return _large(d, args, metas)
+    out = _run(lambda: d.kernel_for(np)(*trial, **trial_kw))
+    return _out_meta(out, d.name in DATA_DEPENDENT)
+
+
+def _large(d: OpDef, args: tuple[Any, ...], metas: list[Any]) -> Meta:
+    # Large inputs: the rules of the ops that are cheap to state exactly.
+    m = metas[0] if metas else None
+    if m is None or isinstance(m, list):
+        return _UNKNOWN
+    shape, dtype = m
+    if d.name == "astype":
+        return shape, args[1]
+    if d.name == "reshape":
+        new = (args[1],) if isinstance(args[1], int) else tuple(args[1])
+        if -1 in new and shape is not None:
+            rest = math.prod(n for n in new if n != -1)
+            new = tuple(math.prod(cast("tuple[int, ...]", shape)) // rest if n == -1 else n for n in new)
+        return new, dtype
+    if d.name == "permute_dims" and shape is not None:
+        axes = args[1] if args[1] is not None else range(len(shape))[::-1]
+        return tuple(shape[i] for i in axes), dtype
+    return None, dtype if d.name in ("clip", "round", "squeeze", "expand_dims", "broadcast_to", "take") else None
