@@ -22,6 +22,7 @@ from ._config import ResourceCleanupStrategy as ResourceCleanupStrategy
 from ._config import SessionConfig as SessionConfig
 from ._errors import AioTensorError as AioTensorError
 from ._errors import BackendError as BackendError
+from ._errors import IndexOutOfRangeError as IndexOutOfRangeError
 from ._errors import InvalidArgumentError as InvalidArgumentError
 from ._errors import InvalidDeviceError as InvalidDeviceError
 from ._errors import KernelError as KernelError
@@ -61,6 +62,7 @@ __all__ = [
     "FusedFunction",
     "FusedOps",
     "FusedValue",
+    "IndexOutOfRangeError",
     "InlineExecutor",
     "InteractiveSession",
     "InvalidArgumentError",

@@ -397,7 +397,7 @@ class Expr(Operand):
         try:
             return self._meta
         except AttributeError:
-            m = self._meta = node_meta(self._d, self._args, self._kwargs, _meta_of)
+            m = self._meta = node_meta(self._d, self._args, self._kwargs, _meta_of, self._nbytes)
             return m
 
     @property

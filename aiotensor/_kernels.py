@@ -6,12 +6,13 @@ dtype and size are known without moving data back to the caller.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._errors import AioTensorError, InvalidArgumentError, KernelError, ResourceExhaustedError
+from ._errors import AioTensorError, IndexOutOfRangeError, InvalidArgumentError, KernelError, ResourceExhaustedError
 from ._structure import describe, input_specs
 from ._types import NDArray
 
@@ -155,6 +156,9 @@ def normalize(out: Any) -> KernelResult:
     return KernelResult([info(finalize(out))], False)
 
 
+#: numpy's words for an index or axis out of range, or too many indices (a bad key type is no range error).
+_OUT_OF_RANGE = re.compile("out of bounds|out of range|too many indices|did not match")
+
 #: An op's parameter names by op name (set by ``_opdef``, a layer above), for messages.
 ARG_NAMES: dict[str, Callable[[], list[str]]] = {}
 
@@ -206,6 +210,8 @@ def _map(op: str, args: tuple[Any, ...], exc: BaseException, user: bool) -> AioT
     where = f"{op}({describe(args)})"
     if isinstance(exc, MemoryError):
         return ResourceExhaustedError(f"{where}: out of memory ({exc})")
+    if not user and isinstance(exc, IndexError) and _OUT_OF_RANGE.search(str(exc)):  # AxisError is one too
+        return IndexOutOfRangeError(f"{where}: {exc}", op=op, inputs=input_specs(args))
     if isinstance(exc, BadOutputError) or (not user and isinstance(exc, _ARG_ERRORS)):
         return InvalidArgumentError(f"{where}: {exc}", op=op, inputs=input_specs(args))
     return KernelError(f"{where} failed: {type(exc).__name__}: {exc}")

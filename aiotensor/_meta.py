@@ -78,9 +78,20 @@ def _out_meta(out: Any, dynamic: bool) -> Any:
     return shape, arr.dtype
 
 
-def node_meta(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, meta_of: Callable[[Any], Any]) -> Any:
-    """The metadata of op ``d`` applied to ``args``; ``meta_of`` gives an argument's (or None if it is a value)."""
+def node_meta(
+    d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, meta_of: Callable[[Any], Any], nbytes: int | None
+) -> Any:
+    """The metadata of op ``d`` applied to ``args``; ``meta_of`` gives an argument's (or None if it is a value).
+
+    ``nbytes``: the output's size when known before running (creation ops): a large one
+    is not made to learn its shape.
+    """
     try:
+        if d.cost is Cost.CREATE:
+            if getattr(d.kernel, "__name__", None) == "_k_full":
+                return tuple(args[0]), args[2]  # zeros, ones, full: (shape, fill, dtype)
+            if nbytes is None or nbytes > _SMALL * 8:
+                return _UNKNOWN
         return _node_meta(d, args, kwargs or {}, meta_of)
     except Exception:
         return _UNKNOWN
@@ -197,8 +208,6 @@ def _by_stand_ins(
         total += math.prod(m[0])
         return _stand_in(m[0], m[1])
 
-    if d.cost is Cost.CREATE and d.kernel_for(np).__name__ == "_k_full":
-        return tuple(args[0]), args[2]  # zeros, ones, full: (shape, fill, dtype)
     try:
         trial = [stand_in(a, m) for a, m in zip(args, metas, strict=True)]
         trial_kw = {k: stand_in(v, meta_of(v)) for k, v in kwargs.items()}

@@ -188,3 +188,19 @@ async def test_indexing_with_masks_ints_and_arrays(s: at.AsyncEagerSession) -> N
     ]
     for expr, expected in cases:
         np.testing.assert_array_equal(await s.run(expr), expected)
+
+
+async def test_concrete_values_of_a_remote_buffer_say_to_await(
+    s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = await s.constant(1.5)
+    # A backend whose buffers live elsewhere (Dask) has nothing to peek at: never block the loop.
+    monkeypatch.setattr(s._engine.backend, "peek", lambda handle: None)
+    for convert in (bool, int, float, complex):
+        with pytest.raises(TypeError, match="await"):
+            convert(t)
+    with pytest.raises(TypeError, match="remote"):
+        t.item()
+    with pytest.raises(TypeError, match="await"):
+        np.from_dlpack(t)
+    assert float(await t.numpy()) == 1.5

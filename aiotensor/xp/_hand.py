@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from .._errors import InvalidDeviceError
+from .._errors import IndexOutOfRangeError, InvalidDeviceError
 from .._expr import Expr, Operand
 from .._meta import broadcast
 from .._opdef import INTERNAL_OPS, OPS
@@ -203,7 +203,7 @@ def unstack(x: TensorLike, /, *, axis: int = 0) -> tuple[Expr, ...]:
     """The slices of ``x`` along ``axis``, as a tuple."""
     shape = meta_shape(x, "unstack")
     if not -len(shape) <= axis < len(shape):
-        raise IndexError(f"unstack: axis {axis} is out of range for {len(shape)} dimensions")
+        raise IndexOutOfRangeError(f"unstack: axis {axis} is out of range for {len(shape)} dimensions")
     axis %= len(shape)
     return tuple(node(OPS["getitem"], (x, (slice(None),) * axis + (i,)), None) for i in range(shape[axis]))
 

@@ -2,7 +2,8 @@
 
 Every function returns an expression (several, as a named tuple, for ``svd``, ``eigh``,
 ``qr`` and ``slogdet``); ``matmul``, ``tensordot``, ``vecdot`` and ``matrix_transpose``
-are the main namespace's functions.
+are the main namespace's functions. A function whose op the table does not have yet
+(``svd``, ``eigh``, ``qr`` and ``slogdet`` need the ops of those names) is absent.
 """
 
 from __future__ import annotations
