@@ -323,7 +323,7 @@ def xp_functions(names: list[str], extension: str | None) -> str:
         "from __future__ import annotations\n\n"
         "from typing import TYPE_CHECKING\n\n"
         "from .._opdef import OPS\n"
-        "from ._node import node\n\n"
+        "from ._node import node, results\n\n"
         "if TYPE_CHECKING:\n"
         "    # (the names the ops' annotations may use)\n"
         "    from collections.abc import Callable, Sequence\n"
@@ -335,12 +335,13 @@ def xp_functions(names: list[str], extension: str | None) -> str:
     out += [f'_{d.name} = OPS["{d.name}"]\n' for d in dict.fromkeys(d for _, d in chosen)]
     for n, d in chosen:
         params, args, kwargs = _xp_params(d)
-        out.append(f"\n\ndef {n}({params}) -> Expr:\n")
+        many = d.returns != "one"  # several results: a tuple of expressions reading one node
+        out.append(f"\n\ndef {n}({params}) -> {'tuple[Expr, ...]' if many else 'Expr'}:\n")
         doc = inspect.cleandoc(d.spec.__doc__ or "").splitlines() or [n]
         body = "\n".join(("    " + line) if line else "" for line in doc[1:])
         out.append(f'    """{doc[0]}\n\n    Lazy: an expression, evaluated when awaited (see ``{d.name}``).\n')
         out.append((f"{body}\n" if body else "") + '    """\n')
-        out.append(f"    return node(_{d.name}, {args}, {kwargs})\n")
+        out.append(f"    return {'results' if many else 'node'}(_{d.name}, {args}, {kwargs})\n")
     return "".join(out)
 
 

@@ -504,15 +504,20 @@ class Expr(Operand):
             meta = f"shape={shape}, dtype={'?' if m[1] is None else m[1]}"
         return f"Expr({self._d.name}({', '.join(parts)}), {meta})"
 
-    def results(self) -> list[Expr]:
-        """One expression per result of a node with several (``split``): one program computes the node once."""
-        m = self._metadata()
+    def results(self, n: int | None = None) -> list[Expr]:
+        """One expression per result of a node with several (``split``): one program computes the node once.
+
+        ``n``: how many (default: as its metadata says; a ``TypeError`` where only a run can tell).
+        """
         if self._d.returns == "one":
             raise TypeError(f"{self._d.name} has one result")
-        if not isinstance(m, list):
-            raise TypeError(f"the number of results of {self._d.name} is known only at run time")
+        if n is None:
+            m = self._metadata()
+            if not isinstance(m, list):
+                raise TypeError(f"how many results {self._d.name} has is known only when it runs: await it instead")
+            n = len(m)
         self._used = True
-        return [Expr(item_op, (self, i), None, None) for i in range(len(m))]
+        return [Expr(item_op, (self, i), None, None) for i in range(n)]
 
 
 #: Larger expressions are compiled at each evaluation rather than cached: their keys

@@ -12,6 +12,7 @@ the shape or dtype is ``None``: unknown, never wrong.
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections.abc import Callable
@@ -90,7 +91,9 @@ def node_meta(
         if d.cost is Cost.CREATE:
             if getattr(d.kernel, "__name__", None) == "_k_full":
                 return tuple(args[0]), args[2]  # zeros, ones, full: (shape, fill, dtype)
-            if nbytes is None or nbytes > _SMALL * 8:
+            value = args[0] if d.name == "constant" else None  # asarray of a short list: cheap to look at
+            small = isinstance(value, _PY_SCALARS) or (isinstance(value, list | tuple) and len(value) <= 64)
+            if (nbytes is None or nbytes > _SMALL * 8) and not small:
                 return _UNKNOWN
         return _node_meta(d, args, kwargs or {}, meta_of)
     except Exception:
@@ -214,9 +217,40 @@ def _by_stand_ins(
     except LookupError:
         return _UNKNOWN
     if total > _SMALL:
+        if d.returns != "one":
+            return _several_large(d, args, kwargs, metas)
         return _large(d, args, metas)
     out = _run(lambda: d.kernel_for(np)(*trial, **trial_kw))
     return _out_meta(out, d.name in DATA_DEPENDENT)
+
+
+def _several_large(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any], metas: list[Any]) -> Any:
+    # Several results of large inputs: split by its rule; other ops run on stand-ins of
+    # one element a dimension, which tells how many results and their dtypes (not sizes).
+    m = metas[0]
+    if d.name == "split" and m is not None and not isinstance(m, list) and m[0] is not None:
+        shape, dtype = m
+        axis = args[2] % len(shape)
+        n = shape[axis]
+        if n is None:
+            return _UNKNOWN
+        sections = args[1]
+        if isinstance(sections, int):
+            if not sections or n % sections:
+                return _UNKNOWN  # (the kernel raises: no equal division)
+            cuts = [n * i // sections for i in range(sections + 1)]
+        elif any(i < 0 for i in sections):
+            return _UNKNOWN
+        else:
+            cuts = [0, *sections, n]
+        sizes = [max(0, min(b, n) - min(a, n)) for a, b in itertools.pairwise(cuts)]
+        return [((*shape[:axis], k, *shape[axis + 1 :]), dtype) for k in sizes]
+    tiny = [
+        _stand_in(tuple(min(n, 1) for n in mi[0]), mi[1]) if mi is not None and not isinstance(mi, list) else a
+        for a, mi in zip(args, metas, strict=True)
+    ]
+    out = _run(lambda: d.kernel_for(np)(*tiny, **kwargs))
+    return _out_meta(out, True)
 
 
 def _large(d: OpDef, args: tuple[Any, ...], metas: list[Any]) -> Meta:

@@ -254,3 +254,24 @@ async def test_complex_sign_is_x_over_its_magnitude(s: at.AsyncEagerSession) -> 
     got = await s.run(xp.sign(await s.constant(v)))
     np.testing.assert_allclose(got, [0.6 + 0.8j, -1j, 0j, 1j], rtol=1e-15)
     assert got.dtype == np.complex128
+
+
+async def test_an_op_with_several_results_gives_a_tuple(s: at.AsyncEagerSession) -> None:
+    from aiotensor.xp._node import results  # how a generated multi-output function (nonzero) builds its tuple
+
+    x = await s.constant(np.arange(12.0).reshape(2, 6))
+    parts = results(OPS["split"], (x, [1, 4]), {"axis": 1})
+    assert isinstance(parts, tuple)
+    assert [p.shape for p in parts] == [(2, 1), (2, 3), (2, 2)]
+    for got, expected in zip(
+        await s.run(list(parts)), np.split(np.arange(12.0).reshape(2, 6), [1, 4], axis=1), strict=True
+    ):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_metadata_of_creation_functions() -> None:
+    assert xp.asarray([[1, 2], [3, 4]]).shape == (2, 2)
+    assert xp.asarray(1.5).dtype == xp.float64
+    assert xp.zeros((2, 3), dtype=xp.int8).dtype == xp.int8
+    assert xp.arange(10**9).shape is None  # not made to learn its shape
+    assert xp.eye(3, 2).shape == (3, 2)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._opdef import OPS
-from ._node import node
+from ._node import node, results
 
 if TYPE_CHECKING:
     # (the names the ops' annotations may use)

@@ -6,9 +6,9 @@ from typing import Any, TypeVar
 
 from .._expr import Expr, Operand
 from .._kernels import forgotten_await
-from .._opdef import OpDef, item_op
+from .._opdef import OpDef
 
-__all__ = ["meta_shape", "node", "several"]
+__all__ = ["meta_shape", "node", "results", "several"]
 
 R = TypeVar("R")
 
@@ -25,11 +25,12 @@ def node(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Expr
     return Expr(d, *prepared)
 
 
-def several(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, n: int) -> list[Expr]:
-    """The ``n`` results of op ``d`` as expressions that all read one node: a program computes it once."""
-    whole = node(d, args, kwargs)
-    whole._used = True
-    picks = [Expr(item_op, (whole, i), None, None) for i in range(n)]
+def several(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, n: int | None = None) -> list[Expr]:
+    """The ``n`` results of op ``d`` as expressions that all read one node: a program computes it once.
+
+    ``n`` None: as many as the node's metadata says (a ``TypeError`` when that is known only at run time).
+    """
+    picks = node(d, args, kwargs).results(n)
     for p in picks:
         p._used = True  # a tuple of results: using only some of them is no mistake
     return picks
@@ -41,3 +42,8 @@ def meta_shape(x: Any, what: str) -> tuple[int, ...]:
     if shape is None or None in shape:
         raise ValueError(f"{what}: needs the shape of its input before it runs, which is {shape} here: await it first")
     return tuple(shape)
+
+
+def results(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[Expr, ...]:
+    """The results of a multi-output op as a tuple of expressions (the standard's ``nonzero``)."""
+    return tuple(several(d, args, kwargs))
