@@ -239,6 +239,12 @@ def operand_methods() -> str:
             f'        """{first}, as an expression."""\n'
             f"        return Expr(_{name}, (self,), None, None)\n\n"
         )
+    if "positive" not in OPS:  # until the table has the op: +x is x[...] (a copy of any dtype)
+        out.append(
+            "    def __pos__(self) -> Expr:\n"
+            '        """Element-wise ``+x`` (a copy), as an expression."""\n'
+            "        return Expr(_getitem, (self, Ellipsis), None, None)\n\n"
+        )
     out.append(
         "    def __getitem__(self, key: Any) -> Expr:\n"
         '        """``x[key]`` with numpy indexing, as an expression."""\n'

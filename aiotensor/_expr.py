@@ -107,10 +107,6 @@ class Operand:
         # Without this, Python would iterate through __getitem__(0), (1), ... forever.
         raise TypeError("an expression is not iterable: await it, or use xp.unstack / session.split")
 
-    def __pos__(self) -> Expr:
-        """Element-wise ``+x`` (a copy), as an expression."""
-        return Expr(_getitem, (self, Ellipsis), None, None)
-
     # --- generated: operand methods (python -m aiotensor._codegen) ---
     def __add__(self, other: TensorLike) -> Expr:
         """Element-wise ``x1 + x2``, as an expression."""
@@ -207,6 +203,10 @@ class Operand:
     def __abs__(self) -> Expr:
         """Element-wise absolute value, as an expression."""
         return Expr(_abs, (self,), None, None)
+
+    def __pos__(self) -> Expr:
+        """Element-wise ``+x`` (a copy), as an expression."""
+        return Expr(_getitem, (self, Ellipsis), None, None)
 
     def __getitem__(self, key: Any) -> Expr:
         """``x[key]`` with numpy indexing, as an expression."""
