@@ -417,9 +417,9 @@ class Expr(Operand):
         """The device of its tensors (``"/cpu:0"`` for an expression of no tensor)."""
         try:
             leaf = self._leaf()
-        except TypeError:
-            return "/cpu:0"
-        device: str = leaf.device
+        except TypeError:  # (no tensor: creation functions of aiotensor.xp)
+            leaf = None
+        device: str = "/cpu:0" if leaf is None else leaf.device
         return device
 
     # Concrete values need the data: an expression has none until evaluated.

@@ -198,6 +198,19 @@ def _evaluate(build: Callable[..., Any], arrays: list[np.ndarray[Any, Any]], str
         return asyncio.run(main())
 
 
+def _numpy_misses(name: str, *args: Any) -> bool:
+    """Inputs where the reference (numpy underneath) misses the standard's special cases: skipped here.
+
+    ``floor_divide`` with an infinite operand: the standard says ``-inf // -2.0`` is ``+inf``
+    and ``-0.5 // inf`` is ``-0.0``; numpy gives NaN and ``-1.0``. The op's own tests check
+    those cases against the standard's table.
+    """
+    if name != "floor_divide":
+        return False
+    values = [np.asarray(a if isinstance(a, int | float | complex) else _numpy(a)) for a in args]
+    return any(bool(np.isinf(v).any()) for v in values)
+
+
 def _reference(fn: Callable[[], Any]) -> Any:
     """The reference's result; the example is skipped where the reference refuses the inputs."""
     try:
@@ -255,6 +268,7 @@ def test_binary_functions(name: str, data: st.DataObject) -> None:
     x1 = data.draw(xps.arrays(dtype=dtype, shape=shapes.input_shapes[0]), label="x1")
     x2 = data.draw(xps.arrays(dtype=dtype, shape=shapes.input_shapes[1]), label="x2")
     strided = data.draw(st.booleans(), label="strided")
+    assume(not _numpy_misses(name, x1, x2))
     expected = _reference(lambda: getattr(strict, name)(x1, x2))
     got = _evaluate(getattr(xp, name), [_numpy(x1), _numpy(x2)], strided)
     assert_same(got, expected, name)
@@ -275,6 +289,7 @@ def test_binary_functions_with_a_python_scalar(name: str, data: st.DataObject) -
         "c": st.complex_numbers(max_magnitude=4, width=64),
     }
     x2 = data.draw(scalars[kind], label="x2")
+    assume(not _numpy_misses(name, x1, x2) and not (isinstance(x2, complex) and kind != "c"))
     expected = _reference(lambda: getattr(strict, name)(x1, x2))
     got = _evaluate(lambda t: getattr(xp, name)(t, x2), [_numpy(x1)], False)
     assert_same(got, expected, name)
@@ -288,6 +303,7 @@ def test_operators(symbol: str, fn: Callable[[Any, Any], Any], data: st.DataObje
     shapes = data.draw(xps.mutually_broadcastable_shapes(2, min_dims=0, max_dims=2, max_side=3), label="shapes")
     x1 = data.draw(xps.arrays(dtype=dtype, shape=shapes.input_shapes[0]), label="x1")
     x2 = data.draw(xps.arrays(dtype=dtype, shape=shapes.input_shapes[1]), label="x2")
+    assume(not (symbol == "//" and _numpy_misses("floor_divide", x1, x2)))
     expected = _reference(lambda: fn(x1, x2))
     if symbol in ["&", "|", "^", "<<", ">>"] and not hasattr(xp, "bitwise_and"):
         pytest.skip("the bitwise ops arrive with the ops-std branch")
