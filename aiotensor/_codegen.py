@@ -55,45 +55,54 @@ _METHODS = [
 ]
 
 
-def _params(d: OpDef) -> tuple[str, str, bool]:
-    """The op's parameter list (with ``name``), the call passing them to its spec, and whether it has ``name``."""
-    sig = inspect.signature(d.spec)
+def _signature(d: OpDef, keep_name: bool) -> tuple[list[str], list[str], list[str], list[str], bool]:
+    """The op's spec parameters as source: (parameter list, positional args, keyword-only names, ``**``
+    names, whether the list has a ``*``).
+
+    Without ``keep_name``, a ``name`` parameter is left out (aiotensor.xp's functions have none).
+    """
+    params = [p for p in inspect.signature(d.spec).parameters.values() if keep_name or p.name != "name"]
     parts: list[str] = []
-    call: list[str] = []
-    has_name = "name" in sig.parameters
+    pos: list[str] = []
+    kwonly: list[str] = []
+    varkw: list[str] = []
     star = False
-    slash_done = False
-    params = list(sig.parameters.values())
     for i, p in enumerate(params):
         text = p.name if p.annotation is inspect.Parameter.empty else f"{p.name}: {p.annotation}"
         if p.default is not inspect.Parameter.empty:
             text += f" = {p.default!r}"
         if p.kind is p.VAR_POSITIONAL:
             parts.append(f"*{text}")
-            call.append(f"*{p.name}")
+            pos.append(f"*{p.name}")
             star = True
         elif p.kind is p.VAR_KEYWORD:
             parts.append(f"**{text}")
-            call.append(f"**{p.name}")
+            varkw.append(p.name)
         elif p.kind is p.KEYWORD_ONLY:
             if not star:
                 parts.append("*")
                 star = True
             parts.append(text)
-            call.append(f"{p.name}={p.name}")
+            kwonly.append(p.name)
         else:
             parts.append(text)
             if p.name != "name":
-                call.append(p.name)
+                pos.append(p.name)
         if p.kind is p.POSITIONAL_ONLY and (i + 1 == len(params) or params[i + 1].kind is not p.POSITIONAL_ONLY):
             parts.append("/")
-            slash_done = True
-    if not has_name and not any(p.kind is p.VAR_KEYWORD for p in params):
+    return parts, pos, kwonly, varkw, star
+
+
+def _params(d: OpDef) -> tuple[str, str, bool]:
+    """The op's parameter list (with ``name``), the call passing them to its spec, and whether it has ``name``."""
+    parts, pos, kwonly, varkw, star = _signature(d, keep_name=True)
+    has_name = "name" in inspect.signature(d.spec).parameters
+    call = [*pos, *(f"{k}={k}" for k in kwonly), *(f"**{k}" for k in varkw)]
+    if not has_name and not varkw:
         if not star:
             parts.append("*")
         parts.append("name: str | None = None")
         has_name = True
-    del slash_done
     return ", ".join(parts), ", ".join(call), has_name
 
 
@@ -280,35 +289,9 @@ def _expr_source(current: str) -> str:
 
 def _xp_params(d: OpDef) -> tuple[str, str, str]:
     """The op's parameters without ``name``; its positional args and keyword args as call source."""
-    sig = inspect.signature(d.spec)
-    parts: list[str] = []
-    pos: list[str] = []
-    kw: list[str] = []
-    star = False
-    params = [p for p in sig.parameters.values() if p.name != "name"]
-    for i, p in enumerate(params):
-        text = p.name if p.annotation is inspect.Parameter.empty else f"{p.name}: {p.annotation}"
-        if p.default is not inspect.Parameter.empty:
-            text += f" = {p.default!r}"
-        if p.kind is p.VAR_POSITIONAL:
-            parts.append(f"*{text}")
-            pos.append(f"*{p.name}")
-            star = True
-        elif p.kind is p.VAR_KEYWORD:
-            parts.append(f"**{text}")
-            kw.append(f"**{p.name}")
-        elif p.kind is p.KEYWORD_ONLY:
-            if not star:
-                parts.append("*")
-                star = True
-            parts.append(text)
-            kw.append(f'"{p.name}": {p.name}')
-        else:
-            parts.append(text)
-            pos.append(p.name)
-        if p.kind is p.POSITIONAL_ONLY and (i + 1 == len(params) or params[i + 1].kind is not p.POSITIONAL_ONLY):
-            parts.append("/")
+    parts, pos, kwonly, varkw, _ = _signature(d, keep_name=False)
     args = "(" + ", ".join(pos) + ("," if len(pos) == 1 else "") + ")"
+    kw = [*(f'"{k}": {k}' for k in kwonly), *(f"**{k}" for k in varkw)]
     kwargs = "{" + ", ".join(kw) + "}" if kw else "None"
     return ", ".join(parts), args, kwargs
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math as _math
 
 from .._opdef import OPS as _OPS
+from .._xpnames import HAND_WRITTEN as _HAND_WRITTEN
 from .._xpnames import STANDARD_VERSION as _VERSION
 from . import fft as fft
 from . import linalg as linalg
@@ -78,37 +79,8 @@ inf = _math.inf
 nan = _math.nan
 newaxis = None
 
-_HAND = [
-    "__array_namespace_info__",
-    "arange",
-    "asarray",
-    "astype",
-    "broadcast_arrays",
-    "broadcast_shapes",
-    "can_cast",
-    "empty",
-    "empty_like",
-    "eye",
-    "finfo",
-    "from_dlpack",
-    "full",
-    "full_like",
-    "iinfo",
-    "isdtype",
-    "linspace",
-    "matrix_transpose",
-    "meshgrid",
-    "ones",
-    "ones_like",
-    "positive",
-    "result_type",
-    "unique_all",
-    "unique_counts",
-    "unique_inverse",
-    "unstack",
-    "zeros",
-    "zeros_like",
-]
+# The hand-written functions of the main namespace (the linalg ones live in xp.linalg).
+_HAND = sorted(n for n in _HAND_WRITTEN if n in globals())
 for _name, _op in _NEEDS_OP.items():
     if _op not in _OPS:
         del globals()[_name]  # absent until the op table has the op
