@@ -418,3 +418,33 @@ async def test_expressions_refuse_concrete_values_until_awaited(s: at.AsyncEager
     with pytest.raises(TypeError, match="not iterable"):
         list(e)
     assert float(await e) == 3.0
+
+
+async def test_metadata_runs_no_kernel_on_the_data(s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    from aiotensor._opdef import OpDef
+
+    x = await s.zeros((2000, 500), dtype="float32")
+    lab = await s.constant(np.arange(2000) % 3)
+    sizes: list[int] = []
+    real = OpDef.kernel_for
+
+    def watched(self: OpDef, namespace: Any) -> Any:
+        kernel = real(self, namespace)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            sizes.extend(int(np.size(a)) for a in args if isinstance(a, np.ndarray))
+            return kernel(*args, **kwargs)
+
+        return run
+
+    before = s.stats()
+    e = ((x * 2.0 + 1.0).sum(axis=1)[:, None] - x[lab == 0].mean()).T
+    with monkeypatch.context() as m:
+        m.setattr(OpDef, "kernel_for", watched)
+        assert e.shape == (1, 2000)
+        assert e.dtype == np.float32
+    # Kernels ran only on stand-ins, bounded in size (the data has 1,000,000 elements).
+    assert max(sizes, default=0) <= 4096
+    after = s.stats()
+    assert (after.allocated, after.kernel_seconds) == (before.allocated, before.kernel_seconds)
+    assert (await s.run(e)).shape == (1, 2000)
