@@ -198,30 +198,48 @@ def _getitem(m: Any, key: Any, meta_of: Callable[[Any], Any]) -> Meta:
 def _by_stand_ins(
     d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any], metas: list[Any], meta_of: Callable[[Any], Any]
 ) -> Any:
-    total = 0
+    shapes: list[tuple[int, ...]] = []  # every array input's shape, nested lists' included
 
-    def stand_in(a: Any, m: Any) -> Any:
-        nonlocal total
+    def known(a: Any, m: Any) -> None:
         if m is None:
             if isinstance(a, list | tuple):
-                return type(a)(stand_in(e, meta_of(e)) for e in a)
-            return a
+                for e in a:
+                    known(e, meta_of(e))
+            return
         if isinstance(m, list) or m[0] is None or None in m[0] or m[1] is None:
             raise LookupError  # an input of unknown shape: the output's is unknown too
-        total += math.prod(m[0])
-        return _stand_in(m[0], m[1])
+        shapes.append(m[0])
 
     try:
-        trial = [stand_in(a, m) for a, m in zip(args, metas, strict=True)]
-        trial_kw = {k: stand_in(v, meta_of(v)) for k, v in kwargs.items()}
+        for a, m in zip(args, metas, strict=True):
+            known(a, m)
+        for v in kwargs.values():
+            known(v, meta_of(v))
     except LookupError:
         return _UNKNOWN
-    if total > _SMALL:
+    if sum(math.prod(sh) for sh in shapes) > _SMALL:  # (before any stand-in is made)
         if d.returns != "one":
             return _several_large(d, args, kwargs, metas)
-        return _large(d, args, metas)
-    out = _run(lambda: d.kernel_for(np)(*trial, **trial_kw))
+        return _large(d, args, kwargs, metas, meta_of)
+    out = _run(
+        lambda: d.kernel_for(np)(
+            *_stand_ins(args, meta_of), **dict(zip(kwargs, _stand_ins(tuple(kwargs.values()), meta_of), strict=True))
+        )
+    )
     return _out_meta(out, d.name in DATA_DEPENDENT)
+
+
+def _stand_ins(args: tuple[Any, ...], meta_of: Callable[[Any], Any], tiny: bool = False) -> list[Any]:
+    """Zero-filled stand-ins of the array arguments (of one element a dimension with ``tiny``)."""
+    out: list[Any] = []
+    for a in args:
+        m = meta_of(a)
+        if m is None:
+            out.append(type(a)(_stand_ins(tuple(a), meta_of, tiny)) if isinstance(a, list | tuple) else a)
+        else:
+            shape = tuple(min(n, 1) for n in m[0]) if tiny else m[0]
+            out.append(_stand_in(shape, m[1]))
+    return out
 
 
 def _several_large(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any], metas: list[Any]) -> Any:
@@ -253,21 +271,121 @@ def _several_large(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any], meta
     return _out_meta(out, True)
 
 
-def _large(d: OpDef, args: tuple[Any, ...], metas: list[Any]) -> Meta:
-    # Large inputs: the rules of the ops that are cheap to state exactly.
+def _large(
+    d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any], metas: list[Any], meta_of: Callable[[Any], Any]
+) -> Meta:
+    # Large inputs: the dtype from a run on stand-ins of one element a dimension (the
+    # dtype depends on the inputs' dtypes only), the shape by the op's rule where it has one.
+    try:
+        tiny = _stand_ins(args, meta_of, tiny=True)
+        tiny_kw = dict(zip(kwargs, _stand_ins(tuple(kwargs.values()), meta_of, tiny=True), strict=True))
+        dtype: np.dtype[Any] | None = np.asarray(_run(lambda: d.kernel_for(np)(*tiny, **tiny_kw))).dtype
+    except Exception:
+        dtype = None
     m = metas[0] if metas else None
-    if m is None or isinstance(m, list):
-        return _UNKNOWN
-    shape, dtype = m
-    if d.name == "astype":
-        return shape, args[1]
-    if d.name == "reshape":
-        new = (args[1],) if isinstance(args[1], int) else tuple(args[1])
-        if -1 in new and shape is not None:
-            rest = math.prod(n for n in new if n != -1)
-            new = tuple(math.prod(cast("tuple[int, ...]", shape)) // rest if n == -1 else n for n in new)
-        return new, dtype
-    if d.name == "permute_dims" and shape is not None:
-        axes = args[1] if args[1] is not None else range(len(shape))[::-1]
-        return tuple(shape[i] for i in axes), dtype
-    return None, dtype if d.name in ("clip", "round", "squeeze", "expand_dims", "broadcast_to", "take") else None
+    if d.name in _PRESERVING and m is not None and not isinstance(m, list):
+        dtype = m[1]  # (a tiny stand-in may not reshape: these ops keep the dtype anyway)
+    rule = _SHAPE_RULES.get(d.name)
+    try:
+        shape = None if rule is None else rule(args, kwargs, meta_of)
+    except Exception:
+        shape = None
+    return shape, dtype
+
+
+def _shape(x: Any, meta_of: Callable[[Any], Any]) -> tuple[int, ...]:
+    m = meta_of(x)
+    return tuple(np.shape(x)) if m is None else tuple(m[0])
+
+
+def _reshape_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
+    shape = _shape(args[0], meta_of)
+    new = (args[1],) if isinstance(args[1], int) else tuple(args[1])
+    if -1 in new:
+        rest = math.prod(n for n in new if n != -1)
+        new = tuple(math.prod(shape) // rest if n == -1 else n for n in new)
+    return new
+
+
+def _permute_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
+    shape = _shape(args[0], meta_of)
+    axes = args[1] if args[1] is not None else range(len(shape))[::-1]
+    return tuple(shape[i] for i in axes)
+
+
+def _expand_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
+    shape = list(_shape(args[0], meta_of))
+    axes = (args[1],) if isinstance(args[1], int) else tuple(args[1])
+    ndim = len(shape) + len(axes)
+    for a in sorted(a % ndim for a in axes):
+        shape.insert(a, 1)
+    return tuple(shape)
+
+
+def _squeeze_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
+    shape = _shape(args[0], meta_of)
+    if args[1] is None:
+        return tuple(n for n in shape if n != 1)
+    axes = {a % len(shape) for a in ((args[1],) if isinstance(args[1], int) else args[1])}
+    if any(shape[a] != 1 for a in axes):
+        raise ValueError("squeeze of a dimension that is not 1")  # (the kernel raises too)
+    return tuple(n for i, n in enumerate(shape) if i not in axes)
+
+
+def _concat_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
+    shapes = [_shape(a, meta_of) for a in args[0]]
+    axis = args[1]
+    if axis is None:
+        return (sum(math.prod(sh) for sh in shapes),)
+    axis %= len(shapes[0])
+    return (*shapes[0][:axis], sum(sh[axis] for sh in shapes), *shapes[0][axis + 1 :])
+
+
+def _stack_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
+    first = _shape(args[0][0], meta_of)
+    axis = args[1] % (len(first) + 1)
+    return (*first[:axis], len(args[0]), *first[axis:])
+
+
+def _broadcast_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape | None:
+    return broadcast([_shape(a, meta_of) for a in args if a is not None])
+
+
+def _matmul_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape | None:
+    a, b = _shape(args[0], meta_of), _shape(args[1], meta_of)
+    if len(a) == 1 and len(b) == 1:
+        return ()
+    if len(a) == 1:
+        return (*b[:-2], b[-1])
+    if len(b) == 1:
+        return a[:-1]
+    batch = broadcast([a[:-2], b[:-2]])
+    return None if batch is None else (*batch, a[-2], b[-1])
+
+
+def _take_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
+    shape, index = _shape(args[0], meta_of), _shape(args[1], meta_of)
+    axis = kw.get("axis")
+    if axis is None:
+        return index
+    axis %= len(shape)
+    return (*shape[:axis], *index, *shape[axis + 1 :])
+
+
+_SHAPE_RULES: dict[str, Callable[[tuple[Any, ...], dict[str, Any], Callable[[Any], Any]], Shape | None]] = {
+    "astype": lambda args, kw, meta_of: _shape(args[0], meta_of),
+    "round": lambda args, kw, meta_of: _shape(args[0], meta_of),
+    "reshape": _reshape_rule,
+    "permute_dims": _permute_rule,
+    "expand_dims": _expand_rule,
+    "squeeze": _squeeze_rule,
+    "concat": _concat_rule,
+    "stack": _stack_rule,
+    "broadcast_to": lambda args, kw, meta_of: tuple(args[1]) if not isinstance(args[1], int) else (args[1],),
+    "where": _broadcast_rule,
+    "clip": _broadcast_rule,
+    "matmul": _matmul_rule,
+    "take": _take_rule,
+}
+#: Ops whose result has the dtype of their first input.
+_PRESERVING = frozenset({"reshape", "permute_dims", "expand_dims", "squeeze", "broadcast_to", "take"})

@@ -357,6 +357,17 @@ async def test_metadata_is_known_before_running(s: at.AsyncEagerSession) -> None
         (big[big > 0], (None,), np.int8),
         (big.reshape((-1, 100)), (3000, 100), np.int8),
         (big.astype("float32").T, (300, 1000), np.float32),
+        (at.xp.concat([big, big], axis=1), (1000, 600), np.int8),
+        (at.xp.concat([big, big], axis=None), (600000,), np.int8),
+        (at.xp.stack([big, big], axis=-1), (1000, 300, 2), np.int8),
+        (at.xp.where(big > 0, big, 1.5), (1000, 300), np.float64),
+        (at.xp.clip(big, 0, 2), (1000, 300), np.int8),
+        (at.xp.expand_dims(big, axis=-1), (1000, 300, 1), np.int8),
+        (at.xp.squeeze(at.xp.expand_dims(big, axis=0), axis=0), (1000, 300), np.int8),
+        (at.xp.take(big, n, axis=0), (4, 300), np.int8),
+        (big @ big.T, (1000, 1000), np.int8),
+        (at.xp.broadcast_to(big[:, :1], (1000, 7)), (1000, 7), np.int8),
+        (at.xp.round(big.astype("float32")), (1000, 300), np.float32),
     ]
     for expr, shape, dtype in cases:
         assert expr.shape == shape, expr
