@@ -403,12 +403,14 @@ class Expr(Operand):
     @property
     def shape(self) -> Shape | None:
         """The shape, with ``None`` where a size is known only at run time (``None`` if unknown)."""
+        self._used = True  # looked at (``x[mask].shape`` at a prompt): not "dropped unevaluated"
         m = self._metadata()
         return None if isinstance(m, list) else m[0]
 
     @property
     def dtype(self) -> np.dtype[Any] | None:
         """The dtype of the result (``None`` if unknown before it runs)."""
+        self._used = True
         m = self._metadata()
         return None if isinstance(m, list) else m[1]
 

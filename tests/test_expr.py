@@ -390,7 +390,11 @@ async def test_repr_shows_op_shape_and_dtype_and_counts_as_seen(s: at.AsyncEager
         warnings.simplefilter("error")  # echoing an expression is not dropping it unevaluated
         e = x * 2.0
         assert repr(e) == "Expr(multiply('constant:0', 2.0), shape=(2, 3), dtype=float64)"
+        assert (x + 1.0).shape == (2, 3)  # looking at its metadata is not dropping it either
         del e
+        gc.collect()
+    with pytest.warns(RuntimeWarning, match="never evaluated"):
+        x - 1.0  # dropped without a look: still warns
         gc.collect()
 
 
