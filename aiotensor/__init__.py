@@ -8,6 +8,7 @@ event loop stays responsive; buffers of dropped handles are freed by one of thre
 
 import importlib.metadata as _metadata
 
+from . import xp as xp  # the Array API namespace (a module: not in __all__)
 from ._backend import Backend as Backend
 from ._backend import InlineExecutor as InlineExecutor
 from ._backend import LocalBackend as LocalBackend
@@ -21,6 +22,7 @@ from ._config import ResourceCleanupStrategy as ResourceCleanupStrategy
 from ._config import SessionConfig as SessionConfig
 from ._errors import AioTensorError as AioTensorError
 from ._errors import BackendError as BackendError
+from ._errors import IndexOutOfRangeError as IndexOutOfRangeError
 from ._errors import InvalidArgumentError as InvalidArgumentError
 from ._errors import InvalidDeviceError as InvalidDeviceError
 from ._errors import KernelError as KernelError
@@ -62,6 +64,7 @@ __all__ = [
     "FusedFunction",
     "FusedOps",
     "FusedValue",
+    "IndexOutOfRangeError",
     "InlineExecutor",
     "InteractiveSession",
     "InvalidArgumentError",

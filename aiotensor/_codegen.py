@@ -5,7 +5,9 @@ From each :class:`~aiotensor._opdef.OpDef` (its spec's signature and docstring):
 - ``_session_ops.py``: the session's coroutine methods (``await s.add(a, b)``);
 - ``_functional.py``: the module-level coroutine functions (``await at.add(a, b)``);
 - the operator and ndarray-named methods of :class:`~aiotensor._expr.Operand`, between
-  the markers in ``_expr.py`` (``a + b``, ``t.sum(axis=0)``: expressions).
+  the markers in ``_expr.py`` (``a + b``, ``t.sum(axis=0)``: expressions);
+- ``xp/_generated_*.py``: the lazy functions of :mod:`aiotensor.xp` and its ``linalg`` and
+  ``fft`` extensions, one per standard name whose op is in the table (``_xpnames``).
 
 Generated rather than built at import so that type checkers, IDEs and ``help()`` see
 real signatures; ``tests/test_codegen.py`` fails when the files are stale. Adding an op
@@ -20,7 +22,8 @@ import sys
 from pathlib import Path
 
 from . import _ops as _ops
-from ._opdef import BINARY_OPERATORS, OPS, UNARY_OPERATORS, OpDef
+from . import _xpnames
+from ._opdef import BINARY_OPERATORS, COMPARISON_OPERATORS, OPS, UNARY_OPERATORS, OpDef
 
 __all__ = ["generate", "main"]
 
@@ -60,8 +63,10 @@ def _result_imports() -> str:
     return "".join(f"    from {m} import {', '.join(sorted(n, key=str.lower))}\n" for m, n in sorted(by_module.items()))
 
 
-_BINARY = BINARY_OPERATORS
-_UNARY = UNARY_OPERATORS
+# Only operators whose op exists: a new op of the standard's name brings its operator.
+_BINARY = [(stem, name) for stem, name in BINARY_OPERATORS if name in OPS]
+_COMPARE = [(stem, name) for stem, name in COMPARISON_OPERATORS if name in OPS]
+_UNARY = [(stem, name) for stem, name in UNARY_OPERATORS if name in OPS]
 # ndarray-named methods: (method, op, its parameters after self, how they reach the spec).
 _REDUCE = "axis: AxisLike = None, keepdims: bool = False"
 _METHODS = [
@@ -78,45 +83,54 @@ _METHODS = [
 ]
 
 
-def _params(d: OpDef) -> tuple[str, str, bool]:
-    """The op's parameter list (with ``name``), the call passing them to its spec, and whether it has ``name``."""
-    sig = inspect.signature(d.spec)
+def _signature(d: OpDef, keep_name: bool) -> tuple[list[str], list[str], list[str], list[str], bool]:
+    """The op's spec parameters as source: (parameter list, positional args, keyword-only names, ``**``
+    names, whether the list has a ``*``).
+
+    Without ``keep_name``, a ``name`` parameter is left out (aiotensor.xp's functions have none).
+    """
+    params = [p for p in inspect.signature(d.spec).parameters.values() if keep_name or p.name != "name"]
     parts: list[str] = []
-    call: list[str] = []
-    has_name = "name" in sig.parameters
+    pos: list[str] = []
+    kwonly: list[str] = []
+    varkw: list[str] = []
     star = False
-    slash_done = False
-    params = list(sig.parameters.values())
     for i, p in enumerate(params):
         text = p.name if p.annotation is inspect.Parameter.empty else f"{p.name}: {p.annotation}"
         if p.default is not inspect.Parameter.empty:
             text += f" = {p.default!r}"
         if p.kind is p.VAR_POSITIONAL:
             parts.append(f"*{text}")
-            call.append(f"*{p.name}")
+            pos.append(f"*{p.name}")
             star = True
         elif p.kind is p.VAR_KEYWORD:
             parts.append(f"**{text}")
-            call.append(f"**{p.name}")
+            varkw.append(p.name)
         elif p.kind is p.KEYWORD_ONLY:
             if not star:
                 parts.append("*")
                 star = True
             parts.append(text)
-            call.append(f"{p.name}={p.name}")
+            kwonly.append(p.name)
         else:
             parts.append(text)
             if p.name != "name":
-                call.append(p.name)
+                pos.append(p.name)
         if p.kind is p.POSITIONAL_ONLY and (i + 1 == len(params) or params[i + 1].kind is not p.POSITIONAL_ONLY):
             parts.append("/")
-            slash_done = True
-    if not has_name and not any(p.kind is p.VAR_KEYWORD for p in params):
+    return parts, pos, kwonly, varkw, star
+
+
+def _params(d: OpDef) -> tuple[str, str, bool]:
+    """The op's parameter list (with ``name``), the call passing them to its spec, and whether it has ``name``."""
+    parts, pos, kwonly, varkw, star = _signature(d, keep_name=True)
+    has_name = "name" in inspect.signature(d.spec).parameters
+    call = [*pos, *(f"{k}={k}" for k in kwonly), *(f"**{k}" for k in varkw)]
+    if not has_name and not varkw:
         if not star:
             parts.append("*")
         parts.append("name: str | None = None")
         has_name = True
-    del slash_done
     return ", ".join(parts), ", ".join(call), has_name
 
 
@@ -256,12 +270,26 @@ def operand_methods() -> str:
             f'        """{first} (reflected), as an expression."""\n'
             f"        return Expr(_{OPS[name].name}, (other, self), None, None)\n\n"
         )
+    for stem, name in _COMPARE:
+        first = (OPS[name].spec.__doc__ or "").strip().splitlines()[0].rstrip(".")
+        ignore = "  # type: ignore[override]" if stem in ("eq", "ne") else ""  # object's return bool
+        out.append(
+            f"    def __{stem}__(self, other: TensorLike) -> Expr:{ignore}\n"
+            f'        """{first}, as an expression."""\n'
+            f"        return Expr(_{name}, (self, other), None, None)\n\n"
+        )
     for stem, name in _UNARY:
         first = (OPS[name].spec.__doc__ or "").strip().splitlines()[0].rstrip(".")
         out.append(
             f"    def __{stem}__(self) -> Expr:\n"
             f'        """{first}, as an expression."""\n'
             f"        return Expr(_{name}, (self,), None, None)\n\n"
+        )
+    if "positive" not in OPS:  # until the table has the op: +x is x[...] (a copy of any dtype)
+        out.append(
+            "    def __pos__(self) -> Expr:\n"
+            '        """Element-wise ``+x`` (a copy), as an expression."""\n'
+            "        return Expr(_getitem, (self, Ellipsis), None, None)\n\n"
         )
     out.append(
         "    def __getitem__(self, key: Any) -> Expr:\n"
@@ -289,20 +317,71 @@ def operand_methods() -> str:
 def _expr_source(current: str) -> str:
     head, rest = current.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    names = sorted({n for _, n in _BINARY} | {n for _, n in _UNARY} | {n for _, n, _, _ in _METHODS} | {"getitem"})
+    names = sorted({n for _, n in (*_BINARY, *_COMPARE, *_UNARY)} | {n for _, n, _, _ in _METHODS} | {"getitem"})
     bindings = "".join(f'_{n} = OPS["{n}"]\n' for n in names)
     marker = "\n# generated bindings\n"
     tail = tail.split(marker)[0].rstrip("\n") + "\n" + marker + bindings
     return head + operand_methods() + tail
 
 
+def _xp_params(d: OpDef) -> tuple[str, str, str]:
+    """The op's parameters without ``name``; its positional args and keyword args as call source."""
+    parts, pos, kwonly, varkw, _ = _signature(d, keep_name=False)
+    args = "(" + ", ".join(pos) + ("," if len(pos) == 1 else "") + ")"
+    kw = [*(f'"{k}": {k}' for k in kwonly), *(f"**{k}" for k in varkw)]
+    kwargs = "{" + ", ".join(kw) + "}" if kw else "None"
+    return ", ".join(parts), args, kwargs
+
+
+def xp_functions(names: list[str], extension: str | None) -> str:
+    """The source of one generated module of :mod:`aiotensor.xp` (``extension``: None, linalg or fft)."""
+    where = f"aiotensor.xp.{extension}" if extension else "aiotensor.xp"
+    chosen = [
+        (n, OPS[_xpnames.op_for(n, extension)])
+        for n in names
+        if n not in _xpnames.HAND_WRITTEN
+        and not (extension == "linalg" and n in _xpnames.LINALG_MAIN)
+        and _xpnames.op_for(n, extension) in OPS
+    ]
+    out = [
+        f'"""The lazy functions of ``{where}`` that are one op of the table each.\n\n'
+        'Generated by ``python -m aiotensor._codegen`` from the op table and ``_xpnames``: do not edit.\n"""\n\n'
+        "from __future__ import annotations\n\n"
+        "from typing import TYPE_CHECKING\n\n"
+        "from .._opdef import OPS\n"
+        "from ._node import node, results\n\n"
+        "if TYPE_CHECKING:\n"
+        "    # (the names the ops' annotations may use)\n"
+        "    from collections.abc import Callable, Sequence\n"
+        "    from typing import Any, Literal\n\n"
+        "    from .._expr import Expr\n"
+        "    from .._types import AxisLike, DTypeLike, ShapeLike, TensorLike\n\n"
+        "__all__ = [" + ", ".join(f'"{n}"' for n in sorted((n for n, _ in chosen), key=_natural)) + "]\n\n",
+    ]
+    out += [f'_{d.name} = OPS["{d.name}"]\n' for d in dict.fromkeys(d for _, d in chosen)]
+    for n, d in chosen:
+        params, args, kwargs = _xp_params(d)
+        many = d.returns != "one"  # several results: a tuple of expressions reading one node
+        out.append(f"\n\ndef {n}({params}) -> {'tuple[Expr, ...]' if many else 'Expr'}:\n")
+        doc = inspect.cleandoc(d.spec.__doc__ or "").splitlines() or [n]
+        body = "\n".join(("    " + line) if line else "" for line in doc[1:])
+        out.append(f'    """{doc[0]}\n\n    Lazy: an expression, evaluated when awaited (see ``{d.name}``).\n')
+        out.append((f"{body}\n" if body else "") + '    """\n')
+        out.append(f"    return {'results' if many else 'node'}(_{d.name}, {args}, {kwargs})\n")
+    return "".join(out)
+
+
 def generate() -> dict[Path, str]:
     """Every generated file's path and its up-to-date source."""
     expr = HERE / "_expr.py"
+    xp = HERE / "xp"
     return {
         HERE / "_session_ops.py": session_ops(),
         HERE / "_functional.py": functional(),
         expr: _expr_source(expr.read_text()),
+        xp / "_generated_main.py": xp_functions(list(_xpnames.MAIN), None),
+        xp / "_generated_linalg.py": xp_functions(list(_xpnames.LINALG), "linalg"),
+        xp / "_generated_fft.py": xp_functions(list(_xpnames.FFT), "fft"),
     }
 
 

@@ -40,7 +40,7 @@ from ._errors import (
     WrongEventLoopError,
 )
 from ._expr import Expr
-from ._kernels import KernelResult, as_numeric, finalize, info, kernel_error, normalize
+from ._kernels import KernelResult, as_numeric, finalize, forgotten_await, info, kernel_error, normalize
 from ._loopload import BUSY_INLINE_US, offload, stays_inline
 from ._opdef import OPS, Cost, OpDef, namespace
 from ._ops._apply import label as apply_label
@@ -1126,6 +1126,9 @@ def engine_of(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Engine:
     default = _defaults.get_default_session()
     if found is None or (default is not None and found in default._engine.ancestors):  # type: ignore[attr-defined]
         if default is None:
+            awaited = forgotten_await("this op", args, kwargs)  # no tensor, maybe a forgotten await
+            if awaited is not None:
+                raise awaited
             raise NoSessionError(
                 "no session for this op: pass a tensor argument, use `with session.as_default():`,"
                 " or create an InteractiveSession"

@@ -6,6 +6,7 @@ Every error the library raises on purpose derives from :class:`AioTensorError`::
     ├── SessionClosedError        (also RuntimeError)
     ├── WrongEventLoopError       (also RuntimeError)
     ├── InvalidArgumentError      (also ValueError)
+    │   └── IndexOutOfRangeError  (also IndexError)
     ├── InvalidDeviceError        (also ValueError)
     ├── ResourceExhaustedError    (also MemoryError)
     ├── NoSessionError            (also RuntimeError)
@@ -23,6 +24,7 @@ from typing import Any
 __all__ = [
     "AioTensorError",
     "BackendError",
+    "IndexOutOfRangeError",
     "InvalidArgumentError",
     "InvalidDeviceError",
     "KernelError",
@@ -73,6 +75,14 @@ class InvalidArgumentError(AioTensorError, ValueError):
             self.op = op
         if inputs:
             self.inputs = inputs
+
+
+class IndexOutOfRangeError(InvalidArgumentError, IndexError):
+    """Raised for an index or axis out of range, or a boolean mask with more dimensions than the array.
+
+    The Array API standard names ``IndexError`` there; an ``InvalidArgumentError`` too, so
+    that both kinds of ``except`` catch it.
+    """
 
 
 class InvalidDeviceError(AioTensorError, ValueError):

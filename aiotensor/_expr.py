@@ -8,12 +8,14 @@ freed as soon as the evaluation no longer needs them (see ``_program``).
 
 :class:`Operand` holds what tensors and expressions share: the operators and the
 methods with numpy's ndarray names, generated from the op table by ``_codegen.py``.
-``==`` keeps Python's identity semantics (a tensor is hashable and usable as a dict
-key); element-wise comparison is ``at.equal``.
+Comparisons are element-wise (``x == 0`` is an expression, as in every array library);
+``hash`` stays by identity, so a tensor still keys a dict. An expression's ``shape`` and
+``dtype`` are known before it runs, from its inputs' metadata (``_meta``).
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import warnings
 from collections.abc import Callable, Generator, Sequence
@@ -23,7 +25,10 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from . import _ops as _ops  # fills OPS
-from ._opdef import OPS, OpDef
+from ._errors import InvalidDeviceError
+from ._kernels import forgotten_await
+from ._meta import Shape, node_meta
+from ._opdef import INTERNAL_OPS, OPS, OpDef, item_op
 
 if TYPE_CHECKING:
     from ._types import AxisLike, DTypeLike, NDArray, ShapeLike, TensorLike
@@ -38,11 +43,69 @@ class Operand:
 
     # numpy defers to our reflected operators instead of calling __array__.
     __array_ufunc__ = None
+    # ``==`` builds an expression; hashing stays by identity (as PyTorch's), so tensors key dicts.
+    __hash__ = object.__hash__
 
     @property
     def T(self) -> Expr:
         """The transpose (dimensions reversed), as an expression."""
         return Expr(_permute_dims, (self, None), None, None)
+
+    @property
+    def mT(self) -> Expr:
+        """The transpose of the last two dimensions (a stack of matrices), as an expression."""
+        return Expr(_matrix_transpose, (self,), None, None)
+
+    @property
+    def ndim(self) -> int | None:
+        """The number of dimensions (``None`` if unknown before it runs)."""
+        shape = self.shape
+        return None if shape is None else len(shape)
+
+    @property
+    def size(self) -> int | None:
+        """The number of elements (``None`` where a size is known only at run time)."""
+        shape = self.shape
+        if shape is None or None in shape:
+            return None
+        return math.prod(cast("tuple[int, ...]", shape))
+
+    @property
+    def shape(self) -> Shape | None:  # overridden by Tensor and Expr
+        """The shape."""
+        raise NotImplementedError
+
+    @property
+    def device(self) -> str:  # overridden by Tensor and Expr
+        """The device."""
+        raise NotImplementedError
+
+    def __array_namespace__(self, /, *, api_version: str | None = None) -> Any:
+        """The Array API namespace of tensors and expressions: :mod:`aiotensor.xp`."""
+        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
+            raise ValueError(f"aiotensor.xp implements the Array API 2024.12, not {api_version!r}")
+        return importlib.import_module("aiotensor.xp")  # a layer above: see docs/architecture.md
+
+    def to_device(self, device: Any, /, *, stream: int | Any | None = None) -> Operand:
+        """This array on ``device``: itself where it already is (a tensor's device is its session's)."""
+        if stream is not None:
+            raise ValueError("to_device: aiotensor has no streams")
+        if device is not None and str(device) not in (self.device, "cpu"):
+            raise InvalidDeviceError(
+                f"to_device: {self.device!r} to {device!r}: a tensor lives on its session's device;"
+                " place ops with `with session.device(...)`"
+            )
+        return self
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise TypeError(
+            "tensors and expressions are immutable: build the updated array instead, e.g."
+            " xp.where(mask, value, x) (aiotensor.xp), or x = expression"
+        )
+
+    def __iter__(self) -> Any:
+        # Without this, Python would iterate through __getitem__(0), (1), ... forever.
+        raise TypeError("an expression is not iterable: await it, or use xp.unstack / session.split")
 
     # --- generated: operand methods (python -m aiotensor._codegen) ---
     def __add__(self, other: TensorLike) -> Expr:
@@ -109,6 +172,70 @@ class Operand:
         """Matrix product ``x1 @ x2``, batched over leading dimensions (reflected), as an expression."""
         return Expr(_matmul, (other, self), None, None)
 
+    def __and__(self, other: TensorLike) -> Expr:
+        """Element-wise bitwise ``x1 & x2`` (integer or bool), as an expression."""
+        return Expr(_bitwise_and, (self, other), None, None)
+
+    def __rand__(self, other: TensorLike) -> Expr:
+        """Element-wise bitwise ``x1 & x2`` (integer or bool) (reflected), as an expression."""
+        return Expr(_bitwise_and, (other, self), None, None)
+
+    def __or__(self, other: TensorLike) -> Expr:
+        """Element-wise bitwise ``x1 | x2`` (integer or bool), as an expression."""
+        return Expr(_bitwise_or, (self, other), None, None)
+
+    def __ror__(self, other: TensorLike) -> Expr:
+        """Element-wise bitwise ``x1 | x2`` (integer or bool) (reflected), as an expression."""
+        return Expr(_bitwise_or, (other, self), None, None)
+
+    def __xor__(self, other: TensorLike) -> Expr:
+        """Element-wise bitwise ``x1 ^ x2`` (integer or bool), as an expression."""
+        return Expr(_bitwise_xor, (self, other), None, None)
+
+    def __rxor__(self, other: TensorLike) -> Expr:
+        """Element-wise bitwise ``x1 ^ x2`` (integer or bool) (reflected), as an expression."""
+        return Expr(_bitwise_xor, (other, self), None, None)
+
+    def __lshift__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 << x2`` (integers; ``x2`` non-negative), as an expression."""
+        return Expr(_bitwise_left_shift, (self, other), None, None)
+
+    def __rlshift__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 << x2`` (integers; ``x2`` non-negative) (reflected), as an expression."""
+        return Expr(_bitwise_left_shift, (other, self), None, None)
+
+    def __rshift__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 >> x2``, arithmetic for signed integers (``x2`` non-negative), as an expression."""
+        return Expr(_bitwise_right_shift, (self, other), None, None)
+
+    def __rrshift__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 >> x2``, arithmetic for signed integers (``x2`` non-negative) (reflected), as an expression."""
+        return Expr(_bitwise_right_shift, (other, self), None, None)
+
+    def __eq__(self, other: TensorLike) -> Expr:  # type: ignore[override]
+        """Element-wise ``x1 == x2`` (bool), as an expression."""
+        return Expr(_equal, (self, other), None, None)
+
+    def __ne__(self, other: TensorLike) -> Expr:  # type: ignore[override]
+        """Element-wise ``x1 != x2`` (bool), as an expression."""
+        return Expr(_not_equal, (self, other), None, None)
+
+    def __lt__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 < x2`` (bool), as an expression."""
+        return Expr(_less, (self, other), None, None)
+
+    def __le__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 <= x2`` (bool), as an expression."""
+        return Expr(_less_equal, (self, other), None, None)
+
+    def __gt__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 > x2`` (bool), as an expression."""
+        return Expr(_greater, (self, other), None, None)
+
+    def __ge__(self, other: TensorLike) -> Expr:
+        """Element-wise ``x1 >= x2`` (bool), as an expression."""
+        return Expr(_greater_equal, (self, other), None, None)
+
     def __neg__(self) -> Expr:
         """Element-wise ``-x``, as an expression."""
         return Expr(_negative, (self,), None, None)
@@ -116,6 +243,14 @@ class Operand:
     def __abs__(self) -> Expr:
         """Element-wise absolute value, as an expression."""
         return Expr(_abs, (self,), None, None)
+
+    def __invert__(self) -> Expr:
+        """Element-wise bitwise ``~x`` (integer or bool), as an expression."""
+        return Expr(_bitwise_invert, (self,), None, None)
+
+    def __pos__(self) -> Expr:
+        """Element-wise ``+x`` (a copy of numeric ``x``), as an expression."""
+        return Expr(_positive, (self,), None, None)
 
     def __getitem__(self, key: Any) -> Expr:
         """``x[key]`` with numpy indexing, as an expression."""
@@ -217,8 +352,9 @@ class Expr(Operand):
     never awaited does.
     """
 
-    __slots__ = ("__weakref__", "_args", "_d", "_kwargs", "_lv", "_n", "_nbytes", "_sig", "_used")
+    __slots__ = ("__weakref__", "_args", "_d", "_kwargs", "_lv", "_meta", "_n", "_nbytes", "_sig", "_used")
     _used: bool
+    _meta: Any  # (shape, dtype) or a list of them, computed on first read (see _metadata)
     #: The structure of the expression, by value (ops, constants, where tensors go), or
     #: None when it holds something only identity describes (an array) or is too large:
     #: the key of the compiled-program cache (``_engine``), so a formula evaluated in a
@@ -271,6 +407,10 @@ class Expr(Operand):
                 else:
                     sig.append((name, k))
                     lv += more
+        if sig is None:  # (the rare path: arrays, user objects ... or a coroutine)
+            awaited = forgotten_await(d.name, args, kwargs)
+            if awaited is not None:
+                raise awaited
         self._d = d
         self._args = args
         self._kwargs = kwargs
@@ -295,6 +435,70 @@ class Expr(Operand):
     def op(self) -> str:
         """The name of the op at the root of this expression."""
         return self._d.name
+
+    def _metadata(self) -> Any:
+        # Computed on first read, from the inputs' metadata (no kernel runs on data).
+        try:
+            return self._meta
+        except AttributeError:
+            m = self._meta = node_meta(self._d, self._args, self._kwargs, _meta_of, self._nbytes)
+            return m
+
+    @property
+    def shape(self) -> Shape | None:
+        """The shape, with ``None`` where a size is known only at run time (``None`` if unknown)."""
+        self._used = True  # looked at (``x[mask].shape`` at a prompt): not "dropped unevaluated"
+        m = self._metadata()
+        return None if isinstance(m, list) else m[0]
+
+    @property
+    def dtype(self) -> np.dtype[Any] | None:
+        """The dtype of the result (``None`` if unknown before it runs)."""
+        self._used = True
+        m = self._metadata()
+        return None if isinstance(m, list) else m[1]
+
+    @property
+    def device(self) -> str:
+        """The device of its tensors (``"/cpu:0"`` for an expression of no tensor)."""
+        try:
+            leaf = self._leaf()
+        except TypeError:  # (no tensor: creation functions of aiotensor.xp)
+            leaf = None
+        device: str = "/cpu:0" if leaf is None else leaf.device
+        return device
+
+    # Concrete values need the data: an expression has none until evaluated.
+    def _needs_await(self, what: str) -> TypeError:
+        return TypeError(f"{what} of an expression needs its value: await it first, e.g. {what}(await e)")
+
+    def __int__(self) -> int:
+        raise self._needs_await("int")
+
+    def __float__(self) -> float:
+        raise self._needs_await("float")
+
+    def __complex__(self) -> complex:
+        raise self._needs_await("complex")
+
+    def __index__(self) -> int:
+        raise self._needs_await("operator.index")
+
+    def item(self) -> Any:
+        """Refused: an expression has no value until evaluated (``(await e).item()``)."""
+        raise TypeError("item() of an expression needs its value: await it first, (await e).item()")
+
+    def tolist(self) -> Any:
+        """Refused: an expression has no value until evaluated (``(await e).tolist()``)."""
+        raise TypeError("tolist() of an expression needs its value: await it first, (await e).tolist()")
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        """Refused: an expression has no buffer to share; await it first."""
+        raise TypeError("an expression has no buffer to share: await it first, np.from_dlpack(await e)")
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """Refused: an expression has no buffer; await it first."""
+        raise TypeError("an expression has no buffer to share: await it first, np.from_dlpack(await e)")
 
     def _leaf(self) -> Any:
         # The first tensor of the expression: its engine finds the one that evaluates.
@@ -331,12 +535,35 @@ class Expr(Operand):
         return out
 
     def __bool__(self) -> bool:
-        raise TypeError("the truth value of an expression needs its data: use bool(await e.eval())")
+        raise TypeError("the truth value of an expression needs its data: await it first, bool(await e)")
 
     def __repr__(self) -> str:
+        # Shown (echoed at a REPL, printed): the user saw it, so it is not "dropped unevaluated".
+        self._used = True
         parts = [_short(a) for a in self._args]
         parts += [f"{k}={_short(v)}" for k, v in (self._kwargs or {}).items() if v is not None]
-        return f"Expr({self._d.name}({', '.join(parts)}))"
+        m = self._metadata()
+        if isinstance(m, list):
+            meta = f"{len(m)} results"
+        else:
+            shape = "?" if m[0] is None else "(" + ", ".join(map(str, m[0])) + ("," if len(m[0]) == 1 else "") + ")"
+            meta = f"shape={shape}, dtype={'?' if m[1] is None else m[1]}"
+        return f"Expr({self._d.name}({', '.join(parts)}), {meta})"
+
+    def results(self, n: int | None = None) -> list[Expr]:
+        """One expression per result of a node with several (``split``): one program computes the node once.
+
+        ``n``: how many (default: as its metadata says; a ``TypeError`` where only a run can tell).
+        """
+        if self._d.returns == "one":
+            raise TypeError(f"{self._d.name} has one result")
+        if n is None:
+            m = self._metadata()
+            if not isinstance(m, list):
+                raise TypeError(f"how many results {self._d.name} has is known only when it runs: await it instead")
+            n = len(m)
+        self._used = True
+        return [Expr(item_op, (self, i), None, None) for i in range(n)]
 
 
 #: Larger expressions are compiled at each evaluation rather than cached: their keys
@@ -347,6 +574,17 @@ _LEAF = ("T",)
 #: Set by ``_tensor`` (a layer above) to ``Tensor``.
 _Tensor: type = type(None)
 _HASHED_BY_VALUE = frozenset({bool, str, type(None), complex, type(Ellipsis)})
+
+
+def _meta_of(x: Any) -> Any:
+    tx = type(x)
+    if tx is Expr:
+        return x._metadata()
+    if tx is _Tensor:
+        return x._shape, x._dtype
+    if isinstance(x, np.ndarray | np.generic):
+        return x.shape, x.dtype
+    return None
 
 
 def _mark_used(seq: list[Any] | tuple[Any, ...]) -> int:
@@ -418,6 +656,7 @@ def _short(x: Any) -> str:
 
 
 _permute_dims = OPS["permute_dims"]
+_matrix_transpose = OPS.get("matrix_transpose") or INTERNAL_OPS["swap_matrix_axes"]
 
 # generated bindings
 _abs = OPS["abs"]
@@ -425,17 +664,30 @@ _add = OPS["add"]
 _argmax = OPS["argmax"]
 _argmin = OPS["argmin"]
 _astype = OPS["astype"]
+_bitwise_and = OPS["bitwise_and"]
+_bitwise_invert = OPS["bitwise_invert"]
+_bitwise_left_shift = OPS["bitwise_left_shift"]
+_bitwise_or = OPS["bitwise_or"]
+_bitwise_right_shift = OPS["bitwise_right_shift"]
+_bitwise_xor = OPS["bitwise_xor"]
 _clip = OPS["clip"]
 _divide = OPS["divide"]
+_equal = OPS["equal"]
 _floor_divide = OPS["floor_divide"]
 _getitem = OPS["getitem"]
+_greater = OPS["greater"]
+_greater_equal = OPS["greater_equal"]
+_less = OPS["less"]
+_less_equal = OPS["less_equal"]
 _matmul = OPS["matmul"]
 _max = OPS["max"]
 _mean = OPS["mean"]
 _min = OPS["min"]
 _multiply = OPS["multiply"]
 _negative = OPS["negative"]
+_not_equal = OPS["not_equal"]
 _permute_dims = OPS["permute_dims"]
+_positive = OPS["positive"]
 _pow = OPS["pow"]
 _prod = OPS["prod"]
 _remainder = OPS["remainder"]

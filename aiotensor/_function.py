@@ -40,7 +40,7 @@ from ._cost import estimate_us
 from ._engine import Engine, engine_of
 from ._errors import InvalidArgumentError
 from ._kernels import SEQUENCES, as_numeric, kernel_error
-from ._opdef import BINARY_OPERATORS, OPS, UNARY_OPERATORS, OpDef
+from ._opdef import BINARY_OPERATORS, COMPARISON_OPERATORS, INTERNAL_OPS, OPS, UNARY_OPERATORS, OpDef
 from ._placement import Placement
 from ._program import Budget
 from ._tensor import Tensor
@@ -99,6 +99,21 @@ class FusedValue:
     def T(self) -> FusedValue:
         """The transpose (dimensions reversed)."""
         out: FusedValue = self._ops._run(OPS["permute_dims"], self, None)
+        return out
+
+    @property
+    def mT(self) -> FusedValue:
+        """The transpose of the last two dimensions."""
+        out: FusedValue = self._ops._run(OPS.get("matrix_transpose") or INTERNAL_OPS["swap_matrix_axes"], self)
+        return out
+
+    @property
+    def size(self) -> int:
+        """The number of elements."""
+        return int(self._arr.size)
+
+    def __pos__(self) -> FusedValue:  # replaced by the ``positive`` op's operator where the table has it
+        out: FusedValue = self._ops._run(OPS["getitem"], self, Ellipsis)
         return out
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> NDArray:
@@ -366,12 +381,19 @@ def _unary_operator(name: str) -> Callable[..., Any]:
     return method
 
 
+# The operators of tensors and expressions (those whose op exists), synchronous here.
 for _stem, _name in BINARY_OPERATORS:
-    setattr(FusedValue, f"__{_stem}__", _operator(_name))
-    setattr(FusedValue, f"__r{_stem}__", _operator(_name, reflected=True))
+    if _name in OPS:
+        setattr(FusedValue, f"__{_stem}__", _operator(_name))
+        setattr(FusedValue, f"__r{_stem}__", _operator(_name, reflected=True))
+for _stem, _name in COMPARISON_OPERATORS:
+    if _name in OPS:
+        setattr(FusedValue, f"__{_stem}__", _operator(_name))
 for _stem, _name in UNARY_OPERATORS:
-    setattr(FusedValue, f"__{_stem}__", _unary_operator(_name))
+    if _name in OPS:
+        setattr(FusedValue, f"__{_stem}__", _unary_operator(_name))
 setattr(FusedValue, "__getitem__", _operator("getitem"))  # noqa: B010 -- set like the loops above
+FusedValue.__hash__ = object.__hash__  # type: ignore[method-assign]  # == is element-wise
 
 
 def _result(x: Any, budget: Budget) -> Any:

@@ -6,16 +6,18 @@ dtype and size are known without moving data back to the caller.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._errors import AioTensorError, InvalidArgumentError, KernelError, ResourceExhaustedError
+from ._errors import AioTensorError, IndexOutOfRangeError, InvalidArgumentError, KernelError, ResourceExhaustedError
 from ._structure import describe, input_specs
 from ._types import NDArray
 
 __all__ = [
+    "ARG_NAMES",
     "NUMERIC_KINDS",
     "SEQUENCES",
     "BadOutputError",
@@ -23,6 +25,7 @@ __all__ = [
     "KernelResult",
     "as_numeric",
     "finalize",
+    "forgotten_await",
     "info",
     "kernel_error",
     "normalize",
@@ -153,10 +156,41 @@ def normalize(out: Any) -> KernelResult:
     return KernelResult([info(finalize(out))], False)
 
 
+#: numpy's words for an index or axis out of range, or too many indices (a bad key type is no range error).
+_OUT_OF_RANGE = re.compile("out of bounds|out of range|too many indices|did not match")
+
+#: An op's parameter names by op name (set by ``_opdef``, a layer above), for messages.
+ARG_NAMES: dict[str, Callable[[], list[str]]] = {}
+
+
+def forgotten_await(op: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> TypeError | None:
+    """The error for a coroutine given as an op's argument (a forgotten ``await``), naming it; else None.
+
+    The coroutine is closed, so that Python does not add "was never awaited" to the error.
+    """
+    names = ARG_NAMES.get(op, list)()
+    found = [(names[i] if i < len(names) else f"#{i + 1}", a) for i, a in enumerate(args)]
+    found += list((kwargs or {}).items())
+    for name, value in found:
+        items = value if isinstance(value, list | tuple) else (value,)
+        for v in items:
+            if isinstance(v, Coroutine):
+                what = getattr(v, "__qualname__", "a coroutine")
+                v.close()
+                return TypeError(
+                    f"{op}: argument {name!r} is a coroutine ({what}), not a value: a forgotten `await`?"
+                    f" Use `await {what.split('.')[-1]}(...)`, or the lazy expression (operators, aiotensor.xp)"
+                )
+    return None
+
+
 def kernel_error(op: str, args: tuple[Any, ...], exc: BaseException, user: bool) -> AioTensorError:
     """The error an op raises for an exception of its kernel, naming the op and its inputs (cause: ``exc``)."""
     if isinstance(exc, AioTensorError):
         return exc
+    awaited = forgotten_await(op, args)
+    if awaited is not None:
+        exc = awaited
     error = _map(op, args, exc, user)
     error.__cause__ = error.__cause__ or _original(exc)
     return error
@@ -176,6 +210,8 @@ def _map(op: str, args: tuple[Any, ...], exc: BaseException, user: bool) -> AioT
     where = f"{op}({describe(args)})"
     if isinstance(exc, MemoryError):
         return ResourceExhaustedError(f"{where}: out of memory ({exc})")
+    if not user and isinstance(exc, IndexError) and _OUT_OF_RANGE.search(str(exc)):  # AxisError is one too
+        return IndexOutOfRangeError(f"{where}: {exc}", op=op, inputs=input_specs(args))
     if isinstance(exc, BadOutputError) or (not user and isinstance(exc, _ARG_ERRORS)):
         return InvalidArgumentError(f"{where}: {exc}", op=op, inputs=input_specs(args))
     return KernelError(f"{where} failed: {type(exc).__name__}: {exc}")

@@ -19,11 +19,27 @@ from __future__ import annotations
 import enum
 import functools
 import importlib
+import inspect
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Literal, cast
 
-__all__ = ["BINARY_OPERATORS", "OPS", "UNARY_OPERATORS", "Cost", "OpDef", "Prepared", "namespace", "op", "op_named"]
+from . import _kernels
+
+__all__ = [
+    "BINARY_OPERATORS",
+    "COMPARISON_OPERATORS",
+    "INTERNAL_OPS",
+    "OPS",
+    "UNARY_OPERATORS",
+    "Cost",
+    "OpDef",
+    "Prepared",
+    "item_op",
+    "namespace",
+    "op",
+    "op_named",
+]
 
 #: What a spec returns: the kernel's positional args, keyword args and the output's
 #: size in bytes when it is known before the kernel runs (creation ops), else None.
@@ -151,8 +167,9 @@ class OpDef:
         return f"<op {self.name}>"
 
 
-#: The binary operators of tensors, expressions and fused values: (dunder stem, op).
-#: Comparisons are left out on purpose: ``==`` keeps Python's identity semantics.
+#: The binary operators of tensors, expressions and fused values: (dunder stem, op), each
+#: with its reflected form. An operator exists where its op is in :data:`OPS` (the
+#: surfaces skip the others), so a new op of the standard's name brings its operator.
 BINARY_OPERATORS = (
     ("add", "add"),
     ("sub", "subtract"),
@@ -162,19 +179,38 @@ BINARY_OPERATORS = (
     ("mod", "remainder"),
     ("pow", "pow"),
     ("matmul", "matmul"),
+    ("and", "bitwise_and"),
+    ("or", "bitwise_or"),
+    ("xor", "bitwise_xor"),
+    ("lshift", "bitwise_left_shift"),
+    ("rshift", "bitwise_right_shift"),
+)
+#: The element-wise comparisons (no reflected forms: Python swaps ``<`` and ``>`` itself).
+#: ``==`` compares element-wise as every array library does; ``hash`` stays by identity.
+COMPARISON_OPERATORS = (
+    ("eq", "equal"),
+    ("ne", "not_equal"),
+    ("lt", "less"),
+    ("le", "less_equal"),
+    ("gt", "greater"),
+    ("ge", "greater_equal"),
 )
 #: The unary operators: (dunder stem, op).
-UNARY_OPERATORS = (("neg", "negative"), ("abs", "abs"))
+UNARY_OPERATORS = (("neg", "negative"), ("abs", "abs"), ("invert", "bitwise_invert"), ("pos", "positive"))
 
 #: Every op of the library, by name, in definition order.
 OPS: dict[str, OpDef] = {}
+#: Ops the engine runs that are no public surface (no session method, no function):
+#: e.g. :data:`item_op`, which picks one result of a multi-output node.
+INTERNAL_OPS: dict[str, OpDef] = {}
 
 
 def op_named(name: str) -> OpDef:
     """The op called ``name`` (how an :class:`OpDef` unpickles)."""
     if not OPS:  # in a fresh worker process: the families register on import
         importlib.import_module("aiotensor._ops")
-    return OPS[name]
+    d = OPS.get(name)
+    return INTERNAL_OPS[name] if d is None else d
 
 
 def op(
@@ -188,8 +224,9 @@ def op(
     user: bool = False,
     ufunc: bool = False,
     result: Callable[[list[Any]], Any] | None = None,
+    internal: bool = False,
 ) -> Callable[[Callable[..., Prepared | None]], OpDef]:
-    """Define an op from its spec function (see the module docstring)."""
+    """Define an op from its spec function (see the module docstring); ``internal``: no public surface."""
 
     def define(spec: Callable[..., Prepared | None]) -> OpDef:
         # A plain op's spec only declares the signature (it returns None and is never called for args).
@@ -205,9 +242,11 @@ def op(
             ufunc=ufunc,
             result=result,
         )
-        if d.name in OPS:
+        _kernels.ARG_NAMES[d.name] = lambda: list(inspect.signature(d.spec).parameters)
+        table = INTERNAL_OPS if internal else OPS
+        if d.name in OPS or d.name in INTERNAL_OPS:
             raise RuntimeError(f"op {d.name!r} is defined twice")
-        OPS[d.name] = d
+        table[d.name] = d
         return d
 
     return define
@@ -222,3 +261,29 @@ def namespace(name: str) -> ModuleType:
     if xp is None:
         xp = _namespaces[name] = importlib.import_module(name)
     return xp
+
+
+def _k_item(xp: Any, results: Any, index: int) -> Any:
+    return results[index]
+
+
+@op(_k_item, cost=Cost.MEMORY, internal=True)
+def pick(results: Any, index: int, /) -> Prepared:
+    """Result ``index`` of a node with several results (``split``, ``unique_all``, ``linalg.svd``).
+
+    One expression per result, all reading the one node: a program computes it once.
+    """
+    return (results, index), None, None
+
+
+item_op = pick
+
+
+def _k_swap(xp: Any, x: Any) -> Any:
+    return xp.swapaxes(xp.asarray(x), -1, -2)
+
+
+@op(_k_swap, data=1, cost=Cost.MEMORY, internal=True)
+def swap_matrix_axes(x: Any, /) -> Prepared:
+    """The last two dimensions swapped (``x.mT`` until the table has ``matrix_transpose``)."""
+    return (x,), None, None

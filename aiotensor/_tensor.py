@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from . import _expr
-from ._errors import SessionClosedError
+from ._errors import AioTensorError, SessionClosedError
 from ._expr import Operand
 
 if TYPE_CHECKING:
@@ -31,8 +31,10 @@ class Tensor(Operand):
     Metadata (``shape``, ``dtype``, ``name``, ``device``, ``nbytes``) are plain
     properties; reading data suspends: ``await t.numpy()``. Operators and the
     ndarray-named methods (``t.sum(axis=0)``, ``t.T``) return awaitable expressions:
-    ``await (a * 2.0 + 1.0)`` runs in one dispatch. ``==`` is identity (tensors are
-    hashable); element-wise comparison is ``at.equal``.
+    ``await (a * 2.0 + 1.0)`` runs in one dispatch. Comparisons are element-wise
+    (``t == 0`` is an expression); ``hash(t)`` is by identity, so tensors key dicts.
+    A local tensor's value is in memory: ``float(t)``, ``t.item()``, ``t.tolist()`` and
+    ``np.from_dlpack(t)`` (read-only, no copy) work without an await.
     """
 
     __slots__ = ("__weakref__", "_device", "_dtype", "_engine", "_label", "_nbytes", "_registry", "_rid", "_shape")
@@ -156,9 +158,54 @@ class Tensor(Operand):
             shown = shown[:-1] + " ...]"
         return f"{head}, values={shown})"
 
-    # -- python protocols that would mislead ------------------------------------
+    # -- concrete values, synchronously: a local buffer is in memory -------------------
+    def _local(self, what: str) -> NDArray:
+        try:
+            arr: NDArray = self._engine.peek(self)
+        except SessionClosedError:
+            raise
+        except AioTensorError:
+            raise TypeError(
+                f"{what} of tensor {self.name!r} needs its value, which lives on a remote backend:"
+                f" await it first, e.g. {what}(await t.numpy())"
+            ) from None
+        return arr
+
     def __bool__(self) -> bool:
-        raise TypeError("the truth value of a Tensor needs its data: use bool(await t.numpy())")
+        return bool(self._local("bool"))
+
+    def __int__(self) -> int:
+        return int(self._local("int"))
+
+    def __float__(self) -> float:
+        return float(self._local("float"))
+
+    def __complex__(self) -> complex:
+        return complex(self._local("complex"))
+
+    def __index__(self) -> int:
+        return self._local("operator.index").__index__()
+
+    def item(self) -> Any:
+        """The value of a one-element tensor as a Python number (numpy's ``ndarray.item``)."""
+        return self._local("item").item()
+
+    def tolist(self) -> Any:
+        """The value as nested Python lists (numpy's ``ndarray.tolist``)."""
+        return self._local("tolist").tolist()
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        """DLPack export of a read-only view of the buffer (no copy): ``np.from_dlpack(t)``."""
+        view = self._local("__dlpack__").view()
+        view.flags.writeable = False
+        return view.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """The DLPack device of the buffer (the CPU)."""
+        device: tuple[int, int] = self._local("__dlpack_device__").__dlpack_device__()
+        return device
+
+    # -- python protocols that would mislead ------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
         raise TypeError("a Tensor is not iterable: use await t.numpy() or await session.split(t, n)")

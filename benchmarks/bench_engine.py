@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 import aiotensor as at
+from aiotensor import xp
 
 from ._harness import settle_allocator
 from ._minimal import MinimalSession
@@ -64,6 +65,18 @@ async def _rows(rounds: int, n: int) -> dict[str, tuple[float, float, float]]:
         w2 = rng.standard_normal((512, 10)).astype(np.float32) * 0.1
         tx, tw1, tw2 = await s.constant(x), await s.constant(w1), await s.constant(w2)
 
+        def chain_xp(t: at.Tensor) -> at.Expr:
+            # the shared chain written with aiotensor.xp's functions: it must cost what operators cost.
+            y = xp.add(xp.multiply(t, 2.0), 1.0)
+            y = xp.subtract(y, 0.5)
+            y = xp.multiply(y, y)
+            y = xp.divide(y, 3.0)
+            y = xp.add(y, t)
+            y = xp.abs(y)
+            y = xp.multiply(y, 0.1)
+            y = xp.subtract(y, t)
+            return xp.add(y, 1.0)
+
         def mlp(ops: at.FusedOps, v: Any, w1: Any, w2: Any) -> Any:
             return ops.relu(v @ w1) @ w2
 
@@ -100,6 +113,11 @@ async def _rows(rounds: int, n: int) -> dict[str, tuple[float, float, float]]:
                 "10-op expr 256x256",
                 lambda: _per_call(lambda: _awaited(chain(a256)), n // 8),
                 lambda: _np(lambda: chain(big), n // 8),
+            ),
+            (
+                "10-op xp functions vs operators 256x256",
+                lambda: _per_call(lambda: _awaited(chain_xp(a256)), n // 8),
+                lambda: _per_call(lambda: _awaited(chain(a256)), n // 8),
             ),
             (
                 "fused MLP vs ops one by one",

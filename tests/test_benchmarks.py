@@ -55,8 +55,9 @@ async def test_engine_benchmark_measures_every_case() -> None:
     from benchmarks import bench_engine
 
     rows = await bench_engine._rows(rounds=1, n=8)
-    assert len(rows) == 9
+    assert len(rows) == 10
     assert "fused 3 ops 16 f32 vs one by one" in rows
+    assert "10-op xp functions vs operators 256x256" in rows
     assert "minimal session: add 256x256" in rows
     for variant, baseline, ratio in rows.values():
         assert variant > 0

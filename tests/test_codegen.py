@@ -34,4 +34,14 @@ def test_operand_methods_and_operators_come_from_the_table() -> None:
         assert f"__r{stem}__" in vars(Operand)
     for method, *_ in _codegen._METHODS:
         assert method in vars(Operand)
-    assert "__eq__" not in vars(Operand)  # identity semantics stay
+    for stem, _ in _codegen._COMPARE:  # element-wise comparisons (issue 28), hash by identity
+        assert f"__{stem}__" in vars(Operand)
+    assert {f"__{stem}__" for stem, _ in _codegen._COMPARE} == {
+        "__eq__",
+        "__ne__",
+        "__lt__",
+        "__le__",
+        "__gt__",
+        "__ge__",
+    }
+    assert Operand.__hash__ is object.__hash__

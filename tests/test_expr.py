@@ -257,13 +257,17 @@ async def test_an_expression_never_evaluated_warns(s: at.AsyncEagerSession) -> N
         gc.collect()
 
 
-async def test_equality_is_identity(s: at.AsyncEagerSession) -> None:
-    a = await s.constant([1.0])
-    b = await s.constant([1.0])
-    assert a == a
-    assert a != b
-    assert {a: 1}[a] == 1
-    with pytest.raises(TypeError, match="truth value"):
+async def test_equality_is_element_wise_and_hash_by_identity(s: at.AsyncEagerSession) -> None:
+    # Issue 28 reversed the identity semantics of ==: it compares element-wise, as numpy's.
+    a = await s.constant([1.0, 2.0])
+    b = await s.constant([1.0, 3.0])
+    eq, ne = a == b, a != b
+    assert isinstance(eq, at.Expr)
+    assert isinstance(ne, at.Expr)
+    np.testing.assert_array_equal(await s.run([eq, ne]), [[True, False], [False, True]])
+    assert {a: 1, b: 2}[a] == 1  # hash stays by identity: tensors still key dicts
+    assert hash(a) != hash(b)
+    with pytest.raises(TypeError, match="await it first"):
         bool(a + 1.0)  # type: ignore[unused-ignore]
 
 
@@ -330,3 +334,132 @@ async def test_nested_async_with_is_refused_and_the_session_stays_open() -> None
     async with contextlib.aclosing(at.AsyncEagerSession()) as other:  # aclose() is close()
         await other.zeros(1)
     assert other.closed
+
+
+# -- metadata, REPL display, several results, forgotten awaits (issue 28) -----------------
+
+
+async def test_metadata_is_known_before_running(s: at.AsyncEagerSession) -> None:
+    x = await s.constant(np.zeros((4, 3), np.float32))
+    big = await s.zeros((1000, 300), dtype="int8")
+    n = await s.constant([1, 0, 2, 0])
+    cases: list[tuple[at.Expr, Any, Any]] = [
+        (x + 1.0, (4, 3), np.float32),
+        (x + n[:, None], (4, 3), np.float64),
+        (x == 0.0, (4, 3), np.bool_),
+        (x.sum(axis=0), (3,), np.float32),
+        (x.mean(axis=1, keepdims=True), (4, 1), np.float32),
+        (x.argmax(axis=1), (4,), np.int64),
+        (x.T @ x, (3, 3), np.float32),
+        (x[1:, None, 0], (3, 1), np.float32),
+        (x[n > 0], (None, 3), np.float32),
+        (big.sum(axis=1), (1000,), np.int64),
+        (big[big > 0], (None,), np.int8),
+        (big.reshape((-1, 100)), (3000, 100), np.int8),
+        (big.astype("float32").T, (300, 1000), np.float32),
+        (at.xp.concat([big, big], axis=1), (1000, 600), np.int8),
+        (at.xp.concat([big, big], axis=None), (600000,), np.int8),
+        (at.xp.stack([big, big], axis=-1), (1000, 300, 2), np.int8),
+        (at.xp.where(big > 0, big, 1.5), (1000, 300), np.float64),
+        (at.xp.clip(big, 0, 2), (1000, 300), np.int8),
+        (at.xp.expand_dims(big, axis=-1), (1000, 300, 1), np.int8),
+        (at.xp.squeeze(at.xp.expand_dims(big, axis=0), axis=0), (1000, 300), np.int8),
+        (at.xp.take(big, n, axis=0), (4, 300), np.int8),
+        (big @ big.T, (1000, 1000), np.int8),
+        (at.xp.broadcast_to(big[:, :1], (1000, 7)), (1000, 7), np.int8),
+        (at.xp.round(big.astype("float32")), (1000, 300), np.float32),
+    ]
+    for expr, shape, dtype in cases:
+        assert expr.shape == shape, expr
+        assert expr.dtype == np.dtype(dtype), expr
+        assert expr.ndim == len(shape)
+        if None not in shape:
+            assert expr.size == int(np.prod(shape))
+            value = await s.run(expr)
+            assert value.shape == shape
+            assert value.dtype == dtype
+        else:
+            assert expr.size is None
+            value = await s.run(expr)
+            assert value.ndim == len(shape)
+
+
+async def test_repr_shows_op_shape_and_dtype_and_counts_as_seen(s: at.AsyncEagerSession) -> None:
+    x = await s.constant(np.zeros((2, 3)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # echoing an expression is not dropping it unevaluated
+        e = x * 2.0
+        assert repr(e) == "Expr(multiply('constant:0', 2.0), shape=(2, 3), dtype=float64)"
+        assert (x + 1.0).shape == (2, 3)  # looking at its metadata is not dropping it either
+        del e
+        gc.collect()
+    with pytest.warns(RuntimeWarning, match="never evaluated"):
+        x - 1.0  # dropped without a look: still warns
+        gc.collect()
+
+
+async def test_several_results_are_computed_once(s: at.AsyncEagerSession) -> None:
+    x = await s.constant(np.arange(12.0).reshape(2, 6))
+    whole = at.Expr(at._opdef.OPS["split"], *at._opdef.OPS["split"].spec(x, 3, axis=1))
+    parts = whole.results()
+    assert [p.shape for p in parts] == [(2, 2)] * 3
+    values = await s.run(parts)
+    for got, expected in zip(values, np.split(np.arange(12.0).reshape(2, 6), 3, axis=1), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(await s.run(parts[1] + parts[2]), [[6.0, 8.0], [18.0, 20.0]])
+    np.testing.assert_array_equal((await parts[0]).shape, (2, 2))
+
+
+async def test_a_forgotten_await_is_named(s: at.AsyncEagerSession) -> None:
+    x = await s.constant([1.0, -2.0])
+    with pytest.raises(TypeError, match=r"'x2' is a coroutine.*forgotten `await`"):
+        x + s.exp(x)
+    with pytest.raises(at.InvalidArgumentError, match=r"'x' is a coroutine.*forgotten `await`"):
+        await s.sum(s.exp(x))
+    with pytest.raises(TypeError, match=r"coroutine.*forgotten `await`"):
+        await at.astype(at.greater(x, 0), np.int64)  # no tensor at all: the coroutine is the reason
+
+
+async def test_expressions_refuse_concrete_values_until_awaited(s: at.AsyncEagerSession) -> None:
+    import operator
+
+    e = (await s.constant(2.0)) + 1.0
+    for convert in (bool, int, float, complex, operator.index):
+        with pytest.raises(TypeError, match="await"):
+            convert(e)
+    for method in (e.item, e.tolist, e.__dlpack__, e.__dlpack_device__):
+        with pytest.raises(TypeError, match="await"):
+            method()
+    with pytest.raises(TypeError, match="not iterable"):
+        list(e)
+    assert float(await e) == 3.0
+
+
+async def test_metadata_runs_no_kernel_on_the_data(s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    from aiotensor._opdef import OpDef
+
+    x = await s.zeros((2000, 500), dtype="float32")
+    lab = await s.constant(np.arange(2000) % 3)
+    sizes: list[int] = []
+    real = OpDef.kernel_for
+
+    def watched(self: OpDef, namespace: Any) -> Any:
+        kernel = real(self, namespace)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            sizes.extend(int(np.size(a)) for a in args if isinstance(a, np.ndarray))
+            return kernel(*args, **kwargs)
+
+        return run
+
+    before = s.stats()
+    e = ((x * 2.0 + 1.0).sum(axis=1)[:, None] - x[lab == 0].mean()).T
+    with monkeypatch.context() as m:
+        m.setattr(OpDef, "kernel_for", watched)
+        assert e.shape == (1, 2000)
+        assert e.dtype == np.float32
+    # Kernels ran only on stand-ins, bounded in size (the data has 1,000,000 elements).
+    assert max(sizes, default=0) <= 4096
+    after = s.stats()
+    assert (after.allocated, after.kernel_seconds) == (before.allocated, before.kernel_seconds)
+    assert (await s.run(e)).shape == (1, 2000)

@@ -386,3 +386,18 @@ async def test_a_view_keeps_the_value_it_views_counted_against_the_memory_limit(
         y = await s.function(viewed)(x)
         np.testing.assert_array_equal(await y.numpy(), np.full(1000, 3.0))  # type: ignore[union-attr]
         assert s.stats().peak_bytes == 3 * 8000  # x, the viewed product and the sum at once
+
+
+async def test_fused_values_compare_element_wise_as_tensors_do(s: at.AsyncEagerSession) -> None:
+    def masked(ops: at.FusedOps, x: Any) -> Any:
+        keep = ops.logical_and(x > 0.0, x != 2.0)
+        return ops.where(keep, x, 0.0), x == 2.0, +x, x.mT, x.size
+
+    v = np.array([[-1.0, 2.0], [3.0, 0.5]])
+    f = s.function(masked)
+    kept, eq, pos, mt, size = await f(await s.constant(v))
+    np.testing.assert_array_equal(await kept.numpy(), np.where((v > 0) & (v != 2), v, 0.0))
+    np.testing.assert_array_equal(await eq.numpy(), v == 2.0)
+    np.testing.assert_array_equal(await pos.numpy(), v)
+    np.testing.assert_array_equal(await mt.numpy(), v.T)
+    assert int(size) == 4  # returned as a tensor: its value converts without an await
