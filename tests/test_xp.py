@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -14,12 +15,26 @@ from aiotensor import _xpnames, xp
 from aiotensor._opdef import OPS
 
 array_api_strict = pytest.importorskip("array_api_strict")
-array_api_strict.set_array_api_strict_flags(api_version="2024.12")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _standard_2024_12() -> Iterator[None]:
+    """The reference speaks the standard aiotensor.xp implements, in these tests only.
+
+    array-api-strict defaults to a later version; a module-level ``set_array_api_strict_flags``
+    would leak into every other test module of the run (``isin`` is a 2025.12 function).
+    """
+    with array_api_strict.ArrayAPIStrictFlags(api_version="2024.12"):
+        yield
 
 
 def _standard_names() -> list[tuple[str, str | None]]:
     """(name, extension) of every function of the standard 2024.12, from array-api-strict's namespace."""
-    strict = array_api_strict
+    with array_api_strict.ArrayAPIStrictFlags(api_version="2024.12"):
+        return _names_in(array_api_strict)
+
+
+def _names_in(strict: Any) -> list[tuple[str, str | None]]:
     skip = {"get_array_api_strict_flags", "set_array_api_strict_flags", "reset_array_api_strict_flags"}
     names: list[tuple[str, str | None]] = [
         (n, None)

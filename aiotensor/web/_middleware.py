@@ -10,13 +10,10 @@ returns.
 
 Disconnects: once the request body has been read, the next ASGI message can only be
 ``http.disconnect`` (sent when the client goes away, or after the response). So for a
-request with a session still running :data:`WATCH_AFTER` seconds after it opened its
-session, one task waits on ``receive()`` and cancels the request's task if the
-disconnect comes before the response. No polling; the handler's ``await`` of a running
-op gets the ``CancelledError``, and aiotensor's cancellation rules free what the request
-held when its session closes. Requests that finish sooner pay for a timer instead of a
-task (a task made, started, cancelled and finished costs the loop ~8 µs a request; a
-timer set and cancelled ~1 µs), and cancelling one of them would have saved nothing.
+request with a session, one task waits on ``receive()`` and cancels the request's task
+if the disconnect comes before the response. That is one extra task per request and
+no polling; the handler's ``await`` of a running op gets the ``CancelledError``, and
+aiotensor's cancellation rules free what the request held when its session closes.
 """
 
 from __future__ import annotations
@@ -41,8 +38,6 @@ logger = logging.getLogger("aiotensor.web")
 
 #: The scope key of the per-request state (ASGI lets servers and middleware add keys).
 SCOPE_KEY = "aiotensor.request"
-#: Seconds after a request opened its session before its disconnect watcher starts.
-WATCH_AFTER = 0.05
 
 
 class _Request:
@@ -67,7 +62,6 @@ class _Request:
         "start",
         "status",
         "task",
-        "timer",
         "want_watch",
         "watcher",
     )
@@ -84,7 +78,6 @@ class _Request:
         self._send = send
         self.session: AsyncEagerSession | None = None
         self.watcher: asyncio.Task[Message] | None = None
-        self.timer: asyncio.TimerHandle | None = None  # starts the watcher (see WATCH_AFTER)
         # Body chunks the watcher read before the app asked for them, and their signal.
         self.pending: collections.deque[Message] | None = None
         self.arrived: asyncio.Event | None = None
@@ -118,7 +111,9 @@ class _Request:
         sessions._open.add(s)
         sessions._opened += 1
         if sessions.cancel_on_disconnect:
-            self.timer = asyncio.get_running_loop().call_later(WATCH_AFTER, self._start_watching)
+            self.want_watch = True
+            if not self.in_receive:  # else when that receive returns: one reader at a time
+                self._watch()
         return s
 
     async def close(self) -> None:
@@ -131,14 +126,6 @@ class _Request:
             self.sessions._open.discard(self.session)
 
     # -- the disconnect watcher -------------------------------------------------------
-    def _start_watching(self) -> None:
-        self.timer = None
-        if self.finished or self.response_done:
-            return
-        self.want_watch = True
-        if not self.in_receive:  # else when that receive returns: one reader at a time
-            self._watch()
-
     def _watch(self) -> None:
         if self.watcher is None and not self.finished:
             self.watcher = asyncio.get_running_loop().create_task(self._wait_for_disconnect())
@@ -204,10 +191,6 @@ class _Request:
     async def finish(self, outcome: Outcome) -> None:
         """The app returned or raised: stop watching, close the session, report."""
         self.finished = True
-        timer = self.timer
-        if timer is not None:
-            timer.cancel()
-            self.timer = None
         watcher = self.watcher
         if watcher is not None:
             if not watcher.done():
@@ -247,9 +230,6 @@ class _Request:
         self._send = _send_after_finish
         self.watcher = None
         self.task = None
-        if self.timer is not None:  # (finish cancelled it; release runs even if finish failed)
-            self.timer.cancel()
-            self.timer = None
 
 
 async def _receive_after_finish() -> Message:
