@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._cost import OVERHEAD_NS, PER_BYTE, Spec, estimate_us, out_spec
+from ._expr import scalar_key
 from ._kernels import as_numeric
 from ._opdef import Cost, OpDef
 from ._program import Program, Ref
@@ -91,15 +92,18 @@ def compile_program(
         # (template, CSE key) of one argument, in one pass
         tx = type(x)
         if tx in _scalars:
-            if tx is float and x == 0.0:  # 0.0 == -0.0, but they give different results
-                return x, (tx, x, math.copysign(1.0, x))
-            return x, (tx, x)
+            if tx is int or tx is str or x is None:
+                return x, (tx, x)
+            # floats and complex numbers: signed zeros apart; a NaN merges with nothing
+            return x, _key_or_id(x)
         slot = slots.get(id(x))
         if slot is not None and (tx is expr_type or is_leaf(x)):
             return refs[slot], slot
         if tx is list or tx is tuple:
             pairs = [arg(e) for e in x]
             return tx(p[0] for p in pairs), (tx, tuple(p[1] for p in pairs))
+        if isinstance(x, np.generic):
+            return x, _key_or_id(x)
         return x, ("id", id(x))  # arrays, dtypes, user objects: the same object only
 
     merged: dict[Any, int] = {}  # structural key -> slot
@@ -142,6 +146,12 @@ def compile_program(
 
 
 _SCALAR_TYPES = frozenset({int, float, bool, complex, str, type(None)})
+
+
+def _key_or_id(x: Any) -> Any:
+    # A scalar's CSE key: its value key (the one expression signatures use), else its identity.
+    key = scalar_key(x)
+    return ("id", id(x)) if key is None else key
 
 
 class _Entry:

@@ -28,7 +28,7 @@ from ._opdef import OPS, OpDef
 if TYPE_CHECKING:
     from ._types import AxisLike, DTypeLike, NDArray, ShapeLike, TensorLike
 
-__all__ = ["Expr", "Operand"]
+__all__ = ["Expr", "Operand", "scalar_key"]
 
 
 class Operand:
@@ -346,7 +346,8 @@ _MAX_SIG_NODES = 256
 _LEAF = ("T",)
 #: Set by ``_tensor`` (a layer above) to ``Tensor``.
 _Tensor: type = type(None)
-_HASHED_BY_VALUE = frozenset({bool, str, type(None), complex, type(Ellipsis)})
+_HASHED_BY_VALUE = frozenset({str, type(None), type(Ellipsis)})
+_SCALARS = frozenset({int, bool, float, complex})
 
 
 def _mark_used(seq: list[Any] | tuple[Any, ...]) -> int:
@@ -366,11 +367,9 @@ def _value_key(x: Any) -> tuple[Any, tuple[Any, ...], int]:
         return x._sig, x._lv, x._n
     if tx is _Tensor:
         return _LEAF, (x,), 0
-    if tx is float:
-        if x != x:  # NaN: never equal to itself, so never found in the cache
-            return None, (), 0
-        return (float, x, math.copysign(1.0, x)), (), 0  # 0.0 and -0.0 differ in results
-    if tx is int or tx in _HASHED_BY_VALUE:
+    if tx in _SCALARS:
+        return scalar_key(x), (), 0
+    if tx in _HASHED_BY_VALUE:
         return (tx, x), (), 0
     if tx is list or tx is tuple:
         keys: list[Any] = [tx]
@@ -390,10 +389,37 @@ def _value_key(x: Any) -> tuple[Any, tuple[Any, ...], int]:
         return (None if None in parts else (slice, *parts)), (), 0
     if isinstance(x, np.dtype) or (isinstance(x, type) and issubclass(x, np.generic)):
         return (type, x), (), 0
-    if isinstance(x, np.generic) and x.dtype.kind in "biuf":
-        k = _value_key(x.item())[0]  # NaN gives None, as above; the type stays (NEP 50: numpy scalars are strong)
-        return (None if k is None else (tx, k)), (), 0
+    if isinstance(x, np.generic):
+        return scalar_key(x), (), 0
     return None, (), 0  # arrays, user objects: told apart only by identity
+
+
+def scalar_key(x: Any) -> Any:
+    """A key telling scalars apart exactly as their results differ, or None (never equal).
+
+    The one value key of constants, used by expression signatures (the compiled-program
+    cache) and by the compiler's common-subexpression merging: ``0.0`` and ``-0.0``
+    (and complex numbers whose parts differ only in the sign of a zero) give different
+    results, so they get different keys; a NaN is never equal to itself, so it gets
+    None. Numpy scalars are keyed by type and bytes (NEP 50: their type matters; any
+    dtype, ``longdouble`` included, without converting to a Python number).
+    """
+    tx = type(x)
+    if tx is int or tx is bool:
+        return (tx, x)
+    if tx is float:
+        # 0.0 == -0.0 but they differ in results; NaN: never equal to itself
+        return (float, x, math.copysign(1.0, x)) if x == x else None
+    if tx is complex:
+        re, im = x.real, x.imag
+        if re != re or im != im:
+            return None
+        return (complex, re, math.copysign(1.0, re), im, math.copysign(1.0, im))
+    if isinstance(x, np.generic) and x.dtype.kind in "biufc":
+        if x.dtype.kind in "fc" and np.isnan(x):
+            return None
+        return (tx, x.tobytes())
+    return None
 
 
 def _numpy_method(x: Operand, method: str, args: Any, numpy_kwargs: dict[str, Any]) -> Expr:

@@ -330,3 +330,35 @@ async def test_nested_async_with_is_refused_and_the_session_stays_open() -> None
     async with contextlib.aclosing(at.AsyncEagerSession()) as other:  # aclose() is close()
         await other.zeros(1)
     assert other.closed
+
+
+async def test_cached_programs_keep_complex_signed_zeros_apart(s: at.AsyncEagerSession) -> None:
+    # Issue 27 (1): each formula evaluated alone, one after the other (the program cache).
+    x = await s.constant(np.array([1.0, 2.0]))
+    for c in (complex(-0.0, 0.0), 0j, complex(-0.0, -0.0), complex(0.0, -0.0), complex(-0.0, 0.0)):
+        got = await ((x * c) * 1.0).eval()
+        want = (np.array([1.0, 2.0]) * c) * 1.0
+        np.testing.assert_array_equal(np.signbit(got.real), np.signbit(want.real))
+        np.testing.assert_array_equal(np.signbit(got.imag), np.signbit(want.imag))
+
+
+@pytest.mark.parametrize(
+    "scalar",
+    [np.longdouble(2), np.clongdouble(2 + 1j), np.complex64(1j), np.bool_(True), np.uint8(3), np.float16(-0.0)],
+)
+async def test_numpy_scalars_of_any_kind_are_constants(s: at.AsyncEagerSession, scalar: Any) -> None:
+    # Issue 27 (3): np.longdouble recursed in the value key (its .item() is itself).
+    x = await s.constant(np.array([1.0, 2.0]))
+    want = np.array([1.0, 2.0]) * scalar
+    for _ in range(2):  # compiled, then from the cache
+        got = await (x * scalar * 1).eval()
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+async def test_numpy_scalar_constants_keep_their_type_in_the_cache(s: at.AsyncEagerSession) -> None:
+    x = await s.constant(np.ones(2, dtype=np.float32))
+    assert (await (x * np.float32(2) * 1).eval()).dtype == np.float32
+    assert (await (x * np.float64(2) * 1).eval()).dtype == np.float64
+    assert np.signbit(await (x * np.float32(-0.0) * 1).eval()).all()
+    assert not np.signbit(await (x * np.float32(0.0) * 1).eval()).any()
