@@ -953,7 +953,7 @@ class Engine:
                     expr._d.name, program, tuple(bufs), {}, tuple(leaves), user=False, est_us=est, budget=program.budget
                 )
                 if done is not None:  # (None: nothing ran, the program is still fresh)
-                    return done[0][0] if expr._d.returns == "one" else _shape_result(expr._d, done[0], True)
+                    return done[0][0] if expr._d.returns == "one" else _shape_result(expr._d, *done)
         return engine._run_expr(program, leaves, expr, costs)
 
     async def _evaluate_one(self, expr: Expr) -> Tensor:
@@ -994,7 +994,7 @@ class Engine:
         est = costs.get(self._inline_us)
         if est is None:
             est = costs[self._inline_us] = program_cost(program, leaves, self._inline_us)
-        tensors, _ = await self.call(
+        tensors, multi = await self.call(
             label,
             program,
             bufs,
@@ -1007,7 +1007,7 @@ class Engine:
             blas=program.blas,
         )
         if len(roots) == 1 and roots[0]._d.returns != "one":
-            return [_shape_result(roots[0]._d, tensors, True)]
+            return [_shape_result(roots[0]._d, tensors, multi)]
         return tensors
 
     async def run_values(self, fetches: list[Any], api: str) -> list[NDArray]:

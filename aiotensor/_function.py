@@ -39,7 +39,7 @@ import numpy as np
 from ._cost import estimate_us
 from ._engine import Engine, engine_of
 from ._errors import InvalidArgumentError
-from ._kernels import SEQUENCES, as_numeric, kernel_error
+from ._kernels import SEQUENCES, as_numeric, kernel_error, read_only_view, unshared
 from ._opdef import BINARY_OPERATORS, OPS, UNARY_OPERATORS, OpDef
 from ._placement import Placement
 from ._program import Budget
@@ -102,8 +102,7 @@ class FusedValue:
         return out
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> NDArray:
-        arr = self._arr.view()
-        arr.flags.writeable = False
+        arr = read_only_view(self._arr)
         if dtype is not None and np.dtype(dtype) != arr.dtype:
             return arr.astype(dtype)
         return arr.copy() if copy else arr
@@ -383,12 +382,11 @@ def _result(x: Any, budget: Budget) -> Any:
                 arr.setflags(True)  # type: ignore[call-arg]
                 budget.escaped += 1
             return arr
-        if arr.flags.writeable:
-            # The caller's own numpy argument, returned as it is: a copy, or the session
-            # would take the caller's array over (finalize owns a writeable array as is).
-            return arr.copy()
-        return arr  # a tensor's buffer (read-only): finalize copies it
-    return x
+        # The caller's own numpy argument returned as it is: copied (unshared); a tensor's
+        # buffer (read-only): finalize copies it.
+        return unshared(arr)
+    # An array of fn's own (a closure's, a global) returned as is: never taken over.
+    return unshared(x)
 
 
 def unknown_op(exc: AttributeError, ops: FusedOps) -> AttributeError:

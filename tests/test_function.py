@@ -386,3 +386,19 @@ async def test_a_view_keeps_the_value_it_views_counted_against_the_memory_limit(
         y = await s.function(viewed)(x)
         np.testing.assert_array_equal(await y.numpy(), np.full(1000, 3.0))  # type: ignore[union-attr]
         assert s.stats().peak_bytes == 3 * 8000  # x, the viewed product and the sum at once
+
+
+async def test_a_fused_function_never_takes_over_an_array_its_author_holds(s: at.AsyncEagerSession) -> None:
+    # Issue 27 (7): as apply and batched, a closure's array is copied, not owned.
+    held = np.ones(3)
+    f = s.function(lambda ops, a: held)
+    g = s.function(lambda ops, a: (held, a + 1.0))
+    x = await s.constant(np.zeros(3))
+    t = await f(x)
+    u, _ = await g(x)
+    assert held.flags.writeable  # the user's array is still theirs
+    held[0] = 7.0
+    np.testing.assert_array_equal(await t.numpy(), np.ones(3))
+    np.testing.assert_array_equal(await u.numpy(), np.ones(3))
+    fresh = s.function(lambda ops, a: np.full(3, 2.0))
+    np.testing.assert_array_equal(await (await fresh(x)).numpy(), np.full(3, 2.0))
