@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from . import _ops as _ops
-from ._opdef import BINARY_OPERATORS, OPS, UNARY_OPERATORS, OpDef
+from ._opdef import ALIASES, BINARY_OPERATORS, OPS, UNARY_OPERATORS, OpDef
 
 __all__ = ["generate", "main"]
 
@@ -28,8 +28,6 @@ BEGIN, END = (
     "    # --- generated: operand methods (python -m aiotensor._codegen) ---\n",
     "    # --- end generated ---\n",
 )
-#: Other names of an op: the same op under a numpy-familiar name.
-ALIASES = {"asarray": "constant"}
 _RETURNS = {"one": "Tensor", "list": "list[Tensor]", "any": "Tensor | tuple[Tensor, ...]"}
 
 _BINARY = BINARY_OPERATORS

@@ -14,6 +14,7 @@ key); element-wise comparison is ``at.equal``.
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Generator, Sequence
@@ -422,9 +423,27 @@ def scalar_key(x: Any) -> Any:
     return None
 
 
+def _spec_keywords(d: OpDef) -> frozenset[str]:
+    # The keyword parameters of an op's spec (``correction`` of std, ``dtype`` of sum).
+    found = _KEYWORDS.get(d)
+    if found is None:
+        found = _KEYWORDS[d] = frozenset(inspect.signature(d.spec).parameters)
+    return found
+
+
+_KEYWORDS: dict[OpDef, frozenset[str]] = {}
+
+
 def _numpy_method(x: Operand, method: str, args: Any, numpy_kwargs: dict[str, Any]) -> Expr:
-    # np.mean(t) and friends call t.mean(..., out=None): give numpy's answer on the buffer
-    # (a local tensor is readable without suspending, as np.asarray(t) is).
+    # Keywords the op itself takes (t.std(correction=1), t.sum(dtype=...)) build the
+    # expression, as the session method does with them. Others: np.mean(t) and friends
+    # call t.mean(..., out=None): give numpy's answer on the buffer (a local tensor is
+    # readable without suspending, as np.asarray(t) is).
+    d = OPS["permute_dims" if method == "transpose" else method]
+    if _spec_keywords(d).issuperset(numpy_kwargs):
+        if isinstance(args, dict):
+            return Expr(d, *d.spec(x, **args, **numpy_kwargs))
+        return Expr(d, *d.spec(x, *args, **numpy_kwargs))
     if type(x) is Expr:
         raise TypeError(f"numpy's {method}() needs data: await the expression first (await e).{method}(...)")
     if isinstance(args, dict):

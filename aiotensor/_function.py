@@ -40,7 +40,7 @@ from ._cost import estimate_us
 from ._engine import Engine, engine_of
 from ._errors import InvalidArgumentError
 from ._kernels import SEQUENCES, as_numeric, kernel_error, read_only_view, unshared
-from ._opdef import BINARY_OPERATORS, OPS, UNARY_OPERATORS, OpDef
+from ._opdef import ALIASES, BINARY_OPERATORS, OPS, UNARY_OPERATORS, OpDef
 from ._placement import Placement
 from ._program import Budget
 from ._tensor import Tensor
@@ -327,6 +327,8 @@ def _fused_op(d: OpDef) -> Callable[..., Any]:
 
 for _d in OPS.values():
     setattr(FusedOps, _d.name, _fused_op(_d))
+for _alias, _target in ALIASES.items():  # ops.asarray, as s.asarray and at.asarray
+    setattr(FusedOps, _alias, getattr(FusedOps, _target))
 
 # Ops whose spec takes ``name=`` (the others drop it: a fused value has no name).
 _TAKES_NAME = frozenset(d for d in OPS.values() if not d.plain and "name" in d.spec.__code__.co_varnames)

@@ -209,8 +209,19 @@ def _map(op: str, args: tuple[Any, ...], exc: BaseException, user: bool) -> AioT
         # RuntimeError): name the kernel's own exception.
         exc = exc.__cause__
     where = f"{op}({describe(args)})"
+    text = _text(exc)
     if isinstance(exc, MemoryError):
-        return ResourceExhaustedError(f"{where}: out of memory ({exc})")
+        return ResourceExhaustedError(f"{where}: out of memory ({text})")
     if isinstance(exc, BadOutputError) or (not user and isinstance(exc, _ARG_ERRORS)):
-        return InvalidArgumentError(f"{where}: {exc}", op=op, inputs=input_specs(args))
-    return KernelError(f"{where} failed: {type(exc).__name__}: {exc}")
+        return InvalidArgumentError(f"{where}: {text}", op=op, inputs=input_specs(args))
+    return KernelError(f"{where} failed: {type(exc).__name__}: {text}")
+
+
+def _text(exc: BaseException) -> str:
+    # An exception rebuilt by another process's deserializer may lack what its __str__
+    # reads (Dask's copy of numpy's AxisError has no .axis): its args then, never a
+    # second error in place of the mapping.
+    try:
+        return str(exc)
+    except Exception:
+        return ", ".join(map(repr, exc.args))

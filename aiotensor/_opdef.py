@@ -23,7 +23,18 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Literal, cast
 
-__all__ = ["BINARY_OPERATORS", "OPS", "UNARY_OPERATORS", "Cost", "OpDef", "Prepared", "namespace", "op", "op_named"]
+__all__ = [
+    "ALIASES",
+    "BINARY_OPERATORS",
+    "OPS",
+    "UNARY_OPERATORS",
+    "Cost",
+    "OpDef",
+    "Prepared",
+    "namespace",
+    "op",
+    "op_named",
+]
 
 #: What a spec returns: the kernel's positional args, keyword args and the output's
 #: size in bytes when it is known before the kernel runs (creation ops), else None.
@@ -145,6 +156,9 @@ class OpDef:
         return f"<op {self.name}>"
 
 
+#: Other names of an op: the same op under a numpy-familiar name (session methods, module
+#: functions and the ``ops`` of fused functions all have them).
+ALIASES = {"asarray": "constant"}
 #: The binary operators of tensors, expressions and fused values: (dunder stem, op).
 #: Comparisons are left out on purpose: ``==`` keeps Python's identity semantics.
 BINARY_OPERATORS = (

@@ -362,3 +362,22 @@ async def test_numpy_scalar_constants_keep_their_type_in_the_cache(s: at.AsyncEa
     assert (await (x * np.float64(2) * 1).eval()).dtype == np.float64
     assert np.signbit(await (x * np.float32(-0.0) * 1).eval()).all()
     assert not np.signbit(await (x * np.float32(0.0) * 1).eval()).any()
+
+
+async def test_methods_take_the_keywords_of_their_op(s: at.AsyncEagerSession) -> None:
+    # Issue 27 (10): t.std(correction=1) and t.sum(dtype=...) build expressions as s.std does.
+    v = np.arange(12.0).reshape(3, 4)
+    t = await s.constant(v)
+    for e, want in [
+        (t.std(axis=0, correction=1), np.std(v, axis=0, ddof=1)),
+        (t.var(axis=1, correction=1, keepdims=True), np.var(v, axis=1, ddof=1, keepdims=True)),
+        ((t * 2.0).var(correction=1), np.var(v * 2.0, ddof=1)),
+        (t.sum(dtype=np.float32), np.sum(v, dtype=np.float32)),
+        (t.sum(axis=0, dtype="int64"), np.sum(v, axis=0, dtype="int64")),
+    ]:
+        assert isinstance(e, at.Expr)
+        got = await e.eval()
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(got, want)
+    np.testing.assert_allclose(await (await s.std(t, correction=1)).numpy(), np.std(v, ddof=1))
+    assert np.std(t, ddof=1) == np.std(v, ddof=1)  # numpy's own keywords: numpy's answer, as before

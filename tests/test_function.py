@@ -402,3 +402,14 @@ async def test_a_fused_function_never_takes_over_an_array_its_author_holds(s: at
     np.testing.assert_array_equal(await u.numpy(), np.ones(3))
     fresh = s.function(lambda ops, a: np.full(3, 2.0))
     np.testing.assert_array_equal(await (await fresh(x)).numpy(), np.full(3, 2.0))
+
+
+async def test_every_op_alias_is_an_op_of_fused_functions(s: at.AsyncEagerSession) -> None:
+    # Issue 27 (12): ops.asarray, as s.asarray and at.asarray.
+    f = s.function(lambda ops, a: ops.asarray([1.0, 2.0]) + a[:2])
+    g = s.function(lambda ops, a: ops.asarray(a, dtype="float32"))
+    x = await s.constant(np.arange(3.0))
+    np.testing.assert_array_equal(await (await f(x)).numpy(), [1.0, 3.0])
+    got = await (await g(x)).numpy()
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.arange(3.0, dtype=np.float32))
