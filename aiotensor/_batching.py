@@ -39,9 +39,9 @@ import numpy as np
 
 from . import _defaults
 from ._batch_kernel import BatchKernel
-from ._engine import Engine, State
+from ._engine import Engine, State, engine_of
 from ._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
-from ._expr import Operand
+from ._expr import Expr, Operand
 from ._function import FusedOps, _buffers
 from ._kernels import NUMERIC_KINDS, KernelResult, info, numeric_array
 from ._placement import Placement
@@ -192,6 +192,8 @@ class BatchedFunction:
         return BatchStats(**self._counts)
 
     async def __call__(self, x: Any, *params: Any) -> Tensor | tuple[Tensor, ...]:
+        if type(x) is Expr or any(type(p) is Expr for p in params):
+            return await self._call_on_values(x, params)
         loop = _get_loop()
         engine, runner = self._engines(x, params)
         if engine.state is not _OPEN:
@@ -241,6 +243,17 @@ class BatchedFunction:
         if engine is runner:  # its tensors are its session's already
             return tuple(tensors) if multi else tensors[0]
         return await self._deliver(caller, runner, tensors, multi)
+
+    async def _call_on_values(self, x: Any, params: tuple[Any, ...]) -> Tensor | tuple[Tensor, ...]:
+        # Expressions given: evaluated first where the rule of evaluation says (the
+        # session of the call's tensors, theirs included), freed after the call.
+        engine = engine_of((x, *params), None)
+        (x, *rest), _, made = await engine.evaluate_arguments((x, *params), {})
+        try:
+            return await self(x, *rest)
+        finally:
+            for t in made:
+                engine.discard(t)
 
     async def _wait(self, caller: _Caller) -> Tensor | tuple[Tensor, ...]:
         """Wait for the batch holding ``caller`` and take its rows."""

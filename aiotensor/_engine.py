@@ -19,7 +19,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from ._cleanup import CleanupPolicy
     from ._types import NDArray
 
-__all__ = ["Engine", "State", "engine_of"]
+__all__ = ["Engine", "State", "engine_of", "evaluating_engine", "expr_tensors"]
 
 logger = logging.getLogger("aiotensor")
 
@@ -901,26 +901,6 @@ class Engine:
             raise
 
     # -- expressions ----------------------------------------------------------------------
-    def _engine_for(self, leaves: list[Tensor]) -> Engine:
-        # The engine that may read every leaf: the most derived of their sessions, or the
-        # default session when it is a child of theirs (a request session reading weights).
-        found = self
-        for t in leaves:
-            owner = t._engine
-            if owner is found or owner in found.ancestors:
-                continue
-            if found in owner.ancestors:
-                found = owner
-                continue
-            raise InvalidArgumentError(
-                f"an expression mixes tensors of unrelated sessions ({found.session!r} and {owner.session!r})"
-            )
-        default = _defaults.get_default_session()
-        if default is not None and found in default._engine.ancestors:  # type: ignore[attr-defined]
-            engine: Engine = default._engine  # type: ignore[attr-defined]
-            return engine
-        return found
-
     def evaluate_expr(self, expr: Expr) -> Any:
         """``await expr``: its tensor at once when its program runs inline, else a coroutine giving it.
 
@@ -935,11 +915,14 @@ class Engine:
             return self._evaluate_one(expr)
         expr._used = True
         program, leaves, costs = compiled(expr, _is_tensor, self._xp_name, Expr)
-        engine = self._engine_for(leaves)  # (which may read every leaf: no check per buffer below)
+        engine = evaluating_engine(leaves)
         lean_loop = engine._lean_loop
         if lean_loop is not None and _get_loop() is lean_loop:
             bufs = []
             for t in leaves:
+                owner = t._engine
+                if owner is not engine and owner not in engine.ancestors:
+                    break  # unreadable: the general path raises, naming the tensor
                 entry = t._registry._buffers.get(t._rid)
                 if entry is None:
                     break
@@ -974,13 +957,13 @@ class Engine:
             if r._n == 1:
                 # One node on tensors and values: the op path, without compiling anything.
                 engine = (
-                    self._engine_for([x for x in _flat(r._args, r._kwargs) if type(x) is Tensor]) if choose else self
+                    evaluating_engine([x for x in _flat(r._args, r._kwargs) if type(x) is Tensor]) if choose else self
                 )
                 return [await engine.op(r._d, r._args, r._kwargs, r._nbytes, name)]
             program, leaves, costs = compiled(r, _is_tensor, self._xp_name, Expr)
         else:
             program, leaves = compile_program(roots, _is_tensor, self._xp_name, Expr)
-        engine = self._engine_for(leaves) if choose else self
+        engine = evaluating_engine(leaves) if choose else self
         return await engine._run_program(program, leaves, roots, name, costs)
 
     async def _run_program(
@@ -1010,19 +993,54 @@ class Engine:
             return [_shape_result(roots[0]._d, tensors, multi)]
         return tensors
 
-    async def run_values(self, fetches: list[Any], api: str) -> list[NDArray]:
-        """The numpy values of tensors and expressions; results made for them are freed at once."""
+    async def run_values(self, fetches: list[Any], api: str, *, explicit: bool = True) -> list[NDArray]:
+        """The numpy values of tensors and expressions; results made for them are freed at once.
+
+        ``explicit``: this session was named (``s.run``, ``e.eval(session=s)``) and
+        evaluates; else :func:`evaluating_engine` chooses (``e.eval()``).
+        """
         exprs = [f for f in fetches if type(f) is Expr]
         made: dict[int, Tensor] = {}
+        engine = self
         if exprs:
             unique = list({id(e): e for e in exprs}.values())
-            tensors = await self.evaluate(unique, choose=False)
+            tensors = await self.evaluate(unique, choose=not explicit)
             made = {id(e): t for e, t in zip(unique, tensors, strict=True)}
+            if not explicit and tensors:
+                engine = tensors[0]._engine  # the session that evaluated them reads them
         try:
-            return await self.fetch([made[id(f)] if type(f) is Expr else f for f in fetches], api)
+            return await engine.fetch([made[id(f)] if type(f) is Expr else f for f in fetches], api)
         finally:
             for t in made.values():
                 self.discard(t)
+
+    async def evaluate_arguments(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any], list[Tensor]]:
+        """A call's arguments with their expressions (one level into lists) evaluated here, in one program.
+
+        For the fused and batched calls this session runs (chosen by
+        :func:`evaluating_engine`, expressions' tensors included). Returns the new
+        arguments and the tensors made, which the caller discards after the call.
+        """
+        exprs: dict[int, Expr] = {}
+        for a in (*args, *kwargs.values()):
+            for x in a if type(a) in (list, tuple) else (a,):
+                if type(x) is Expr:
+                    exprs[id(x)] = x
+        if not exprs:
+            return args, kwargs, []
+        made = await self.evaluate(list(exprs.values()))
+        value = dict(zip(exprs, made, strict=True))
+
+        def swap(a: Any) -> Any:
+            if type(a) is Expr:
+                return value[id(a)]
+            if type(a) in (list, tuple):
+                return type(a)(swap(x) for x in a)
+            return a
+
+        return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}, made
 
     def discard(self, t: Tensor) -> None:
         """Free a result nobody else holds (``eval``/``run`` of an expression), whatever the strategy."""
@@ -1093,31 +1111,71 @@ def _shape_result(d: OpDef, tensors: list[Tensor], multi: bool) -> Any:
     return tensors[0]
 
 
-def engine_of(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Engine:
-    """The engine a module-level op runs in: its tensors' session, else the default session.
+def evaluating_engine(tensors: Iterable[Tensor], explicit: Engine | None = None) -> Engine:
+    """THE rule for which session evaluates (docs/semantics.md, "Which session evaluates").
 
-    A child session may read its parent's tensors: the child is preferred, and so is a
-    default session that is a child of the tensors' session (a request session reading
-    app weights), so the result does not live as long as the parent.
+    Every front end asks it: ``await e``, ``e.eval()``, module-level ops, fused and
+    batched calls (and, through them, an expression given to an op). ``explicit``, a
+    session named by the caller (``s.run(e)``, ``e.eval(session=s)``, ``s.add(e, 1)``,
+    ``s.function(fn)``), evaluates. Otherwise the most derived of the tensors' sessions
+    (a child may read its parent's tensors), unless the default session
+    (``with s.as_default():``, an ``InteractiveSession``) is that session or a child of
+    it: then the default, so a request session reading app weights owns the result.
+    With no tensor at all (``xp.zeros(3)``), the default session; with none either,
+    :class:`NoSessionError`. Tensors of unrelated sessions are not refused here: the
+    session chosen refuses the ones it cannot read ("belongs to another session").
     """
+    if explicit is not None:
+        return explicit
     found: Engine | None = None
+    for t in tensors:
+        owner: Engine = t._engine
+        if found is None or (owner is not found and found in owner.ancestors):
+            found = owner
+    default = _defaults.get_default_session()
+    if default is not None:
+        engine: Engine = default._engine  # type: ignore[attr-defined]
+        if found is None or engine is found or found in engine.ancestors:
+            return engine
+    if found is None:
+        raise NoSessionError(
+            "no session to evaluate in: pass a tensor argument or session=, use `with session.as_default():`,"
+            " or create an InteractiveSession"
+        )
+    return found
+
+
+def engine_of(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Engine:
+    """The engine a module-level op (or an unbound fused function) runs in: :func:`evaluating_engine`.
+
+    Over its tensor arguments, one level into lists, and the tensors of its expression
+    arguments, so an op given an expression is evaluated where the expression would be.
+    """
+    tensors: list[Tensor] = []
     for arg in (*args, *kwargs.values()) if kwargs else args:
         for item in arg if type(arg) in (list, tuple) else (arg,):
             ti = type(item)
-            if ti is Expr:
-                item = item._leaf()
-            elif ti is not Tensor:
-                continue
-            owner = item._engine
-            if found is None or (owner is not found and found in owner.ancestors):
-                found = owner
-    default = _defaults.get_default_session()
-    if found is None or (default is not None and found in default._engine.ancestors):  # type: ignore[attr-defined]
-        if default is None:
-            raise NoSessionError(
-                "no session for this op: pass a tensor argument, use `with session.as_default():`,"
-                " or create an InteractiveSession"
-            )
-        engine: Engine = default._engine  # type: ignore[attr-defined]
-        return engine
+            if ti is Tensor:
+                tensors.append(item)
+            elif ti is Expr:
+                tensors.extend(expr_tensors(item))
+    return evaluating_engine(tensors)
+
+
+def expr_tensors(expr: Expr) -> list[Tensor]:
+    """The tensors an expression reads (its signature's list, or a walk of its graph)."""
+    if expr._sig is not None:
+        return list(expr._lv)
+    found: list[Tensor] = []
+    stack: list[Any] = [expr]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        for x in _flat(node._args, node._kwargs):
+            if type(x) is Expr:
+                if id(x) not in seen:
+                    seen.add(id(x))
+                    stack.append(x)
+            elif type(x) is Tensor:
+                found.append(x)
     return found

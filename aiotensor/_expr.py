@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from . import _defaults
 from . import _ops as _ops  # fills OPS
+from ._errors import NoSessionError
 from ._opdef import OPS, OpDef
 
 if TYPE_CHECKING:
@@ -313,21 +315,37 @@ class Expr(Operand):
                             stack.append(x)
                     elif isinstance(x, Operand):  # a Tensor: the only other Operand
                         return x
-        raise TypeError("an expression without any tensor")  # pragma: no cover - operators need one
+        return None  # no tensor at all (a creation op): the default session evaluates
+
+    def _evaluator(self) -> Any:
+        # An engine to ask; it applies the one rule of which session evaluates
+        # (_engine.evaluating_engine) to this expression's tensors and the default session.
+        leaf = self._leaf()
+        if leaf is not None:
+            return leaf._engine
+        default = _defaults.get_default_session()
+        if default is None:
+            raise NoSessionError(
+                f"no session to evaluate {self!r}: it reads no tensor. Use `with session.as_default():`,"
+                " an InteractiveSession, `await session.run(e)` or `await e.eval(session=...)`"
+            )
+        return default._engine  # type: ignore[attr-defined]
 
     def __await__(self) -> Generator[Any, None, Any]:  # gives a Tensor
         self._used = True
         # A program that runs inline needs no coroutine: its result is there at once.
-        result = self._leaf()._engine.evaluate_expr(self)
+        result = self._evaluator().evaluate_expr(self)
         if type(result) is CoroutineType:
             result = yield from result.__await__()
         return result
 
     async def eval(self, session: Any = None) -> NDArray:
-        """The numpy value, computed in ``session`` (default: the session of its tensors), like ``Tensor.eval``."""
+        """The numpy value, computed in ``session``, else in the session ``await e`` would use, like ``Tensor.eval``."""
         self._used = True
-        engine = self._leaf()._engine if session is None else session._engine
-        (value,) = await engine.run_values([self], "eval")
+        if session is not None:
+            (value,) = await session._engine.run_values([self], "eval")
+        else:
+            (value,) = await self._evaluator().run_values([self], "eval", explicit=False)
         out: NDArray = value
         return out
 

@@ -466,6 +466,13 @@ class FusedFunction:
             else:
                 bufs, key = tuple(found), tuple(shapes)
         if bufs is None:
+            args, kwargs, made = await engine.evaluate_arguments(args, kwargs)
+            if made:  # expressions given: evaluated first in this session, freed after the call
+                try:
+                    return await self(*args, **kwargs)
+                finally:
+                    for t in made:
+                        engine.discard(t)
             bufs = tuple([engine.buffer(a, op) if type(a) is Tensor else _buffers(engine, a, op) for a in args])
             key = _shape_key(args, kwargs)
         kw = {k: _buffers(engine, v, op) for k, v in kwargs.items()} if kwargs else {}

@@ -381,3 +381,58 @@ async def test_methods_take_the_keywords_of_their_op(s: at.AsyncEagerSession) ->
         np.testing.assert_allclose(got, want)
     np.testing.assert_allclose(await (await s.std(t, correction=1)).numpy(), np.std(v, ddof=1))
     assert np.std(t, ddof=1) == np.std(v, ddof=1)  # numpy's own keywords: numpy's answer, as before
+
+
+# -- which session evaluates: one rule (docs/semantics.md) --------------------------------
+
+
+async def test_every_front_end_evaluates_in_the_same_session() -> None:
+    # Issue 27 (4): (w + y).eval() with w a parent's tensor, y a child's, the child as default.
+    async with at.AsyncEagerSession() as parent, at.AsyncEagerSession(parent=parent) as child:
+        w = await parent.constant(np.ones(3))
+        y = await child.constant(np.arange(3.0))
+        want = np.arange(3.0) + 1.0
+        for default in (None, child):
+            with child.as_default() if default is not None else contextlib.nullcontext():
+                for e in (w + y, y + w, (w * 1.0) + (y * 1.0)):
+                    np.testing.assert_array_equal(await e.eval(), want)
+                    t = await e
+                    assert t.session is child
+                    np.testing.assert_array_equal(await child.run(e), want)
+                    assert (await at.add(e, 0.0)).session is child
+                    assert (await at.function(lambda ops, a: a)(e)).session is child
+                    assert (await at.batched(lambda ops, a: a)(e)).session is child
+                    np.testing.assert_array_equal(await e.eval(session=child), want)
+                    with pytest.raises(at.InvalidArgumentError, match="another session"):
+                        await e.eval(session=parent)  # named: the parent cannot read y
+        # Only the parent's tensors: the parent, unless the child is the default.
+        assert (await (w * 2.0)).session is parent
+        with child.as_default():
+            assert (await (w * 2.0)).session is child
+            assert (await (w * 2.0 + 1.0)).session is child
+            np.testing.assert_array_equal(await (w * 2.0 + 1.0).eval(), np.full(3, 3.0))
+
+
+def _zeros(n: int) -> at.Expr:
+    from aiotensor._opdef import OPS  # (the lazy namespace of issue 28 will build these publicly)
+
+    d = OPS["zeros"]
+    return at.Expr(d, *d.spec(n))
+
+
+async def test_an_expression_without_tensors_evaluates_in_the_default_or_named_session() -> None:
+    e = _zeros(3) + 1.0
+    with pytest.raises(at.NoSessionError, match="as_default"):
+        await e
+    with pytest.raises(at.NoSessionError, match="session="):
+        await e.eval()
+    async with at.AsyncEagerSession() as s, at.AsyncEagerSession() as other:
+        np.testing.assert_array_equal(await s.run(e), np.ones(3))
+        np.testing.assert_array_equal(await e.eval(session=other), np.ones(3))
+        with s.as_default():
+            t = await e
+            assert t.session is s
+            np.testing.assert_array_equal(await e.eval(), np.ones(3))
+            assert (await _zeros(2)).session is s  # one node: the op path, same rule
+        with other.as_default():
+            assert (await e).session is other

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -413,3 +415,17 @@ async def test_every_op_alias_is_an_op_of_fused_functions(s: at.AsyncEagerSessio
     got = await (await g(x)).numpy()
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, np.arange(3.0, dtype=np.float32))
+
+
+async def test_an_expression_argument_is_evaluated_in_the_call_session(s: at.AsyncEagerSession) -> None:
+    # Issue 27 (also): was "kernel returned Expr" and a spurious never-evaluated warning.
+    x = await s.constant(np.arange(3.0))
+    f = s.function(lambda ops, a, b: a + b)
+    g = at.function(lambda ops, a, b: a * b[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(await (await f(x * 2.0, x)).numpy(), np.arange(3.0) * 3.0)
+        np.testing.assert_array_equal(
+            await (await g(x + 1.0, [x * 2.0])).numpy(), (np.arange(3.0) + 1) * np.arange(3.0) * 2
+        )
+        gc.collect()
