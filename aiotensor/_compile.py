@@ -24,7 +24,7 @@ from ._program import Program, Ref
 if TYPE_CHECKING:
     from ._expr import Expr
 
-__all__ = ["compile_program", "compiled", "program_cost"]
+__all__ = ["NEED_KEY", "compile_program", "compiled", "program_cost", "program_need"]
 
 _ndarray = np.ndarray
 
@@ -240,6 +240,36 @@ def program_cost(program: Program, leaves: list[Any], limit: float) -> float:
             return math.inf
         specs.append(out_spec(d, args, kwargs))
     return total
+
+
+#: The key under which a program's cost cache keeps :func:`program_need` (thresholds are >= 0).
+NEED_KEY = -1.0
+
+
+def program_need(program: Program, leaves: list[Any]) -> int | None:
+    """An upper bound on the bytes a run's own values (intermediates and results) hold at once, or None.
+
+    Step by step through the cost model's output sizes (``out_spec``: 8-byte items at
+    most, views counted as copies), each intermediate dropped after its last use: what
+    a session with a ``memory_limit`` reserves (or waits for) before the run. None when
+    a size is unknown before the run (creation ops, data-dependent shapes).
+    """
+    specs: list[Any] = [Spec(t._shape, t._dtype.itemsize) for t in leaves]
+    live = peak = 0
+    for d, templates, kwargs, _, drop in program.steps:
+        try:
+            args = tuple(_spec_of(t, specs) for t in templates)
+        except _Unknown:
+            return None
+        out = out_spec(d, args, kwargs)
+        if out is None:
+            return None
+        specs.append(out)
+        live += out.nbytes
+        peak = max(peak, live)
+        for slot in drop:
+            live -= specs[slot].nbytes
+    return peak
 
 
 _ELEMENTWISE_COSTS = (Cost.MEMORY, Cost.MATH, Cost.DIVMOD)

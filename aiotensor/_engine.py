@@ -27,7 +27,7 @@ import numpy as np
 from . import _defaults
 from ._allocator import out_for
 from ._backend import Backend
-from ._compile import compile_program, compiled, program_cost
+from ._compile import NEED_KEY, compile_program, compiled, program_cost, program_need
 from ._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS, OVERHEAD_NS, PER_BYTE, SLICED_MAX, estimate_us
 from ._errors import (
     AioTensorError,
@@ -620,13 +620,15 @@ class Engine:
         name: str | None = None,
         est_us: float = math.inf,
         budget: Any = None,
+        need: int | None = None,
         blas: bool = False,
     ) -> tuple[list[Tensor], bool]:
         """Run ``kernel(*bufs, **kw)`` inline (when ``est_us`` allows) or on the backend; own its outputs.
 
         ``described`` are the arguments as the caller gave them, for error messages.
         ``budget`` (a :class:`~aiotensor._program.Budget`) gets the bytes its
-        intermediates may hold, computed after the safe point and any memory wait.
+        intermediates may hold under ``memory_limit``, reserved for the run
+        (:meth:`_hold`): ``need`` bytes when the caller knows them, else what is free.
         A :class:`~aiotensor._program.Program` estimated at most ``SLICED_MAX``
         thresholds runs on the loop in slices (:meth:`_run_sliced`).
         """
@@ -651,12 +653,16 @@ class Engine:
         if inline and nbytes is None and registry.memory_limit is None and self._plain_inline:
             # The common inline case: nothing to reserve or fit.
             return self._run_owned(label, kernel, bufs, kw, described, user, name, budget, device)
-        if nbytes is not None or registry.memory_limit is not None:
-            await self._reserve(label, nbytes)
+        held = 0
         if registry.memory_limit is not None and budget is not None:
-            if policy.reclaims:
-                registry.collect()  # pending buffers first: the budget is what is free now
-            budget.limit = max(0, registry.memory_limit - registry.live_bytes - registry.reserved)
+            held = budget.limit = await self._hold(label, need)
+        if nbytes is not None or (registry.memory_limit is not None and budget is None):
+            try:
+                await self._reserve(label, nbytes)
+            except BaseException:
+                if held:
+                    registry.unreserve(held)
+                raise
         try:
             if inline:
                 start = _clock()
@@ -687,6 +693,8 @@ class Engine:
         finally:
             if nbytes is not None:
                 registry.unreserve(nbytes)
+            if held:
+                registry.unreserve(held)  # (the results' bytes are checked again as they are owned)
             if budget is not None:
                 self._settle(budget)
         if self.state is not _OPEN:
@@ -818,6 +826,34 @@ class Engine:
         if self._log:
             logger.info("%s: %s on %s", label, tensors[0].name, device)
         return tensors
+
+    async def _hold(self, label: str, need: int | None) -> int:
+        # The bytes a multi-op kernel's values may hold, reserved for its run so that
+        # concurrent computations cannot together exceed memory_limit, the buffer cache
+        # giving way first. A known ``need`` is waited for (memory_wait) or held as far
+        # as it fits (it is an upper bound: the run's budget raises if it really does
+        # not fit); an unknown one takes what is free once admitted.
+        registry = self.registry
+        limit = registry.memory_limit
+        assert limit is not None
+        reclaim = self.policy.reclaims
+        if reclaim:
+            registry.collect()  # pending buffers first: their room is the cheapest
+        gate = registry.gate
+        if gate is not None:
+            wanted = None if need is None else min(need, limit)
+            await gate.acquire(wanted, label, reclaim=reclaim)  # reserves ``wanted`` once it fits
+            if self.state is not _OPEN:
+                if wanted is not None:
+                    registry.unreserve(wanted)
+                raise SessionClosedError(f"{label}: the session was closed while the op waited for memory")
+            if wanted is not None:
+                return wanted
+        free = max(0, limit - registry.live_bytes - registry.reserved)
+        hold = free if need is None else min(need, free)
+        registry.make_room(hold)  # the cache gives way first
+        registry.reserved += hold
+        return hold
 
     async def _reserve(self, label: str, nbytes: int | None) -> None:
         registry = self.registry
@@ -977,6 +1013,16 @@ class Engine:
         est = costs.get(self._inline_us)
         if est is None:
             est = costs[self._inline_us] = program_cost(program, leaves, self._inline_us)
+        need = None
+        limit = self.registry.memory_limit
+        if limit is not None:
+            found = costs.get(NEED_KEY)
+            if found is None:
+                bound = program_need(program, leaves)
+                found = costs[NEED_KEY] = math.inf if bound is None else float(bound)
+            if found != math.inf:
+                # An upper bound: never more than what the limit leaves beside the leaves it reads.
+                need = int(min(found, max(0, limit - sum(t._nbytes for t in leaves))))
         tensors, multi = await self.call(
             label,
             program,
@@ -987,6 +1033,7 @@ class Engine:
             name=name,
             est_us=est,
             budget=program.budget,
+            need=need,
             blas=program.blas,
         )
         if len(roots) == 1 and roots[0]._d.returns != "one":

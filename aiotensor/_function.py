@@ -441,6 +441,9 @@ class FusedFunction:
         self._session = session
         self._op = f"function({getattr(fn, '__name__', type(fn).__name__)})"
         self._placement = Placement()
+        # Per argument shapes, the bytes the last run's values held at their peak: what a
+        # session with a memory_limit reserves (or waits for) before the next run.
+        self._needs: dict[tuple[Any, ...], int] = {}
         functools.update_wrapper(self, fn)
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Tensor | tuple[Tensor, ...]:
@@ -484,7 +487,13 @@ class FusedFunction:
         kernel = ops._kernel
         done = engine.call_inline(op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget)
         if done is None:
-            done = await engine.call(op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget)
+            limited = engine.registry.memory_limit is not None
+            need = self._needs.get(key) if limited else None  # what its last run for these shapes held
+            try:
+                done = await engine.call(op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget, need=need)
+            finally:
+                if limited and budget.peak:
+                    self._needs[key] = max(budget.peak, budget.live)
         tensors, multi = done
         estimate = math.inf if ops._estimate is None else ops._estimate
         self._placement.record(key, est, estimate, ops._elapsed, engine._inline_us)
