@@ -1047,19 +1047,42 @@ class Engine:
         evaluates; else :func:`evaluating_engine` chooses (``e.eval()``).
         """
         exprs = [f for f in fetches if type(f) is Expr]
-        made: dict[int, Tensor] = {}
+        made: dict[int, Any] = {}  # id(expression) -> its tensor, or its list/tuple of tensors
         engine = self
         if exprs:
             unique = list({id(e): e for e in exprs}.values())
-            tensors = await self.evaluate(unique, choose=not explicit)
-            made = {id(e): t for e, t in zip(unique, tensors, strict=True)}
-            if not explicit and tensors:
-                engine = tensors[0]._engine  # the session that evaluated them reads them
+            results = await self._evaluate_each(unique, choose=not explicit)
+            made = {id(e): r for e, r in zip(unique, results, strict=True)}
+            if not explicit:
+                first = _flat_results(results)
+                if first:
+                    engine = first[0]._engine  # the session that evaluated them reads them
         try:
-            return await engine.fetch([made[id(f)] if type(f) is Expr else f for f in fetches], api)
+            flat: list[Tensor] = []
+            spans: list[tuple[int, int, type | None]] = []  # per fetch: its values in ``flat``, its sequence type
+            for f in fetches:
+                value = made[id(f)] if type(f) is Expr else f
+                kind = type(value) if type(value) in (list, tuple) else None
+                items = list(value) if kind is not None else [value]
+                spans.append((len(flat), len(flat) + len(items), kind))
+                flat += items
+            values = await engine.fetch(flat, api)
+            return [values[a] if kind is None else kind(values[a:b]) for a, b, kind in spans]
         finally:
-            for t in made.values():
+            for t in _flat_results(list(made.values())):
                 self.discard(t)
+
+    async def _evaluate_each(self, roots: list[Expr], *, choose: bool) -> list[Any]:
+        # One program for the roots of one result each; a root of several (split, an
+        # apply returning a tuple) in a program of its own, so its results stay together.
+        single = [r for r in roots if r._d.returns == "one"]
+        out: dict[int, Any] = {}
+        if single:
+            out.update(zip(map(id, single), await self.evaluate(single, choose=choose), strict=True))
+        for r in roots:
+            if r._d.returns != "one":
+                (out[id(r)],) = await self.evaluate([r], choose=choose)
+        return [out[id(r)] for r in roots]
 
     async def evaluate_arguments(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -1077,8 +1100,9 @@ class Engine:
                     exprs[id(x)] = x
         if not exprs:
             return args, kwargs, []
-        made = await self.evaluate(list(exprs.values()))
-        value = dict(zip(exprs, made, strict=True))
+        results = await self._evaluate_each(list(exprs.values()), choose=False)
+        value = dict(zip(exprs, results, strict=True))
+        made = _flat_results(results)
 
         def swap(a: Any) -> Any:
             if type(a) is Expr:
@@ -1147,6 +1171,16 @@ def _flat(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[Any]:
             out.extend(a)
         else:
             out.append(a)
+    return out
+
+
+def _flat_results(results: list[Any]) -> list[Tensor]:
+    out: list[Tensor] = []
+    for r in results:
+        if type(r) in (list, tuple):
+            out.extend(r)
+        else:
+            out.append(r)
     return out
 
 
