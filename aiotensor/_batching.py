@@ -39,7 +39,7 @@ import numpy as np
 
 from . import _defaults
 from ._batch_kernel import BatchKernel
-from ._engine import Engine, State, engine_of
+from ._engine import Engine, State, engine_of, owner_of, session_engine
 from ._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
 from ._expr import Expr, Operand
 from ._function import FusedOps, _buffers
@@ -293,7 +293,7 @@ class BatchedFunction:
             for t in p if tp is list or tp is tuple else (p,):
                 if type(t) is not Tensor:
                     continue
-                e: Engine = t._engine
+                e = owner_of(t)
                 if owner is None:
                     first = owner = e
                 elif e is not owner and e not in owner.ancestors:
@@ -304,11 +304,11 @@ class BatchedFunction:
                         )
                     owner = e
         if type(x) is Tensor:
-            engine: Engine = x._engine
+            engine = owner_of(x)
         else:
             default = _defaults.get_default_session()
             if default is not None:
-                engine = default._engine  # type: ignore[attr-defined]
+                engine = session_engine(default)
             elif first is not None:
                 engine = first
             else:

@@ -48,9 +48,10 @@ from ._tensor import Tensor, make_tensor
 
 if TYPE_CHECKING:
     from ._cleanup import CleanupPolicy
+    from ._protocols import SessionLike
     from ._types import NDArray
 
-__all__ = ["Engine", "State", "engine_of", "evaluating_engine", "expr_tensors"]
+__all__ = ["Engine", "State", "engine_of", "evaluating_engine", "expr_tensors", "owner_of", "session_engine"]
 
 logger = logging.getLogger("aiotensor")
 
@@ -93,7 +94,7 @@ class Engine:
 
     def __init__(
         self,
-        session: Any,  # the AsyncEagerSession facade (a layer above)
+        session: SessionLike,  # the AsyncEagerSession facade (a layer above)
         backend: Backend,
         policy: CleanupPolicy,
         registry: Registry,
@@ -1056,7 +1057,7 @@ class Engine:
             if not explicit:
                 first = _flat_results(results)
                 if first:
-                    engine = first[0]._engine  # the session that evaluated them reads them
+                    engine = owner_of(first[0])  # the session that evaluated them reads them
         try:
             flat: list[Tensor] = []
             spans: list[tuple[int, int, type | None]] = []  # per fetch: its values in ``flat``, its sequence type
@@ -1192,6 +1193,16 @@ def _shape_result(d: OpDef, tensors: list[Tensor], multi: bool) -> Any:
     return tensors[0]
 
 
+def session_engine(session: object) -> Engine:
+    """The engine of a session facade (the default session is stored untyped in ``_defaults``)."""
+    return cast(Engine, cast("SessionLike", session)._engine)
+
+
+def owner_of(t: Tensor) -> Engine:
+    """The engine that owns ``t`` (a tensor sees it as an :class:`~aiotensor._protocols.EngineLike`)."""
+    return cast(Engine, t._engine)
+
+
 def evaluating_engine(tensors: Iterable[Tensor], explicit: Engine | None = None) -> Engine:
     """THE rule for which session evaluates (docs/semantics.md, "Which session evaluates").
 
@@ -1210,12 +1221,12 @@ def evaluating_engine(tensors: Iterable[Tensor], explicit: Engine | None = None)
         return explicit
     found: Engine | None = None
     for t in tensors:
-        owner: Engine = t._engine
+        owner = owner_of(t)
         if found is None or (owner is not found and found in owner.ancestors):
             found = owner
     default = _defaults.get_default_session()
     if default is not None:
-        engine: Engine = default._engine  # type: ignore[attr-defined]
+        engine = session_engine(default)
         if found is None or engine is found or found in engine.ancestors:
             return engine
     if found is None:

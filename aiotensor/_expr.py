@@ -29,6 +29,7 @@ from ._errors import NoSessionError
 from ._opdef import OPS, OpDef
 
 if TYPE_CHECKING:
+    from ._protocols import EngineLike, SessionLike
     from ._types import AxisLike, DTypeLike, NDArray, ShapeLike, TensorLike
 
 __all__ = ["Expr", "Operand", "scalar_key"]
@@ -317,19 +318,20 @@ class Expr(Operand):
                         return x
         return None  # no tensor at all (a creation op): the default session evaluates
 
-    def _evaluator(self) -> Any:
+    def _evaluator(self) -> EngineLike:
         # An engine to ask; it applies the one rule of which session evaluates
         # (_engine.evaluating_engine) to this expression's tensors and the default session.
         leaf = self._leaf()
         if leaf is not None:
-            return leaf._engine
+            engine: EngineLike = leaf._engine
+            return engine
         default = _defaults.get_default_session()
         if default is None:
             raise NoSessionError(
                 f"no session to evaluate {self!r}: it reads no tensor. Use `with session.as_default():`,"
                 " an InteractiveSession, `await session.run(e)` or `await e.eval(session=...)`"
             )
-        return default._engine  # type: ignore[attr-defined]
+        return cast("SessionLike", default)._engine
 
     def __await__(self) -> Generator[Any, None, Any]:  # gives a Tensor
         self._used = True
@@ -339,7 +341,7 @@ class Expr(Operand):
             result = yield from result.__await__()
         return result
 
-    async def eval(self, session: Any = None) -> NDArray:
+    async def eval(self, session: SessionLike | None = None) -> NDArray:
         """The numpy value, computed in ``session``, else in the session ``await e`` would use, like ``Tensor.eval``."""
         self._used = True
         if session is not None:

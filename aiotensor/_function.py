@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._cost import estimate_us
-from ._engine import Engine, engine_of
+from ._engine import Engine, engine_of, owner_of, session_engine
 from ._errors import InvalidArgumentError
 from ._kernels import SEQUENCES, as_numeric, kernel_error, read_only_view, unshared
 from ._opdef import ALIASES, BINARY_OPERATORS, OPS, UNARY_OPERATORS, OpDef
@@ -46,6 +46,7 @@ from ._program import Budget
 from ._tensor import Tensor
 
 if TYPE_CHECKING:
+    from ._protocols import SessionLike
     from ._types import NDArray
 
 __all__ = ["FusedFunction", "FusedOps", "FusedValue", "function", "unknown_op"]
@@ -434,7 +435,7 @@ class FusedFunction:
 
     __name__: str
 
-    def __init__(self, fn: Callable[..., Any], session: Any = None) -> None:  # an AsyncEagerSession
+    def __init__(self, fn: Callable[..., Any], session: SessionLike | None = None) -> None:
         if not callable(fn):
             raise InvalidArgumentError(f"function: fn must be callable, got {type(fn).__name__}")
         self._fn = fn
@@ -447,7 +448,7 @@ class FusedFunction:
         functools.update_wrapper(self, fn)
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Tensor | tuple[Tensor, ...]:
-        engine = engine_of(args, kwargs) if self._session is None else self._session._engine
+        engine = engine_of(args, kwargs) if self._session is None else session_engine(self._session)
         op = self._op
         if not engine.backend.in_process:
             # The run's bookkeeping (and captured tensors) live in this process.
@@ -459,7 +460,7 @@ class FusedFunction:
             found = []
             shapes: list[Any] = []
             for a in args:
-                if type(a) is not Tensor or a._engine is not engine:
+                if type(a) is not Tensor or owner_of(a) is not engine:
                     break
                 entry = a._registry._buffers.get(a._rid)
                 if entry is None:

@@ -209,7 +209,11 @@ def _cases() -> list[Case]:
         ("where", (arr((3, 4), "bool"), arr((3,), "float64"), 1.0), {}, np.where),
     ]
     reductions: list[tuple[str, Callable[..., Any]]] = [
-        *[("sum", np.sum), ("prod", np.prod), ("mean", np.mean), ("max", np.max), ("min", np.min)]
+        ("sum", np.sum),
+        ("prod", np.prod),
+        ("mean", np.mean),
+        ("max", np.max),
+        ("min", np.min),
     ]
     for name, ref in reductions:
         cases += _reduction(name, ref)
