@@ -175,6 +175,7 @@ class BatchedFunction:
         # outputs worth recycling). Before the first run: assume both.
         self._learned: dict[tuple[Any, ...], tuple[bool, bool]] = {}
         self._counts = dict.fromkeys(BatchStats.__slots__, 0)
+        self._needs: dict[tuple[Any, ...], int] = {}  # per shape key: bytes the last batch held at its peak
         functools.update_wrapper(self, fn)
 
     @property
@@ -449,9 +450,16 @@ class BatchedFunction:
             kernel = BatchKernel(self._fn, engine, budget, counts, label, measure=measure, recycle=recycle)
         done = engine.call_inline(label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget)
         if done is None:
-            done = await engine.call(
-                label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, blas=blas
-            )
+            # Under a memory_limit: what the last batch of these shapes held is reserved for this one.
+            limited = engine.registry.memory_limit is not None
+            need = self._needs.get(key) if limited else None
+            try:
+                done = await engine.call(
+                    label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, need=need, blas=blas
+                )
+            finally:
+                if limited and budget.peak:
+                    self._needs[key] = max(budget.peak, budget.live)
         tensors, multi = done
         if ops is not None:
             _check_rows(tensors, rows, label, engine)

@@ -656,7 +656,7 @@ class Engine:
             return self._run_owned(label, kernel, bufs, kw, described, user, name, budget, device)
         held = 0
         if registry.memory_limit is not None and budget is not None:
-            held = budget.limit = await self._hold(label, need)
+            budget.limit, held = await self._hold(label, need)
         if nbytes is not None or (registry.memory_limit is not None and budget is None):
             try:
                 await self._reserve(label, nbytes)
@@ -828,12 +828,14 @@ class Engine:
             logger.info("%s: %s on %s", label, tensors[0].name, device)
         return tensors
 
-    async def _hold(self, label: str, need: int | None) -> int:
-        # The bytes a multi-op kernel's values may hold, reserved for its run so that
-        # concurrent computations cannot together exceed memory_limit, the buffer cache
-        # giving way first. A known ``need`` is waited for (memory_wait) or held as far
-        # as it fits (it is an upper bound: the run's budget raises if it really does
-        # not fit); an unknown one takes what is free once admitted.
+    async def _hold(self, label: str, need: int | None) -> tuple[int, int]:
+        # (the budget of a multi-op kernel's values, the bytes reserved for it). A known
+        # ``need`` is reserved for the run, so that concurrent computations cannot
+        # together exceed memory_limit: waited for (memory_wait), or held as far as it
+        # fits (it is an upper bound: the run's budget raises if it really does not
+        # fit). An unknown one (a fused function's first run for its shapes) gets what
+        # is free once admitted, reserving nothing (it would starve every other op).
+        # Either way the buffer cache gives way first.
         registry = self.registry
         limit = registry.memory_limit
         assert limit is not None
@@ -849,12 +851,14 @@ class Engine:
                     registry.unreserve(wanted)
                 raise SessionClosedError(f"{label}: the session was closed while the op waited for memory")
             if wanted is not None:
-                return wanted
+                return wanted, wanted
         free = max(0, limit - registry.live_bytes - registry.reserved)
         hold = free if need is None else min(need, free)
         registry.make_room(hold)  # the cache gives way first
+        if need is None:
+            return hold, 0
         registry.reserved += hold
-        return hold
+        return hold, hold
 
     async def _reserve(self, label: str, nbytes: int | None) -> None:
         registry = self.registry

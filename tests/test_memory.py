@@ -367,21 +367,28 @@ async def test_memory_wait_waits_for_what_an_expression_needs() -> None:
 async def test_concurrent_computations_cannot_together_exceed_the_limit() -> None:
     n = 1000
     nb = n * F8
-    async with at.AsyncEagerSession(config=at.SessionConfig(memory_limit=6 * nb)) as s:
-        x = await s.ones(n)
+    config = at.SessionConfig(memory_limit=5 * nb, inline_threshold_us=0)  # the fused run on the pool
+    async with at.AsyncEagerSession(config=config) as s:
+        x = await s.constant(np.ones(n))
         started, release = threading.Event(), threading.Event()
 
-        def hold(a: np.ndarray) -> np.ndarray:  # type: ignore[type-arg]
+        def hold(ops: object, a: object) -> object:
+            y = a * 2.0  # type: ignore[operator]
             started.set()
             release.wait(5)
-            return a + 1.0
+            return y + 1.0
 
-        first = asyncio.ensure_future(s.apply(hold, x * 2.0))  # its size is unknown: it holds what is free
+        f = s.function(hold)
+        release.set()
+        await f(x)  # its first run for these shapes: learns what a run holds (2 values)
+        release.clear()
+        started.clear()
+        first = asyncio.ensure_future(f(x))  # holds its 2 nb while it runs (on the pool)
         await until(started.is_set)
         try:
-            with pytest.raises(at.ResourceExhaustedError):
-                await ((x * 2.0) + (x * 3.0))  # together they would exceed the limit
+            with pytest.raises(at.ResourceExhaustedError, match="inside an expression"):
+                await ((x * 2.0) + (x * 3.0))  # 3 nb: with x and the fused run's, over 5 nb
         finally:
             release.set()
-        await first
+        np.testing.assert_array_equal(await (await first).numpy(), np.full(n, 3.0))
         np.testing.assert_array_equal(await ((x * 2.0) + (x * 3.0)).eval(), np.full(n, 5.0))
