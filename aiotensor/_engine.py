@@ -48,7 +48,7 @@ from ._tensor import Tensor, make_tensor
 
 if TYPE_CHECKING:
     from ._cleanup import CleanupPolicy
-    from ._protocols import SessionLike
+    from ._protocols import EngineLike, SessionLike
     from ._types import NDArray
 
 __all__ = ["Engine", "State", "engine_of", "evaluating_engine", "expr_tensors", "owner_of", "session_engine"]
@@ -1223,9 +1223,9 @@ def evaluating_engine(tensors: Iterable[Tensor], explicit: Engine | None = None)
     """
     if explicit is not None:
         return explicit
-    found: Engine | None = None
+    found: EngineLike | None = None
     for t in tensors:
-        owner = owner_of(t)
+        owner = t._engine
         if found is None or (owner is not found and found in owner.ancestors):
             found = owner
     default = _defaults.get_default_session()
@@ -1238,7 +1238,7 @@ def evaluating_engine(tensors: Iterable[Tensor], explicit: Engine | None = None)
             "no session to evaluate in: pass a tensor argument or session=, use `with session.as_default():`,"
             " or create an InteractiveSession"
         )
-    return found
+    return cast(Engine, found)
 
 
 def engine_of(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Engine:

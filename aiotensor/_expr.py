@@ -336,7 +336,8 @@ class Expr(Operand):
     def __await__(self) -> Generator[Any, None, Any]:  # gives a Tensor
         self._used = True
         # A program that runs inline needs no coroutine: its result is there at once.
-        result = self._evaluator().evaluate_expr(self)
+        lv = self._lv
+        result = (lv[0]._engine if lv else self._evaluator()).evaluate_expr(self)
         if type(result) is CoroutineType:
             result = yield from result.__await__()
         return result

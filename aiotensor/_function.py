@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._cost import estimate_us
-from ._engine import Engine, engine_of, owner_of, session_engine
+from ._engine import Engine, engine_of, session_engine
 from ._errors import InvalidArgumentError
 from ._kernels import SEQUENCES, as_numeric, kernel_error, read_only_view, unshared
 from ._opdef import ALIASES, BINARY_OPERATORS, OPS, UNARY_OPERATORS, OpDef
@@ -440,6 +440,8 @@ class FusedFunction:
             raise InvalidArgumentError(f"function: fn must be callable, got {type(fn).__name__}")
         self._fn = fn
         self._session = session
+        # The bound session's engine, looked up once (its engine never changes).
+        self._bound: Engine | None = None if session is None else session_engine(session)
         self._op = f"function({getattr(fn, '__name__', type(fn).__name__)})"
         self._placement = Placement()
         # Per argument shapes, the bytes the last run's values held at their peak: what a
@@ -448,7 +450,9 @@ class FusedFunction:
         functools.update_wrapper(self, fn)
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Tensor | tuple[Tensor, ...]:
-        engine = engine_of(args, kwargs) if self._session is None else session_engine(self._session)
+        engine = self._bound
+        if engine is None:
+            engine = engine_of(args, kwargs)
         op = self._op
         if not engine.backend.in_process:
             # The run's bookkeeping (and captured tensors) live in this process.
@@ -460,7 +464,7 @@ class FusedFunction:
             found = []
             shapes: list[Any] = []
             for a in args:
-                if type(a) is not Tensor or owner_of(a) is not engine:
+                if type(a) is not Tensor or a._engine is not engine:
                     break
                 entry = a._registry._buffers.get(a._rid)
                 if entry is None:
