@@ -33,13 +33,13 @@ import types
 import weakref
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import numpy as np
 
 from . import _defaults
 from ._batch_kernel import BatchKernel
-from ._engine import Engine, State, engine_of, owner_of, session_engine
+from ._engine import Engine, State, engine_of, session_engine
 from ._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
 from ._expr import Expr, Operand
 from ._function import FusedOps, _buffers
@@ -49,6 +49,7 @@ from ._program import Budget
 from ._tensor import Tensor
 
 if TYPE_CHECKING:
+    from ._protocols import EngineLike
     from ._types import NDArray
 
 __all__ = ["DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MAX_CONCURRENT_BATCHES", "BatchStats", "BatchedFunction", "batched"]
@@ -193,7 +194,8 @@ class BatchedFunction:
         return BatchStats(**self._counts)
 
     async def __call__(self, x: Any, *params: Any) -> Tensor | tuple[Tensor, ...]:
-        if type(x) is Expr or any(type(p) is Expr for p in params):
+        types = {type(x), *map(type, params)}
+        if Expr in types or ((list in types or tuple in types) and _nested_expr(params)):
             return await self._call_on_values(x, params)
         loop = _get_loop()
         engine, runner = self._engines(x, params)
@@ -287,14 +289,14 @@ class BatchedFunction:
 
     def _engines(self, x: Any, params: tuple[Any, ...]) -> tuple[Engine, Engine]:
         """The engine that owns the caller's result, and the one its batch runs in."""
-        first: Engine | None = None  # the first tensor's among the params
-        owner: Engine | None = None  # the most derived of theirs: it may read them all
+        first: EngineLike | None = None  # the first tensor's among the params
+        owner: EngineLike | None = None  # the most derived of theirs: it may read them all
         for p in params:
             tp = type(p)
             for t in p if tp is list or tp is tuple else (p,):
                 if type(t) is not Tensor:
                     continue
-                e = owner_of(t)
+                e = t._engine
                 if owner is None:
                     first = owner = e
                 elif e is not owner and e not in owner.ancestors:
@@ -304,8 +306,9 @@ class BatchedFunction:
                             f" ({owner.session!r} and {e.session!r})"
                         )
                     owner = e
+        engine: EngineLike
         if type(x) is Tensor:
-            engine = owner_of(x)
+            engine = x._engine
         else:
             default = _defaults.get_default_session()
             if default is not None:
@@ -318,13 +321,13 @@ class BatchedFunction:
                     " params, or use `with session.as_default():`"
                 )
         if owner is None:
-            return engine, engine
+            return cast("tuple[Engine, Engine]", (engine, engine))
         if owner is not engine and owner not in engine.ancestors:
             raise InvalidArgumentError(
                 f"{self._label}: the params belong to {owner.session!r}, which the result's session"
                 f" {engine.session!r} cannot read; call it from that session or a child of it (parent=)"
             )
-        return engine, owner
+        return cast("tuple[Engine, Engine]", (engine, owner))  # (tensors see their engine as EngineLike)
 
     def _rows(self, x: Any, engine: Engine) -> NDArray:
         """``x`` as an array of rows, checked before it may join a batch."""
@@ -471,6 +474,10 @@ class BatchedFunction:
         if kernel.blas is not None and kernel.big is not None:  # (learned only from recycling runs)
             self._learned[key] = (kernel.blas, kernel.big)
         return tensors, kernel.multi
+
+
+def _nested_expr(params: tuple[Any, ...]) -> bool:
+    return any((type(p) is list or type(p) is tuple) and Expr in map(type, p) for p in params)
 
 
 class _Rows:

@@ -1227,7 +1227,13 @@ def evaluating_engine(tensors: Iterable[Tensor], explicit: Engine | None = None)
     for t in tensors:
         owner = t._engine
         if found is None or (owner is not found and found in owner.ancestors):
-            found = owner
+            found = owner  # the most derived so far
+    return _or_default(found)
+
+
+def _or_default(found: EngineLike | None) -> Engine:
+    # evaluating_engine's second half: the default session takes over from ``found``
+    # (the most derived of the tensors' engines) when it is that one or a child of it.
     default = _defaults.get_default_session()
     if default is not None:
         engine = session_engine(default)
@@ -1247,15 +1253,22 @@ def engine_of(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Engine:
     Over its tensor arguments, one level into lists, and the tensors of its expression
     arguments, so an op given an expression is evaluated where the expression would be.
     """
-    tensors: list[Tensor] = []
+    # evaluating_engine over the arguments' tensors, without building their list (the
+    # hot path of module-level ops): the same most-derived test, the same default.
+    found: EngineLike | None = None
     for arg in (*args, *kwargs.values()) if kwargs else args:
         for item in arg if type(arg) in (list, tuple) else (arg,):
             ti = type(item)
             if ti is Tensor:
-                tensors.append(item)
+                owner = item._engine
+                if found is None or (owner is not found and found in owner.ancestors):
+                    found = owner
             elif ti is Expr:
-                tensors.extend(expr_tensors(item))
-    return evaluating_engine(tensors)
+                for t in expr_tensors(item):
+                    owner = t._engine
+                    if found is None or (owner is not found and found in owner.ancestors):
+                        found = owner
+    return _or_default(found)
 
 
 def expr_tensors(expr: Expr) -> list[Tensor]:

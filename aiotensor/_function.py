@@ -39,6 +39,7 @@ import numpy as np
 from ._cost import estimate_us
 from ._engine import Engine, engine_of, session_engine
 from ._errors import InvalidArgumentError
+from ._expr import Expr
 from ._kernels import SEQUENCES, as_numeric, kernel_error, read_only_view, unshared
 from ._opdef import ALIASES, BINARY_OPERATORS, OPS, UNARY_OPERATORS, OpDef
 from ._placement import Placement
@@ -449,6 +450,17 @@ class FusedFunction:
         self._needs: dict[tuple[Any, ...], int] = {}
         functools.update_wrapper(self, fn)
 
+    async def _call_on_values(
+        self, engine: Engine, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Tensor | tuple[Tensor, ...]:
+        # Expressions given: evaluated first in the call's session, freed after the call.
+        args, kwargs, made = await engine.evaluate_arguments(args, kwargs)
+        try:
+            return await self(*args, **kwargs)
+        finally:
+            for t in made:
+                engine.discard(t)
+
     async def __call__(self, *args: Any, **kwargs: Any) -> Tensor | tuple[Tensor, ...]:
         engine = self._bound
         if engine is None:
@@ -473,17 +485,13 @@ class FusedFunction:
                 shapes += (a._shape, a._dtype)
             else:
                 bufs, key = tuple(found), tuple(shapes)
-        if bufs is None:
-            args, kwargs, made = await engine.evaluate_arguments(args, kwargs)
-            if made:  # expressions given: evaluated first in this session, freed after the call
-                try:
-                    return await self(*args, **kwargs)
-                finally:
-                    for t in made:
-                        engine.discard(t)
-            bufs = tuple([engine.buffer(a, op) if type(a) is Tensor else _buffers(engine, a, op) for a in args])
-            key = _shape_key(args, kwargs)
-        kw = {k: _buffers(engine, v, op) for k, v in kwargs.items()} if kwargs else {}
+        try:
+            if bufs is None:
+                bufs = tuple([engine.buffer(a, op) if type(a) is Tensor else _buffers(engine, a, op) for a in args])
+                key = _shape_key(args, kwargs)
+            kw = {k: _buffers(engine, v, op) for k, v in kwargs.items()} if kwargs else {}
+        except _ExprArgument:
+            return await self._call_on_values(engine, args, kwargs)
         budget = Budget("a fused function")
         est = self._placement.estimate(key)
         ops = FusedOps(engine, budget, est is None, self._fn)
@@ -505,11 +513,20 @@ class FusedFunction:
         return tuple(tensors) if multi else tensors[0]
 
 
+class _ExprArgument(Exception):
+    """An argument of a fused call is an expression: it is evaluated first."""
+
+
 def _buffers(engine: Engine, x: Any, op: str) -> Any:
-    if type(x) is Tensor:
+    tx = type(x)
+    if tx is Tensor:
         return engine.buffer(x, op)
-    if type(x) in (list, tuple):
-        return type(x)(engine.buffer(e, op) if type(e) is Tensor else e for e in x)
+    if tx is list or tx is tuple:
+        if Expr in map(type, x):
+            raise _ExprArgument
+        return tx(engine.buffer(e, op) if type(e) is Tensor else e for e in x)
+    if tx is Expr:
+        raise _ExprArgument
     return x
 
 

@@ -414,9 +414,12 @@ async def test_an_expression_as_x_or_param_is_evaluated_first(s: at.AsyncEagerSe
         np.testing.assert_array_equal(await got.numpy(), want)
         got2 = await f(t * 2.0, w[0] * 1.0, *w[1:])
         np.testing.assert_array_equal(await got2.numpy(), want)
+        g = at.batched(lambda ops, x, ws: mlp(ops, x, *ws))
+        got3 = await g(t * 2.0, [w[0] * 1.0, *w[1:]])  # one level into a list, as ops look
+        np.testing.assert_array_equal(await got3.numpy(), want)
         gc.collect()
     assert got.session is s
-    del got, got2
+    del got, got2, got3
     gc.collect()
     await settle(s)
     assert s.stats().live_tensors == live
