@@ -256,13 +256,8 @@ class BatchKernel:
                     f"{self.label}: fn must return arrays with one row per input row ({rows} rows along axis 0);"
                     f" output {i} is {shape}"
                 )
-            if len(xs) > 1:
-                if made:
-                    budget.escaped -= 1  # split below: the whole output is an intermediate, its pieces the results
-            elif not isinstance(o, FusedValue):
-                # An array of fn's own returned as is (a global?): never take it over. (An
-                # argument returned as is is copied by _result, or by finalize if read-only.)
-                a = a.copy()
+            if len(xs) > 1 and made:
+                budget.escaped -= 1  # split below: the whole output is an intermediate, its pieces the results
             arrays.append(a)
         del out, outs
         if type(ops) is RecyclingOps:

@@ -33,15 +33,15 @@ import types
 import weakref
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import numpy as np
 
 from . import _defaults
 from ._batch_kernel import BatchKernel
-from ._engine import Engine, State
+from ._engine import Engine, State, engine_of, session_engine
 from ._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
-from ._expr import Operand
+from ._expr import Expr, Operand
 from ._function import FusedOps, _buffers
 from ._kernels import NUMERIC_KINDS, KernelResult, info, numeric_array
 from ._placement import Placement
@@ -49,6 +49,7 @@ from ._program import Budget
 from ._tensor import Tensor
 
 if TYPE_CHECKING:
+    from ._protocols import EngineLike
     from ._types import NDArray
 
 __all__ = ["DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MAX_CONCURRENT_BATCHES", "BatchStats", "BatchedFunction", "batched"]
@@ -175,6 +176,7 @@ class BatchedFunction:
         # outputs worth recycling). Before the first run: assume both.
         self._learned: dict[tuple[Any, ...], tuple[bool, bool]] = {}
         self._counts = dict.fromkeys(BatchStats.__slots__, 0)
+        self._needs: dict[tuple[Any, ...], int] = {}  # per shape key: bytes the last batch held at its peak
         functools.update_wrapper(self, fn)
 
     @property
@@ -192,6 +194,9 @@ class BatchedFunction:
         return BatchStats(**self._counts)
 
     async def __call__(self, x: Any, *params: Any) -> Tensor | tuple[Tensor, ...]:
+        types = {type(x), *map(type, params)}
+        if Expr in types or ((list in types or tuple in types) and _nested_expr(params)):
+            return await self._call_on_values(x, params)
         loop = _get_loop()
         engine, runner = self._engines(x, params)
         if engine.state is not _OPEN:
@@ -242,6 +247,17 @@ class BatchedFunction:
             return tuple(tensors) if multi else tensors[0]
         return await self._deliver(caller, runner, tensors, multi)
 
+    async def _call_on_values(self, x: Any, params: tuple[Any, ...]) -> Tensor | tuple[Tensor, ...]:
+        # Expressions given: evaluated first where the rule of evaluation says (the
+        # session of the call's tensors, theirs included), freed after the call.
+        engine = engine_of((x, *params), None)
+        (x, *rest), _, made = await engine.evaluate_arguments((x, *params), {})
+        try:
+            return await self(x, *rest)
+        finally:
+            for t in made:
+                engine.discard(t)
+
     async def _wait(self, caller: _Caller) -> Tensor | tuple[Tensor, ...]:
         """Wait for the batch holding ``caller`` and take its rows."""
         try:
@@ -275,8 +291,8 @@ class BatchedFunction:
 
     def _engines(self, x: Any, params: tuple[Any, ...]) -> tuple[Engine, Engine]:
         """The engine that owns the caller's result, and the one its batch runs in."""
-        first: Engine | None = None  # the first tensor's among the params
-        owner: Engine | None = None  # the most derived of theirs: it may read them all
+        first: EngineLike | None = None  # the first tensor's among the params
+        owner: EngineLike | None = None  # the most derived of theirs: it may read them all
         for p in params:
             tp = type(p)
             if tp is Tensor and p._engine is owner:  # the common case: params of one session
@@ -284,7 +300,7 @@ class BatchedFunction:
             for t in p if tp is list or tp is tuple else (p,):
                 if type(t) is not Tensor:
                     continue
-                e: Engine = t._engine
+                e = t._engine
                 if owner is None:
                     first = owner = e
                 elif e is not owner and e not in owner.ancestors:
@@ -294,12 +310,13 @@ class BatchedFunction:
                             f" ({owner.session!r} and {e.session!r})"
                         )
                     owner = e
+        engine: EngineLike
         if type(x) is Tensor:
-            engine: Engine = x._engine
+            engine = x._engine
         else:
             default = _defaults.get_default_session()
             if default is not None:
-                engine = default._engine  # type: ignore[attr-defined]
+                engine = session_engine(default)
             elif first is not None:
                 engine = first
             else:
@@ -308,13 +325,13 @@ class BatchedFunction:
                     " params, or use `with session.as_default():`"
                 )
         if owner is None:
-            return engine, engine
+            return cast("tuple[Engine, Engine]", (engine, engine))
         if owner is not engine and owner not in engine.ancestors:
             raise InvalidArgumentError(
                 f"{self._label}: the params belong to {owner.session!r}, which the result's session"
                 f" {engine.session!r} cannot read; call it from that session or a child of it (parent=)"
             )
-        return engine, owner
+        return cast("tuple[Engine, Engine]", (engine, owner))  # (tensors see their engine as EngineLike)
 
     def _rows(self, x: Any, engine: Engine) -> NDArray:
         """``x`` as an array of rows, checked before it may join a batch."""
@@ -440,9 +457,16 @@ class BatchedFunction:
             kernel = BatchKernel(self._fn, engine, budget, counts, label, measure=measure, recycle=recycle)
         done = engine.call_inline(label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget)
         if done is None:
-            done = await engine.call(
-                label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, blas=blas
-            )
+            # Under a memory_limit: what the last batch of these shapes held is reserved for this one.
+            limited = engine.registry.memory_limit is not None
+            need = self._needs.get(key) if limited else None
+            try:
+                done = await engine.call(
+                    label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, need=need, blas=blas
+                )
+            finally:
+                if limited and budget.peak:
+                    self._needs[key] = max(budget.peak, budget.live)
         tensors, multi = done
         if ops is not None:
             _check_rows(tensors, rows, label, engine)
@@ -454,6 +478,10 @@ class BatchedFunction:
         if kernel.blas is not None and kernel.big is not None:  # (learned only from recycling runs)
             self._learned[key] = (kernel.blas, kernel.big)
         return tensors, kernel.multi
+
+
+def _nested_expr(params: tuple[Any, ...]) -> bool:
+    return any((type(p) is list or type(p) is tuple) and Expr in map(type, p) for p in params)
 
 
 class _Rows:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import _ops as _ops
 from . import _xpnames
-from ._opdef import BINARY_OPERATORS, COMPARISON_OPERATORS, OPS, UNARY_OPERATORS, OpDef
+from ._opdef import ALIASES, BINARY_OPERATORS, COMPARISON_OPERATORS, OPS, UNARY_OPERATORS, OpDef
 
 __all__ = ["generate", "main"]
 
@@ -32,8 +32,6 @@ BEGIN, END = (
     "    # --- generated: operand methods (python -m aiotensor._codegen) ---\n",
     "    # --- end generated ---\n",
 )
-#: Other names of an op: the same op under a numpy-familiar name.
-ALIASES = {"asarray": "constant"}
 _RETURNS = {"one": "Tensor", "list": "list[Tensor]", "any": "Tensor | tuple[Tensor, ...]"}
 
 

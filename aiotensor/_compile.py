@@ -17,6 +17,7 @@ import numpy as np
 
 from ._blocked import block_runs
 from ._cost import OVERHEAD_NS, PER_BYTE, Spec, estimate_us, out_spec
+from ._expr import scalar_key
 from ._kernels import as_numeric
 from ._opdef import Cost, OpDef
 from ._program import Program, Ref
@@ -24,7 +25,7 @@ from ._program import Program, Ref
 if TYPE_CHECKING:
     from ._expr import Expr
 
-__all__ = ["compile_program", "compiled", "program_cost"]
+__all__ = ["NEED_KEY", "compile_program", "compiled", "program_cost", "program_need"]
 
 _ndarray = np.ndarray
 
@@ -92,15 +93,18 @@ def compile_program(
         # (template, CSE key) of one argument, in one pass
         tx = type(x)
         if tx in _scalars:
-            if tx is float and x == 0.0:  # 0.0 == -0.0, but they give different results
-                return x, (tx, x, math.copysign(1.0, x))
-            return x, (tx, x)
+            if tx is int or tx is str or x is None:
+                return x, (tx, x)
+            # floats and complex numbers: signed zeros apart; a NaN merges with nothing
+            return x, _key_or_id(x)
         slot = slots.get(id(x))
         if slot is not None and (tx is expr_type or is_leaf(x)):
             return refs[slot], slot
         if tx is list or tx is tuple:
             pairs = [arg(e) for e in x]
             return tx(p[0] for p in pairs), (tx, tuple(p[1] for p in pairs))
+        if isinstance(x, np.generic):
+            return x, _key_or_id(x)
         return x, ("id", id(x))  # arrays, dtypes, user objects: the same object only
 
     merged: dict[Any, int] = {}  # structural key -> slot
@@ -143,6 +147,12 @@ def compile_program(
 
 
 _SCALAR_TYPES = frozenset({int, float, bool, complex, str, type(None)})
+
+
+def _key_or_id(x: Any) -> Any:
+    # A scalar's CSE key: its value key (the one expression signatures use), else its identity.
+    key = scalar_key(x)
+    return ("id", id(x)) if key is None else key
 
 
 class _Entry:
@@ -231,6 +241,36 @@ def program_cost(program: Program, leaves: list[Any], limit: float) -> float:
             return math.inf
         specs.append(out_spec(d, args, kwargs))
     return total
+
+
+#: The key under which a program's cost cache keeps :func:`program_need` (thresholds are >= 0).
+NEED_KEY = -1.0
+
+
+def program_need(program: Program, leaves: list[Any]) -> int | None:
+    """An upper bound on the bytes a run's own values (intermediates and results) hold at once, or None.
+
+    Step by step through the cost model's output sizes (``out_spec``: 8-byte items at
+    most, views counted as copies), each intermediate dropped after its last use: what
+    a session with a ``memory_limit`` reserves (or waits for) before the run. None when
+    a size is unknown before the run (creation ops, data-dependent shapes).
+    """
+    specs: list[Any] = [Spec(t._shape, t._dtype.itemsize) for t in leaves]
+    live = peak = 0
+    for d, templates, kwargs, _, drop in program.steps:
+        try:
+            args = tuple(_spec_of(t, specs) for t in templates)
+        except _Unknown:
+            return None
+        out = out_spec(d, args, kwargs)
+        if out is None:
+            return None
+        specs.append(out)
+        live += out.nbytes
+        peak = max(peak, live)
+        for slot in drop:
+            live -= specs[slot].nbytes
+    return peak
 
 
 _ELEMENTWISE_COSTS = (Cost.MEMORY, Cost.MATH, Cost.DIVMOD)

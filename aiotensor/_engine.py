@@ -19,7 +19,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -28,7 +28,7 @@ from . import _defaults
 from ._allocator import out_for
 from ._backend import Backend
 from ._blocked_run import result_buffer
-from ._compile import compile_program, compiled, program_cost
+from ._compile import NEED_KEY, compile_program, compiled, program_cost, program_need
 from ._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS, OVERHEAD_NS, PER_BYTE, SLICED_MAX, estimate_us
 from ._errors import (
     AioTensorError,
@@ -50,9 +50,10 @@ from ._tensor import Tensor, make_tensor
 
 if TYPE_CHECKING:
     from ._cleanup import CleanupPolicy
+    from ._protocols import EngineLike, SessionLike
     from ._types import NDArray
 
-__all__ = ["Engine", "State", "engine_of"]
+__all__ = ["Engine", "State", "engine_of", "evaluating_engine", "expr_tensors", "owner_of", "session_engine"]
 
 logger = logging.getLogger("aiotensor")
 
@@ -95,7 +96,7 @@ class Engine:
 
     def __init__(
         self,
-        session: Any,  # the AsyncEagerSession facade (a layer above)
+        session: SessionLike,  # the AsyncEagerSession facade (a layer above)
         backend: Backend,
         policy: CleanupPolicy,
         registry: Registry,
@@ -626,13 +627,15 @@ class Engine:
         name: str | None = None,
         est_us: float = math.inf,
         budget: Any = None,
+        need: int | None = None,
         blas: bool = False,
     ) -> tuple[list[Tensor], bool]:
         """Run ``kernel(*bufs, **kw)`` inline (when ``est_us`` allows) or on the backend; own its outputs.
 
         ``described`` are the arguments as the caller gave them, for error messages.
         ``budget`` (a :class:`~aiotensor._program.Budget`) gets the bytes its
-        intermediates may hold, computed after the safe point and any memory wait.
+        intermediates may hold under ``memory_limit``, reserved for the run
+        (:meth:`_hold`): ``need`` bytes when the caller knows them, else what is free.
         A :class:`~aiotensor._program.Program` estimated at most ``SLICED_MAX``
         thresholds runs on the loop in slices (:meth:`_run_sliced`).
         """
@@ -659,12 +662,16 @@ class Engine:
         if inline and nbytes is None and registry.memory_limit is None and self._plain_inline:
             # The common inline case: nothing to reserve or fit.
             return self._run_owned(label, kernel, bufs, kw, described, user, name, budget, device)
-        if nbytes is not None or registry.memory_limit is not None:
-            await self._reserve(label, nbytes)
+        held = 0
         if registry.memory_limit is not None and budget is not None:
-            if policy.reclaims:
-                registry.collect()  # pending buffers first: the budget is what is free now
-            budget.limit = max(0, registry.memory_limit - registry.live_bytes - registry.reserved)
+            budget.limit, held = await self._hold(label, need)
+        if nbytes is not None or (registry.memory_limit is not None and budget is None):
+            try:
+                await self._reserve(label, nbytes)
+            except BaseException:
+                if held:
+                    registry.unreserve(held)
+                raise
         try:
             if inline:
                 start = _clock()
@@ -697,6 +704,8 @@ class Engine:
         finally:
             if nbytes is not None:
                 registry.unreserve(nbytes)
+            if held:
+                registry.unreserve(held)  # (the results' bytes are checked again as they are owned)
             if budget is not None:
                 self._settle(budget)
         if self.state is not _OPEN:
@@ -831,6 +840,38 @@ class Engine:
             logger.info("%s: %s on %s", label, tensors[0].name, device)
         return tensors
 
+    async def _hold(self, label: str, need: int | None) -> tuple[int, int]:
+        # (the budget of a multi-op kernel's values, the bytes reserved for it). A known
+        # ``need`` is reserved for the run, so that concurrent computations cannot
+        # together exceed memory_limit: waited for (memory_wait), or held as far as it
+        # fits (it is an upper bound: the run's budget raises if it really does not
+        # fit). An unknown one (a fused function's first run for its shapes) gets what
+        # is free once admitted, reserving nothing (it would starve every other op).
+        # Either way the buffer cache gives way first.
+        registry = self.registry
+        limit = registry.memory_limit
+        assert limit is not None
+        reclaim = self.policy.reclaims
+        if reclaim:
+            registry.collect()  # pending buffers first: their room is the cheapest
+        gate = registry.gate
+        if gate is not None:
+            wanted = None if need is None else min(need, limit)
+            await gate.acquire(wanted, label, reclaim=reclaim)  # reserves ``wanted`` once it fits
+            if self.state is not _OPEN:
+                if wanted is not None:
+                    registry.unreserve(wanted)
+                raise SessionClosedError(f"{label}: the session was closed while the op waited for memory")
+            if wanted is not None:
+                return wanted, wanted
+        free = max(0, limit - registry.live_bytes - registry.reserved)
+        hold = free if need is None else min(need, free)
+        registry.make_room(hold)  # the cache gives way first
+        if need is None:
+            return hold, 0
+        registry.reserved += hold
+        return hold, hold
+
     async def _reserve(self, label: str, nbytes: int | None) -> None:
         registry = self.registry
         gate = registry.gate
@@ -913,26 +954,6 @@ class Engine:
             raise
 
     # -- expressions ----------------------------------------------------------------------
-    def _engine_for(self, leaves: list[Tensor]) -> Engine:
-        # The engine that may read every leaf: the most derived of their sessions, or the
-        # default session when it is a child of theirs (a request session reading weights).
-        found = self
-        for t in leaves:
-            owner = t._engine
-            if owner is found or owner in found.ancestors:
-                continue
-            if found in owner.ancestors:
-                found = owner
-                continue
-            raise InvalidArgumentError(
-                f"an expression mixes tensors of unrelated sessions ({found.session!r} and {owner.session!r})"
-            )
-        default = _defaults.get_default_session()
-        if default is not None and found in default._engine.ancestors:  # type: ignore[attr-defined]
-            engine: Engine = default._engine  # type: ignore[attr-defined]
-            return engine
-        return found
-
     def evaluate_expr(self, expr: Expr) -> Any:
         """``await expr``: its tensor at once when its program runs inline, else a coroutine giving it.
 
@@ -947,11 +968,14 @@ class Engine:
             return self._evaluate_one(expr)
         expr._used = True
         program, leaves, costs = compiled(expr, _is_tensor, self._xp_name, Expr)
-        engine = self._engine_for(leaves)  # (which may read every leaf: no check per buffer below)
+        engine = evaluating_engine(leaves)
         lean_loop = engine._lean_loop
         if lean_loop is not None and _get_loop() is lean_loop:
             bufs = []
             for t in leaves:
+                owner = t._engine
+                if owner is not engine and owner not in engine.ancestors:
+                    break  # unreadable: the general path raises, naming the tensor
                 entry = t._registry._buffers.get(t._rid)
                 if entry is None:
                     break
@@ -965,7 +989,7 @@ class Engine:
                     expr._d.name, program, tuple(bufs), {}, tuple(leaves), user=False, est_us=est, budget=program.budget
                 )
                 if done is not None:  # (None: nothing ran, the program is still fresh)
-                    return done[0][0] if expr._d.returns == "one" else _shape_result(expr._d, done[0], True)
+                    return done[0][0] if expr._d.returns == "one" else _shape_result(expr._d, *done)
         return engine._run_expr(program, leaves, expr, costs)
 
     async def _evaluate_one(self, expr: Expr) -> Tensor:
@@ -986,13 +1010,13 @@ class Engine:
             if r._n == 1:
                 # One node on tensors and values: the op path, without compiling anything.
                 engine = (
-                    self._engine_for([x for x in _flat(r._args, r._kwargs) if type(x) is Tensor]) if choose else self
+                    evaluating_engine([x for x in _flat(r._args, r._kwargs) if type(x) is Tensor]) if choose else self
                 )
                 return [await engine.op(r._d, r._args, r._kwargs, r._nbytes, name)]
             program, leaves, costs = compiled(r, _is_tensor, self._xp_name, Expr)
         else:
             program, leaves = compile_program(roots, _is_tensor, self._xp_name, Expr)
-        engine = self._engine_for(leaves) if choose else self
+        engine = evaluating_engine(leaves) if choose else self
         return await engine._run_program(program, leaves, roots, name, costs)
 
     async def _run_program(
@@ -1006,7 +1030,17 @@ class Engine:
         est = costs.get(self._inline_us)
         if est is None:
             est = costs[self._inline_us] = program_cost(program, leaves, self._inline_us)
-        tensors, _ = await self.call(
+        need = None
+        limit = self.registry.memory_limit
+        if limit is not None:
+            found = costs.get(NEED_KEY)
+            if found is None:
+                bound = program_need(program, leaves)
+                found = costs[NEED_KEY] = math.inf if bound is None else float(bound)
+            if found != math.inf:
+                # An upper bound: never more than what the limit leaves beside the leaves it reads.
+                need = int(min(found, max(0, limit - sum(t._nbytes for t in leaves))))
+        tensors, multi = await self.call(
             label,
             program,
             bufs,
@@ -1016,25 +1050,85 @@ class Engine:
             name=name,
             est_us=est,
             budget=program.budget,
+            need=need,
             blas=program.blas,
         )
         if len(roots) == 1 and roots[0]._d.returns != "one":
-            return [_shape_result(roots[0]._d, tensors, True)]
+            return [_shape_result(roots[0]._d, tensors, multi)]
         return tensors
 
-    async def run_values(self, fetches: list[Any], api: str) -> list[NDArray]:
-        """The numpy values of tensors and expressions; results made for them are freed at once."""
+    async def run_values(self, fetches: list[Any], api: str, *, explicit: bool = True) -> list[NDArray]:
+        """The numpy values of tensors and expressions; results made for them are freed at once.
+
+        ``explicit``: this session was named (``s.run``, ``e.eval(session=s)``) and
+        evaluates; else :func:`evaluating_engine` chooses (``e.eval()``).
+        """
         exprs = [f for f in fetches if type(f) is Expr]
-        made: dict[int, Tensor] = {}
+        made: dict[int, Any] = {}  # id(expression) -> its tensor, or its list/tuple of tensors
+        engine = self
         if exprs:
             unique = list({id(e): e for e in exprs}.values())
-            tensors = await self.evaluate(unique, choose=False)
-            made = {id(e): t for e, t in zip(unique, tensors, strict=True)}
+            results = await self._evaluate_each(unique, choose=not explicit)
+            made = {id(e): r for e, r in zip(unique, results, strict=True)}
+            if not explicit:
+                first = _flat_results(results)
+                if first:
+                    engine = owner_of(first[0])  # the session that evaluated them reads them
         try:
-            return await self.fetch([made[id(f)] if type(f) is Expr else f for f in fetches], api)
+            flat: list[Tensor] = []
+            spans: list[tuple[int, int, type | None]] = []  # per fetch: its values in ``flat``, its sequence type
+            for f in fetches:
+                value = made[id(f)] if type(f) is Expr else f
+                kind = type(value) if isinstance(value, list | tuple) else None  # (named tuples too)
+                items = list(value) if kind is not None else [value]
+                spans.append((len(flat), len(flat) + len(items), kind))
+                flat += items
+            values = await engine.fetch(flat, api)
+            return [values[a] if kind is None else _same_kind(kind, values[a:b]) for a, b, kind in spans]
         finally:
-            for t in made.values():
+            for t in _flat_results(list(made.values())):
                 self.discard(t)
+
+    async def _evaluate_each(self, roots: list[Expr], *, choose: bool) -> list[Any]:
+        # One program for the roots of one result each; a root of several (split, an
+        # apply returning a tuple) in a program of its own, so its results stay together.
+        single = [r for r in roots if r._d.returns == "one"]
+        out: dict[int, Any] = {}
+        if single:
+            out.update(zip(map(id, single), await self.evaluate(single, choose=choose), strict=True))
+        for r in roots:
+            if r._d.returns != "one":
+                (out[id(r)],) = await self.evaluate([r], choose=choose)
+        return [out[id(r)] for r in roots]
+
+    async def evaluate_arguments(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any], list[Tensor]]:
+        """A call's arguments with their expressions (one level into lists) evaluated here, in one program.
+
+        For the fused and batched calls this session runs (chosen by
+        :func:`evaluating_engine`, expressions' tensors included). Returns the new
+        arguments and the tensors made, which the caller discards after the call.
+        """
+        exprs: dict[int, Expr] = {}
+        for a in (*args, *kwargs.values()):
+            for x in a if type(a) in (list, tuple) else (a,):
+                if type(x) is Expr:
+                    exprs[id(x)] = x
+        if not exprs:
+            return args, kwargs, []
+        results = await self._evaluate_each(list(exprs.values()), choose=False)
+        value = dict(zip(exprs, results, strict=True))
+        made = _flat_results(results)
+
+        def swap(a: Any) -> Any:
+            if type(a) is Expr:
+                return value[id(a)]
+            if type(a) in (list, tuple):
+                return type(a)(swap(x) for x in a)
+            return a
+
+        return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}, made
 
     def discard(self, t: Tensor) -> None:
         """Free a result nobody else holds (``eval``/``run`` of an expression), whatever the strategy."""
@@ -1097,6 +1191,22 @@ def _flat(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[Any]:
     return out
 
 
+def _same_kind(kind: type, values: list[Any]) -> Any:
+    # The values of a list, tuple or named tuple of tensors, in the same kind of sequence.
+    make = getattr(kind, "_make", None)
+    return make(values) if make is not None else kind(values)
+
+
+def _flat_results(results: list[Any]) -> list[Tensor]:
+    out: list[Tensor] = []
+    for r in results:
+        if isinstance(r, list | tuple):
+            out.extend(r)
+        else:
+            out.append(r)
+    return out
+
+
 def _shape_result(d: OpDef, tensors: list[Tensor], multi: bool) -> Any:
     if d.returns == "list":
         return tensors if d.result is None else d.result(tensors)
@@ -1105,34 +1215,98 @@ def _shape_result(d: OpDef, tensors: list[Tensor], multi: bool) -> Any:
     return tensors[0]
 
 
-def engine_of(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Engine:
-    """The engine a module-level op runs in: its tensors' session, else the default session.
+def session_engine(session: object) -> Engine:
+    """The engine of a session facade (the default session is stored untyped in ``_defaults``)."""
+    return cast(Engine, cast("SessionLike", session)._engine)
 
-    A child session may read its parent's tensors: the child is preferred, and so is a
-    default session that is a child of the tensors' session (a request session reading
-    app weights), so the result does not live as long as the parent.
+
+def owner_of(t: Tensor) -> Engine:
+    """The engine that owns ``t`` (a tensor sees it as an :class:`~aiotensor._protocols.EngineLike`)."""
+    return cast(Engine, t._engine)
+
+
+def evaluating_engine(tensors: Iterable[Tensor], explicit: Engine | None = None) -> Engine:
+    """THE rule for which session evaluates (docs/semantics.md, "Which session evaluates").
+
+    Every front end asks it: ``await e``, ``e.eval()``, module-level ops, fused and
+    batched calls (and, through them, an expression given to an op). ``explicit``, a
+    session named by the caller (``s.run(e)``, ``e.eval(session=s)``, ``s.add(e, 1)``,
+    ``s.function(fn)``), evaluates. Otherwise the most derived of the tensors' sessions
+    (a child may read its parent's tensors), unless the default session
+    (``with s.as_default():``, an ``InteractiveSession``) is that session or a child of
+    it: then the default, so a request session reading app weights owns the result.
+    With no tensor at all (``xp.zeros(3)``), the default session; with none either,
+    :class:`NoSessionError`. Tensors of unrelated sessions are not refused here: the
+    session chosen refuses the ones it cannot read ("belongs to another session").
     """
-    found: Engine | None = None
+    if explicit is not None:
+        return explicit
+    found: EngineLike | None = None
+    for t in tensors:
+        owner = t._engine
+        if found is None or (owner is not found and found in owner.ancestors):
+            found = owner  # the most derived so far
+    return _or_default(found)
+
+
+def _or_default(found: EngineLike | None) -> Engine:
+    # evaluating_engine's second half: the default session takes over from ``found``
+    # (the most derived of the tensors' engines) when it is that one or a child of it.
+    default = _defaults.get_default_session()
+    if default is not None:
+        engine = session_engine(default)
+        if found is None or engine is found or found in engine.ancestors:
+            return engine
+    if found is None:
+        raise NoSessionError(
+            "no session to evaluate in: pass a tensor argument or session=, use `with session.as_default():`,"
+            " or create an InteractiveSession"
+        )
+    return cast(Engine, found)
+
+
+def engine_of(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Engine:
+    """The engine a module-level op (or an unbound fused function) runs in: :func:`evaluating_engine`.
+
+    Over its tensor arguments, one level into lists, and the tensors of its expression
+    arguments, so an op given an expression is evaluated where the expression would be.
+    """
+    # evaluating_engine over the arguments' tensors, without building their list (the
+    # hot path of module-level ops): the same most-derived test, the same default.
+    found: EngineLike | None = None
     for arg in (*args, *kwargs.values()) if kwargs else args:
         for item in arg if type(arg) in (list, tuple) else (arg,):
             ti = type(item)
-            if ti is Expr:
-                item = item._leaf()
-            elif ti is not Tensor:
-                continue
-            owner = item._engine
-            if found is None or (owner is not found and found in owner.ancestors):
-                found = owner
-    default = _defaults.get_default_session()
-    if found is None or (default is not None and found in default._engine.ancestors):  # type: ignore[attr-defined]
-        if default is None:
-            awaited = forgotten_await("this op", args, kwargs)  # no tensor, maybe a forgotten await
-            if awaited is not None:
-                raise awaited
-            raise NoSessionError(
-                "no session for this op: pass a tensor argument, use `with session.as_default():`,"
-                " or create an InteractiveSession"
-            )
-        engine: Engine = default._engine  # type: ignore[attr-defined]
-        return engine
+            if ti is Tensor:
+                owner = item._engine
+                if found is None or (owner is not found and found in owner.ancestors):
+                    found = owner
+            elif ti is Expr:
+                for t in expr_tensors(item):
+                    owner = t._engine
+                    if found is None or (owner is not found and found in owner.ancestors):
+                        found = owner
+    if found is None and _defaults.get_default_session() is None:
+        awaited = forgotten_await("this op", args, kwargs)  # no tensor: maybe a forgotten await
+        if awaited is not None:
+            raise awaited
+    return _or_default(found)
+
+
+def expr_tensors(expr: Expr) -> list[Tensor]:
+    """The tensors an expression reads (its signature's list, or a walk of its graph)."""
+    if expr._sig is not None:
+        return list(expr._lv)
+    found: list[Tensor] = []
+    stack: list[Any] = [expr]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        for x in _flat(node._args, node._kwargs):
+            if type(x) is Expr:
+                if id(x) not in seen:
+                    seen.add(id(x))
+                    stack.append(x)
+            elif type(x) is Tensor:
+                found.append(x)
     return found

@@ -16,6 +16,7 @@ Comparisons are element-wise (``x == 0`` is an expression, as in every array lib
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Generator, Sequence
@@ -24,16 +25,18 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from . import _defaults
 from . import _ops as _ops  # fills OPS
-from ._errors import InvalidDeviceError
+from ._errors import InvalidDeviceError, NoSessionError
 from ._kernels import forgotten_await
 from ._meta import Shape, node_meta
 from ._opdef import INTERNAL_OPS, OPS, OpDef, item_op
 
 if TYPE_CHECKING:
+    from ._protocols import EngineLike, SessionLike
     from ._types import AxisLike, DTypeLike, NDArray, ShapeLike, TensorLike
 
-__all__ = ["Expr", "Operand"]
+__all__ = ["Expr", "Operand", "scalar_key"]
 
 
 class Operand:
@@ -516,21 +519,39 @@ class Expr(Operand):
                             stack.append(x)
                     elif isinstance(x, Operand):  # a Tensor: the only other Operand
                         return x
-        raise TypeError("an expression without any tensor")  # pragma: no cover - operators need one
+        return None  # no tensor at all (a creation op): the default session evaluates
+
+    def _evaluator(self) -> EngineLike:
+        # An engine to ask; it applies the one rule of which session evaluates
+        # (_engine.evaluating_engine) to this expression's tensors and the default session.
+        leaf = self._leaf()
+        if leaf is not None:
+            engine: EngineLike = leaf._engine
+            return engine
+        default = _defaults.get_default_session()
+        if default is None:
+            raise NoSessionError(
+                f"no session to evaluate {self!r}: it reads no tensor. Use `with session.as_default():`,"
+                " an InteractiveSession, `await session.run(e)` or `await e.eval(session=...)`"
+            )
+        return cast("SessionLike", default)._engine
 
     def __await__(self) -> Generator[Any, None, Any]:  # gives a Tensor
         self._used = True
         # A program that runs inline needs no coroutine: its result is there at once.
-        result = self._leaf()._engine.evaluate_expr(self)
+        lv = self._lv
+        result = (lv[0]._engine if lv else self._evaluator()).evaluate_expr(self)
         if type(result) is CoroutineType:
             result = yield from result.__await__()
         return result
 
-    async def eval(self, session: Any = None) -> NDArray:
-        """The numpy value, computed in ``session`` (default: the session of its tensors), like ``Tensor.eval``."""
+    async def eval(self, session: SessionLike | None = None) -> NDArray:
+        """The numpy value, computed in ``session``, else in the session ``await e`` would use, like ``Tensor.eval``."""
         self._used = True
-        engine = self._leaf()._engine if session is None else session._engine
-        (value,) = await engine.run_values([self], "eval")
+        if session is not None:
+            (value,) = await session._engine.run_values([self], "eval")
+        else:
+            (value,) = await self._evaluator().run_values([self], "eval", explicit=False)
         out: NDArray = value
         return out
 
@@ -573,7 +594,8 @@ _MAX_SIG_NODES = 256
 _LEAF = ("T",)
 #: Set by ``_tensor`` (a layer above) to ``Tensor``.
 _Tensor: type = type(None)
-_HASHED_BY_VALUE = frozenset({bool, str, type(None), complex, type(Ellipsis)})
+_HASHED_BY_VALUE = frozenset({str, type(None), type(Ellipsis)})
+_SCALARS = frozenset({int, bool, float, complex})
 
 
 def _meta_of(x: Any) -> Any:
@@ -604,11 +626,9 @@ def _value_key(x: Any) -> tuple[Any, tuple[Any, ...], int]:
         return x._sig, x._lv, x._n
     if tx is _Tensor:
         return _LEAF, (x,), 0
-    if tx is float:
-        if x != x:  # NaN: never equal to itself, so never found in the cache
-            return None, (), 0
-        return (float, x, math.copysign(1.0, x)), (), 0  # 0.0 and -0.0 differ in results
-    if tx is int or tx in _HASHED_BY_VALUE:
+    if tx in _SCALARS:
+        return scalar_key(x), (), 0
+    if tx in _HASHED_BY_VALUE:
         return (tx, x), (), 0
     if tx is list or tx is tuple:
         keys: list[Any] = [tx]
@@ -628,15 +648,60 @@ def _value_key(x: Any) -> tuple[Any, tuple[Any, ...], int]:
         return (None if None in parts else (slice, *parts)), (), 0
     if isinstance(x, np.dtype) or (isinstance(x, type) and issubclass(x, np.generic)):
         return (type, x), (), 0
-    if isinstance(x, np.generic) and x.dtype.kind in "biuf":
-        k = _value_key(x.item())[0]  # NaN gives None, as above; the type stays (NEP 50: numpy scalars are strong)
-        return (None if k is None else (tx, k)), (), 0
+    if isinstance(x, np.generic):
+        return scalar_key(x), (), 0
     return None, (), 0  # arrays, user objects: told apart only by identity
 
 
+def scalar_key(x: Any) -> Any:
+    """A key telling scalars apart exactly as their results differ, or None (never equal).
+
+    The one value key of constants, used by expression signatures (the compiled-program
+    cache) and by the compiler's common-subexpression merging: ``0.0`` and ``-0.0``
+    (and complex numbers whose parts differ only in the sign of a zero) give different
+    results, so they get different keys; a NaN is never equal to itself, so it gets
+    None. Numpy scalars are keyed by type and bytes (NEP 50: their type matters; any
+    dtype, ``longdouble`` included, without converting to a Python number).
+    """
+    tx = type(x)
+    if tx is int or tx is bool:
+        return (tx, x)
+    if tx is float:
+        # 0.0 == -0.0 but they differ in results; NaN: never equal to itself
+        return (float, x, math.copysign(1.0, x)) if x == x else None
+    if tx is complex:
+        re, im = x.real, x.imag
+        if re != re or im != im:
+            return None
+        return (complex, re, math.copysign(1.0, re), im, math.copysign(1.0, im))
+    if isinstance(x, np.generic) and x.dtype.kind in "biufc":
+        if x.dtype.kind in "fc" and np.isnan(x):
+            return None
+        return (tx, x.tobytes())
+    return None
+
+
+def _spec_keywords(d: OpDef) -> frozenset[str]:
+    # The keyword parameters of an op's spec (``correction`` of std, ``dtype`` of sum).
+    found = _KEYWORDS.get(d)
+    if found is None:
+        found = _KEYWORDS[d] = frozenset(inspect.signature(d.spec).parameters)
+    return found
+
+
+_KEYWORDS: dict[OpDef, frozenset[str]] = {}
+
+
 def _numpy_method(x: Operand, method: str, args: Any, numpy_kwargs: dict[str, Any]) -> Expr:
-    # np.mean(t) and friends call t.mean(..., out=None): give numpy's answer on the buffer
-    # (a local tensor is readable without suspending, as np.asarray(t) is).
+    # Keywords the op itself takes (t.std(correction=1), t.sum(dtype=...)) build the
+    # expression, as the session method does with them. Others: np.mean(t) and friends
+    # call t.mean(..., out=None): give numpy's answer on the buffer (a local tensor is
+    # readable without suspending, as np.asarray(t) is).
+    d = OPS["permute_dims" if method == "transpose" else method]
+    if _spec_keywords(d).issuperset(numpy_kwargs):
+        if isinstance(args, dict):
+            return Expr(d, *d.spec(x, **args, **numpy_kwargs))
+        return Expr(d, *d.spec(x, *args, **numpy_kwargs))
     if type(x) is Expr:
         raise TypeError(f"numpy's {method}() needs data: await the expression first (await e).{method}(...)")
     if isinstance(args, dict):

@@ -37,15 +37,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._cost import estimate_us
-from ._engine import Engine, engine_of
+from ._engine import Engine, engine_of, session_engine
 from ._errors import InvalidArgumentError
-from ._kernels import SEQUENCES, as_numeric, kernel_error
-from ._opdef import BINARY_OPERATORS, COMPARISON_OPERATORS, INTERNAL_OPS, OPS, UNARY_OPERATORS, OpDef
+from ._expr import Expr
+from ._kernels import SEQUENCES, as_numeric, kernel_error, read_only_view, unshared
+from ._opdef import ALIASES, BINARY_OPERATORS, COMPARISON_OPERATORS, INTERNAL_OPS, OPS, UNARY_OPERATORS, OpDef
 from ._placement import Placement
 from ._program import Budget
 from ._tensor import Tensor
 
 if TYPE_CHECKING:
+    from ._protocols import SessionLike
     from ._types import NDArray
 
 __all__ = ["FusedFunction", "FusedOps", "FusedValue", "function", "unknown_op"]
@@ -117,8 +119,7 @@ class FusedValue:
         return out
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> NDArray:
-        arr = self._arr.view()
-        arr.flags.writeable = False
+        arr = read_only_view(self._arr)
         if dtype is not None and np.dtype(dtype) != arr.dtype:
             return arr.astype(dtype)
         return arr.copy() if copy else arr
@@ -223,7 +224,7 @@ class FusedOps:
             return tx(self._arg(e, op) for e in x)
         return x
 
-    def _run(self, d: OpDef, *args: Any, **kwargs: Any) -> Any:
+    def _run(self, d: OpDef, /, *args: Any, **kwargs: Any) -> Any:
         # The same spec and kernel as the op outside, on this thread, at once.
         if kwargs and "name" in kwargs and d not in _TAKES_NAME:
             del kwargs["name"]
@@ -344,6 +345,8 @@ def _fused_op(d: OpDef) -> Callable[..., Any]:
 
 for _d in OPS.values():
     setattr(FusedOps, _d.name, _fused_op(_d))
+for _alias, _target in ALIASES.items():  # ops.asarray, as s.asarray and at.asarray
+    setattr(FusedOps, _alias, getattr(FusedOps, _target))
 
 # Ops whose spec takes ``name=`` (the others drop it: a fused value has no name).
 _TAKES_NAME = frozenset(d for d in OPS.values() if not d.plain and "name" in d.spec.__code__.co_varnames)
@@ -406,12 +409,11 @@ def _result(x: Any, budget: Budget) -> Any:
                 arr.setflags(True)  # type: ignore[call-arg]
                 budget.escaped += 1
             return arr
-        if arr.flags.writeable:
-            # The caller's own numpy argument, returned as it is: a copy, or the session
-            # would take the caller's array over (finalize owns a writeable array as is).
-            return arr.copy()
-        return arr  # a tensor's buffer (read-only): finalize copies it
-    return x
+        # The caller's own numpy argument returned as it is: copied (unshared); a tensor's
+        # buffer (read-only): finalize copies it.
+        return unshared(arr)
+    # An array of fn's own (a closure's, a global) returned as is: never taken over.
+    return unshared(x)
 
 
 def unknown_op(exc: AttributeError, ops: FusedOps) -> AttributeError:
@@ -457,17 +459,35 @@ class FusedFunction:
 
     __name__: str
 
-    def __init__(self, fn: Callable[..., Any], session: Any = None) -> None:  # an AsyncEagerSession
+    def __init__(self, fn: Callable[..., Any], session: SessionLike | None = None) -> None:
         if not callable(fn):
             raise InvalidArgumentError(f"function: fn must be callable, got {type(fn).__name__}")
         self._fn = fn
         self._session = session
+        # The bound session's engine, looked up once (its engine never changes).
+        self._bound: Engine | None = None if session is None else session_engine(session)
         self._op = f"function({getattr(fn, '__name__', type(fn).__name__)})"
         self._placement = Placement()
+        # Per argument shapes, the bytes the last run's values held at their peak: what a
+        # session with a memory_limit reserves (or waits for) before the next run.
+        self._needs: dict[tuple[Any, ...], int] = {}
         functools.update_wrapper(self, fn)
 
+    async def _call_on_values(
+        self, engine: Engine, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Tensor | tuple[Tensor, ...]:
+        # Expressions given: evaluated first in the call's session, freed after the call.
+        args, kwargs, made = await engine.evaluate_arguments(args, kwargs)
+        try:
+            return await self(*args, **kwargs)
+        finally:
+            for t in made:
+                engine.discard(t)
+
     async def __call__(self, *args: Any, **kwargs: Any) -> Tensor | tuple[Tensor, ...]:
-        engine = engine_of(args, kwargs) if self._session is None else self._session._engine
+        engine = self._bound
+        if engine is None:
+            engine = engine_of(args, kwargs)
         op = self._op
         if not engine.backend.in_process:
             # The run's bookkeeping (and captured tensors) live in this process.
@@ -488,10 +508,13 @@ class FusedFunction:
                 shapes += (a._shape, a._dtype)
             else:
                 bufs, key = tuple(found), tuple(shapes)
-        if bufs is None:
-            bufs = tuple([engine.buffer(a, op) if type(a) is Tensor else _buffers(engine, a, op) for a in args])
-            key = _shape_key(args, kwargs)
-        kw = {k: _buffers(engine, v, op) for k, v in kwargs.items()} if kwargs else {}
+        try:
+            if bufs is None:
+                bufs = tuple([engine.buffer(a, op) if type(a) is Tensor else _buffers(engine, a, op) for a in args])
+                key = _shape_key(args, kwargs)
+            kw = {k: _buffers(engine, v, op) for k, v in kwargs.items()} if kwargs else {}
+        except _ExprArgument:
+            return await self._call_on_values(engine, args, kwargs)
         budget = Budget("a fused function")
         est = self._placement.estimate(key)
         ops = FusedOps(engine, budget, est is None, self._fn)
@@ -500,18 +523,33 @@ class FusedFunction:
         kernel = ops._kernel
         done = engine.call_inline(op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget)
         if done is None:
-            done = await engine.call(op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget)
+            limited = engine.registry.memory_limit is not None
+            need = self._needs.get(key) if limited else None  # what its last run for these shapes held
+            try:
+                done = await engine.call(op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget, need=need)
+            finally:
+                if limited and budget.peak:
+                    self._needs[key] = max(budget.peak, budget.live)
         tensors, multi = done
         estimate = math.inf if ops._estimate is None else ops._estimate
         self._placement.record(key, est, estimate, ops._elapsed, engine._inline_us)
         return tuple(tensors) if multi else tensors[0]
 
 
+class _ExprArgument(Exception):
+    """An argument of a fused call is an expression: it is evaluated first."""
+
+
 def _buffers(engine: Engine, x: Any, op: str) -> Any:
-    if type(x) is Tensor:
+    tx = type(x)
+    if tx is Tensor:
         return engine.buffer(x, op)
-    if type(x) in (list, tuple):
-        return type(x)(engine.buffer(e, op) if type(e) is Tensor else e for e in x)
+    if tx is list or tx is tuple:
+        if Expr in map(type, x):
+            raise _ExprArgument
+        return tx(engine.buffer(e, op) if type(e) is Tensor else e for e in x)
+    if tx is Expr:
+        raise _ExprArgument
     return x
 
 

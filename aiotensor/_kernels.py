@@ -7,6 +7,7 @@ dtype and size are known without moving data back to the caller.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
 
@@ -30,7 +31,9 @@ __all__ = [
     "kernel_error",
     "normalize",
     "numeric_array",
+    "read_only_view",
     "run_kernel",
+    "unshared",
 ]
 
 #: dtype kinds a tensor may hold: bool, signed and unsigned ints, floats, complex.
@@ -137,6 +140,38 @@ def finalize(value: Any) -> NDArray:
     return arr
 
 
+def unshared(value: Any, refs: int | None = None) -> Any:
+    """A kernel's output with nobody else able to write it: the one ownership rule before :func:`finalize`.
+
+    An ndarray that owns its memory and is writeable would be kept as the tensor's buffer
+    as it is (and made read-only). If someone still holds it (a global, a cache, a
+    closure, the caller's own argument) they could set WRITEABLE back and change the
+    tensor, and their array would turn read-only under them: it is copied, once. With
+    ``refs`` (the reference count of a fresh result where the caller checks it: CPython
+    only, tests cover both cases) an array is copied only when more references exist;
+    without, every such array is foreign and copied. A writeable view is copied here too;
+    read-only arrays are left to :func:`finalize`, which copies them.
+    """
+    if (
+        type(value) is np.ndarray
+        and value.flags.writeable
+        and (value.base is not None or refs is None or sys.getrefcount(value) > refs + 2)  # (+2: ``value``, the call)
+    ):
+        return value.copy()
+    return value
+
+
+def read_only_view(x: NDArray) -> NDArray:
+    """A read-only view of ``x``: what every user kernel is given of a buffer or an intermediate.
+
+    A view of a writeable array can be made writeable again only through its base, which
+    user code never sees; a buffer that owns its memory would let anyone set WRITEABLE back.
+    """
+    v = x.view()
+    v.flags.writeable = False
+    return v
+
+
 def info(arr: NDArray) -> BufferInfo:
     """The :class:`BufferInfo` of a local array."""
     return BufferInfo(arr, arr.shape, arr.dtype, arr.nbytes)
@@ -208,10 +243,21 @@ def _map(op: str, args: tuple[Any, ...], exc: BaseException, user: bool) -> AioT
         # RuntimeError): name the kernel's own exception.
         exc = exc.__cause__
     where = f"{op}({describe(args)})"
+    text = _text(exc)
     if isinstance(exc, MemoryError):
-        return ResourceExhaustedError(f"{where}: out of memory ({exc})")
-    if not user and isinstance(exc, IndexError) and _OUT_OF_RANGE.search(str(exc)):  # AxisError is one too
-        return IndexOutOfRangeError(f"{where}: {exc}", op=op, inputs=input_specs(args))
+        return ResourceExhaustedError(f"{where}: out of memory ({text})")
+    if not user and isinstance(exc, IndexError) and _OUT_OF_RANGE.search(text):  # AxisError is one too
+        return IndexOutOfRangeError(f"{where}: {text}", op=op, inputs=input_specs(args))
     if isinstance(exc, BadOutputError) or (not user and isinstance(exc, _ARG_ERRORS)):
-        return InvalidArgumentError(f"{where}: {exc}", op=op, inputs=input_specs(args))
-    return KernelError(f"{where} failed: {type(exc).__name__}: {exc}")
+        return InvalidArgumentError(f"{where}: {text}", op=op, inputs=input_specs(args))
+    return KernelError(f"{where} failed: {type(exc).__name__}: {text}")
+
+
+def _text(exc: BaseException) -> str:
+    # An exception rebuilt by another process's deserializer may lack what its __str__
+    # reads (Dask's copy of numpy's AxisError has no .axis): its args then, never a
+    # second error in place of the mapping.
+    try:
+        return str(exc)
+    except Exception:
+        return ", ".join(map(repr, exc.args))

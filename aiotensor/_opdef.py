@@ -27,6 +27,7 @@ from typing import Any, Literal, cast
 from . import _kernels
 
 __all__ = [
+    "ALIASES",
     "BINARY_OPERATORS",
     "COMPARISON_OPERATORS",
     "INTERNAL_OPS",
@@ -167,6 +168,9 @@ class OpDef:
         return f"<op {self.name}>"
 
 
+#: Other names of an op: the same op under a numpy-familiar name (session methods, module
+#: functions and the ``ops`` of fused functions all have them).
+ALIASES = {"asarray": "constant"}
 #: The binary operators of tensors, expressions and fused values: (dunder stem, op), each
 #: with its reflected form. An operator exists where its op is in :data:`OPS` (the
 #: surfaces skip the others), so a new op of the standard's name brings its operator.

@@ -45,8 +45,10 @@ class SessionStats:
         live_bytes: Their total size in bytes.
         peak_bytes: The highest ``live_bytes`` seen since the session opened.
         pending: Buffers whose handles were dropped but which are not freed yet.
-        allocated: Buffers registered since the session opened.
-        freed: Buffers freed since the session opened
+        allocated: Buffers made since the session opened: the registered ones, and the
+            intermediates of expressions, fused and batched functions, which are
+            counted as allocated and freed when their run ends.
+        freed: Buffers freed since the session opened, those intermediates included
             (``allocated - freed == live_tensors``).
         in_flight: Kernels submitted and not finished yet.
         cleanup_failures: Times the background cleanup task failed and was restarted.

@@ -17,6 +17,7 @@ from ._errors import AioTensorError, SessionClosedError
 from ._expr import Operand
 
 if TYPE_CHECKING:
+    from ._protocols import EngineLike, SessionLike
     from ._registry import Registry
     from ._types import NDArray
 
@@ -39,7 +40,7 @@ class Tensor(Operand):
 
     __slots__ = ("__weakref__", "_device", "_dtype", "_engine", "_label", "_nbytes", "_registry", "_rid", "_shape")
 
-    _engine: Any  # the session's Engine (a layer above: see docs/architecture.md)
+    _engine: EngineLike  # the session's Engine (a layer above: see docs/architecture.md)
     _registry: Registry
     _rid: int
     _shape: tuple[int, ...]
@@ -114,7 +115,7 @@ class Tensor(Operand):
         return self._device
 
     @property
-    def session(self) -> Any:
+    def session(self) -> SessionLike:
         """The session that owns the buffer (an :class:`AsyncEagerSession`)."""
         return self._engine.session
 
@@ -125,7 +126,7 @@ class Tensor(Operand):
         out: NDArray = value
         return out
 
-    async def eval(self, session: Any = None) -> NDArray:
+    async def eval(self, session: SessionLike | None = None) -> NDArray:
         """TF1's ``t.eval()``: the value, computed in ``session`` (default: the tensor's own)."""
         engine = self._engine if session is None else session._engine
         (value,) = await engine.fetch([self], "eval")
@@ -217,7 +218,7 @@ class Tensor(Operand):
 
 
 def make_tensor(
-    engine: Any,
+    engine: EngineLike,
     registry: Registry,
     rid: int,
     shape: tuple[int, ...],

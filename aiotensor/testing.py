@@ -2,22 +2,31 @@
 
 ``await assert_no_leaks(session)`` checks that the code under test left no tensor
 handle alive in ``session`` (beyond a baseline), after giving the session's cleanup
-strategy its chance to free what was dropped. The pytest plugin
+strategy its chance to free what was dropped. :class:`RecordingBackend` is a backend
+for tests (as httpx's ``MockTransport``): pass it as ``backend=`` and it records what
+the session asked of it (kernels submitted, buffers released) and lets a test inject
+faults, with no private attribute swapped. The pytest plugin
 (``aiotensor.pytest_plugin``) adds an ``eager_session`` fixture on top.
 """
 
 from __future__ import annotations
 
+import collections
 import gc
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
+from ._backend import LocalBackend, PendingKernel
 from ._config import ResourceCleanupStrategy
 from ._registry import SessionStats
 from ._session import AsyncEagerSession
 from ._tensor import Tensor
 
-__all__ = ["assert_no_leaks", "live_handles"]
+__all__ = ["RecordingBackend", "Submitted", "assert_no_leaks", "live_handles"]
 
 _LISTED = 10
 
@@ -101,3 +110,108 @@ def _describe_live(session: AsyncEagerSession) -> str:
     if len(handles) > _LISTED:
         lines.append(f"\n  ... and {len(handles) - _LISTED} more")
     return "".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A kernel a session submitted to a :class:`RecordingBackend` (not those run inline on the loop).
+
+    Attributes:
+        name: The kernel's name (``add``, ``function(f)``, ``expr_...``, ``apply(f)``).
+        kernel: The callable itself.
+        device: The device it was placed on.
+        blas: Whether the session said it calls BLAS.
+    """
+
+    name: str
+    kernel: Callable[..., Any]
+    device: str
+    blas: bool
+
+
+class RecordingBackend(LocalBackend):
+    """The local backend, recording what a session asks of it: for tests, passed as ``backend=``.
+
+    Kernels run where the local backend runs them (the pool, or inline on the loop
+    when cheap; ``inline=False`` sends every kernel to the pool), each whole on one
+    worker (a large element-wise op is not split across workers, so that the handler
+    sees every kernel). Each submitted kernel
+    is recorded in :attr:`submitted`, and the name of the thread it ran on in
+    :attr:`threads`; each release in :attr:`released`, keeping the released buffer
+    alive so that ``id()`` values are not reused while the test runs.
+
+    Args:
+        handler: Called with each submitted kernel, ``handler(kernel, args, kwargs)``,
+            on the thread that runs it, before it runs; raise in it to inject a
+            kernel failure (its exception reaches the op as the kernel's would).
+        inline: Whether cheap kernels may run inline on the loop (as ``LocalBackend``).
+        **kwargs: As :class:`~aiotensor.LocalBackend` (``executor=``, ``priority=``).
+    """
+
+    releases = True  # (the registry calls release() so that it is recorded)
+
+    def __init__(
+        self,
+        handler: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], object] | None = None,
+        *,
+        inline: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.inline_small_ops = self.inline_small_ops and inline
+        self.handler = handler
+        #: The kernels submitted so far, in order.
+        self.submitted: list[Submitted] = []
+        #: The threads the submitted kernels ran on, in the order they ran.
+        self.threads: list[str] = []
+        #: How many times each buffer (by ``id``) was released.
+        self.released: collections.Counter[int] = collections.Counter()
+        self._keep: list[Any] = []
+
+    def submit(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        device: str,
+        blas: bool = False,
+    ) -> PendingKernel:
+        """Record the kernel, then submit it as :class:`~aiotensor.LocalBackend` does."""
+        self.submitted.append(Submitted(getattr(fn, "__name__", type(fn).__name__), fn, device, blas))
+        return super().submit(_Recorded(self, fn), args, kwargs, device=device, blas=blas)
+
+    def release(self, handle: Any) -> None:
+        """Record the release (and keep the buffer alive), then release it."""
+        self.released[id(handle)] += 1
+        self._keep.append(handle)
+        super().release(handle)
+
+    def was_released(self, handle: Any) -> bool:
+        """Whether ``handle`` (a buffer) was released at least once."""
+        return self.released[id(handle)] > 0
+
+    def double_releases(self) -> list[int]:
+        """The ids of buffers released more than once (a bug if not empty)."""
+        return [k for k, n in self.released.items() if n > 1]
+
+
+class _Recorded:
+    """A submitted kernel that records its thread and calls the handler first (picklable as its kernel is)."""
+
+    __slots__ = ("backend", "fn")
+
+    def __init__(self, backend: RecordingBackend, fn: Callable[..., Any]) -> None:
+        self.backend = backend
+        self.fn = fn
+
+    @property
+    def __name__(self) -> str:
+        return getattr(self.fn, "__name__", type(self.fn).__name__)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        backend = self.backend
+        backend.threads.append(threading.current_thread().name)
+        if backend.handler is not None:
+            backend.handler(self.fn, args, kwargs)
+        return self.fn(*args, **kwargs)

@@ -7,33 +7,14 @@ that ``id()`` values are never reused while a test runs.
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 import aiotensor as at
 from aiotensor._registry import Registry
+from aiotensor.testing import RecordingBackend
 
-
-class TrackingBackend(at.LocalBackend):
-    """A local backend that counts releases per buffer."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.released: collections.Counter[int] = collections.Counter()
-        self._keep: list[Any] = []
-
-    def release(self, handle: Any) -> None:
-        self.released[id(handle)] += 1
-        self._keep.append(handle)
-        super().release(handle)
-
-    def was_released(self, handle: Any) -> bool:
-        """Whether ``handle`` was released at least once."""
-        return self.released[id(handle)] > 0
-
-    def double_releases(self) -> list[int]:
-        """Ids of buffers released more than once (should be empty)."""
-        return [k for k, n in self.released.items() if n > 1]
+#: The backend half of the oracle: aiotensor's own test backend counts releases per buffer.
+TrackingBackend = RecordingBackend
 
 
 class TrackingRegistry(Registry):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -398,11 +399,30 @@ async def test_without_a_declared_row_shape_a_wrong_width_fails_in_a_batch_of_it
     assert (stats.batches, stats.failed) == (2, 1)
 
 
-async def test_an_expression_as_x_is_refused(s: at.AsyncEagerSession) -> None:
+async def test_an_expression_as_x_or_param_is_evaluated_first(s: at.AsyncEagerSession) -> None:
+    # Issue 27 (also; was refused with "await it first"): evaluated by the one rule of
+    # which session evaluates, freed after the call, and never warned about.
     w = await weights(s)
     t = await s.constant(rows(2))
-    with pytest.raises(at.InvalidArgumentError, match="await it first"):
-        await at.batched(mlp)(t * 2.0, *w)
+    f = at.batched(mlp)
+    want = await (await f(await (t * 2.0), *w)).numpy()
+    await settle(s)
+    live = s.stats().live_tensors
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = await f(t * 2.0, *w)
+        np.testing.assert_array_equal(await got.numpy(), want)
+        got2 = await f(t * 2.0, w[0] * 1.0, *w[1:])
+        np.testing.assert_array_equal(await got2.numpy(), want)
+        g = at.batched(lambda ops, x, ws: mlp(ops, x, *ws))
+        got3 = await g(t * 2.0, [w[0] * 1.0, *w[1:]])  # one level into a list, as ops look
+        np.testing.assert_array_equal(await got3.numpy(), want)
+        gc.collect()
+    assert got.session is s
+    del got, got2, got3
+    gc.collect()
+    await settle(s)
+    assert s.stats().live_tensors == live
 
 
 async def test_fn_must_return_one_row_per_input_row(s: at.AsyncEagerSession) -> None:

@@ -11,8 +11,7 @@ import pytest
 
 import aiotensor as at
 from aiotensor import _blas
-
-from .test_cost import CountingBackend
+from aiotensor.testing import RecordingBackend
 
 CORES = os.cpu_count() or 1
 
@@ -24,16 +23,16 @@ def restore_blas() -> Iterator[None]:
 
 
 async def test_products_on_the_pool_pass_the_gate_and_small_ones_run_inline() -> None:
-    backend = CountingBackend()
+    backend = RecordingBackend()
     async with at.AsyncEagerSession(backend=backend) as s:
         small = await s.constant(np.eye(4))
         await s.matmul(small, small)
-        assert backend.kernels == []  # 4x4: inline
+        assert backend.submitted == []  # 4x4: inline
         big = np.ones((256, 256))
         b = await s.constant(big)
         y = await s.matmul(b, b)
         np.testing.assert_array_equal(await y.numpy(), big @ big)
-    assert backend.blas[-1] is True  # the engine tells the backend; the local backend gates it
+    assert backend.submitted[-1].blas is True  # the engine tells the backend; the local backend gates it
 
 
 async def test_local_backend_runs_blas_kernels_inside_the_gate() -> None:

@@ -144,3 +144,24 @@ async def test_a_program_past_the_limit_or_with_no_limit_is_never_inline(s: at.A
     program, leaves = _program_of((a @ a) * 2.0)  # step by step: the sum stops at the limit
     assert program_cost(program, leaves, 1e-3) == math.inf
     assert program_cost(program, leaves, 0.0) == math.inf  # inline_threshold_us=0: never inline
+
+
+async def test_common_subexpressions_keep_complex_signed_zeros_apart(s: at.AsyncEagerSession) -> None:
+    # Issue 27 (2): complex constants equal under == but with a zero of another sign.
+    a = await s.constant(np.ones(2))
+    constants = [0j, complex(-0.0, 0.0), complex(0.0, -0.0), complex(-0.0, -0.0)]
+    got = await s.run([(a * c) * 1.0 for c in constants])
+    for c, value in zip(constants, got, strict=True):
+        want = (np.ones(2) * c) * 1.0
+        np.testing.assert_array_equal(np.signbit(value.real), np.signbit(want.real))
+        np.testing.assert_array_equal(np.signbit(value.imag), np.signbit(want.imag))
+
+
+async def test_common_subexpressions_tell_numpy_scalars_apart(s: at.AsyncEagerSession) -> None:
+    a = await s.constant(np.ones(2, dtype=np.float32))
+    got = await s.run([a * np.float32(-0.0), a * np.float32(0.0), a * np.float64(0.0), a * np.float32(2)])
+    want = [np.ones(2, np.float32) * c for c in (np.float32(-0.0), np.float32(0.0), np.float64(0.0), np.float32(2))]
+    for value, w in zip(got, want, strict=True):
+        assert value.dtype == w.dtype
+        np.testing.assert_array_equal(value, w)
+        np.testing.assert_array_equal(np.signbit(value), np.signbit(w))

@@ -15,38 +15,11 @@ import pytest
 import aiotensor as at
 from aiotensor._cost import DEFAULT_INLINE_US, HOLD_PER_OP_S, HOLD_THRESHOLDS, estimate_us
 from aiotensor._opdef import OPS
-
-
-class CountingBackend(at.LocalBackend):
-    """The shared pool, recording the thread every submitted kernel ran on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.threads: list[str] = []
-        self.kernels: list[Any] = []
-        self.blas: list[bool] = []  # what each submit said about BLAS
-
-    def submit(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        device: str,
-        blas: bool = False,
-    ) -> at.PendingKernel:
-        self.kernels.append(fn)
-        self.blas.append(blas)
-
-        def recorded(*a: Any, **k: Any) -> Any:
-            self.threads.append(threading.current_thread().name)
-            return fn(*a, **k)
-
-        return super().submit(recorded, args, kwargs, device=device, blas=blas)
+from aiotensor.testing import RecordingBackend
 
 
 async def test_small_op_runs_inline_and_big_op_on_the_pool() -> None:
-    backend = CountingBackend()
+    backend = RecordingBackend()
     async with at.AsyncEagerSession(backend=backend) as s:
         a = np.arange(16, dtype=np.float32)
         x = await s.constant(a)
@@ -64,7 +37,7 @@ async def test_small_op_runs_inline_and_big_op_on_the_pool() -> None:
 
 
 async def test_always_pool_switch_sends_every_kernel_to_the_pool() -> None:
-    backend = CountingBackend()
+    backend = RecordingBackend()
     config = at.SessionConfig(inline_threshold_us=0)
     async with at.AsyncEagerSession(backend=backend, config=config) as s:
         x = await s.constant([1.0, 2.0])
@@ -216,12 +189,12 @@ def test_float_floor_division_is_estimated_at_its_own_speed(op: str) -> None:
 async def test_a_float_floor_division_expression_is_not_run_in_slices() -> None:
     # A program's estimate counts the op's cost: two floor divisions on 16 K float32
     # (~360 µs) go to the pool, not to the loop in slices.
-    backend = CountingBackend()
+    backend = RecordingBackend()
     async with at.AsyncEagerSession(backend=backend) as s:
         a = await s.constant(np.full(1 << 14, 7.0, np.float32))
         got = await ((a // 2.0) % 3.0).eval()
         np.testing.assert_array_equal(got, (np.full(1 << 14, 7.0, np.float32) // 2.0) % 3.0)
-        assert len(backend.kernels) == 1
+        assert len(backend.submitted) == 1
         del a
 
 

@@ -527,3 +527,20 @@ async def test_runs_on_uvloop(cluster: LocalCluster) -> None:
     ):
         x = await s.arange(5)
         np.testing.assert_array_equal(await (await (x * x)).numpy(), np.arange(5) ** 2)
+
+
+async def test_a_bad_axis_raises_invalid_argument_on_every_path(backend: DaskBackend) -> None:
+    # Issue 27 (11): a single op's AxisError came back from the worker without its .axis.
+    async with at.AsyncEagerSession(backend=backend) as s:
+        x = await s.constant(np.ones((2, 3)))
+        for call in (
+            lambda: s.sum(x, axis=5),
+            lambda: s.mean(x, axis=-4),
+            lambda: s.argmax(x, axis=2),
+            lambda: s.softmax(x, axis=3),
+            lambda: s.expand_dims(x, axis=7),
+            lambda: s.permute_dims(x, (0, 5)),
+            lambda: s.sum(x * 2.0, axis=5),
+        ):
+            with pytest.raises(at.InvalidArgumentError):
+                await call()

@@ -12,6 +12,7 @@ import pytest
 import aiotensor as at
 from aiotensor._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS
 from aiotensor._kernels import BadOutputError, KernelResult, info, kernel_error
+from aiotensor.testing import RecordingBackend
 
 
 async def test_tensors_are_resolved_one_level_deep_and_data_is_left_alone(s: at.AsyncEagerSession) -> None:
@@ -44,23 +45,14 @@ def test_kernel_errors_are_mapped(raised: Exception, user_kernel: bool, expected
 
 
 async def test_a_result_adopted_after_close_is_released_not_registered() -> None:
-    s = at.AsyncEagerSession()
+    backend = RecordingBackend()
+    s = at.AsyncEagerSession(backend=backend)
     await s.zeros(1)
     await s.close()
-    released: list[Any] = []
-    s._engine.backend = _Recording(released)
+    before = sum(backend.released.values())
     s._engine._adopt(KernelResult([info(np.ones(2))], False))
-    assert len(released) == 1
+    assert sum(backend.released.values()) == before + 1
     assert s.stats().live_tensors == 0
-
-
-class _Recording(at.LocalBackend):
-    def __init__(self, released: list[Any]) -> None:
-        super().__init__()
-        self._released = released
-
-    def release(self, handle: Any) -> None:
-        self._released.append(handle)
 
 
 @pytest.mark.parametrize("kind", ["op", "fused", "expression"])
@@ -229,17 +221,11 @@ async def _estimate(e: Any) -> float:
         return program_cost(program, leaves, probe._engine.inline_us)
 
 
-def _no_pool(s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    submitted: list[Any] = []
-    backend = s._engine.backend
-    real = backend.submit
-
-    def submit(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        submitted.append(fn)
-        return real(fn, *args, **kwargs)
-
-    monkeypatch.setattr(backend, "submit", submit)
-    return submitted
+def _no_pool(s: at.AsyncEagerSession) -> list[Any]:
+    # The kernels the session submitted (its backend is a RecordingBackend: _session_for).
+    backend = s.backend
+    assert isinstance(backend, RecordingBackend)
+    return backend.submitted  # type: ignore[return-value]
 
 
 def _every_step_a_slice(monkeypatch: pytest.MonkeyPatch, *, yields: bool = True) -> None:
@@ -255,7 +241,9 @@ def _every_step_a_slice(monkeypatch: pytest.MonkeyPatch, *, yields: bool = True)
 async def _session_for(estimate: float, factor: float, strategy: at.ResourceCleanupStrategy, **config: Any) -> Any:
     # A session whose threshold puts an expression of ``estimate`` µs at ``factor`` thresholds.
     return at.AsyncEagerSession(
-        cleanup=strategy, config=at.SessionConfig(inline_threshold_us=estimate / factor, **config)
+        cleanup=strategy,
+        config=at.SessionConfig(inline_threshold_us=estimate / factor, **config),
+        backend=RecordingBackend(),
     )
 
 
@@ -282,7 +270,7 @@ async def test_where_an_expression_runs_follows_its_estimate(
     est = await _estimate(_chain(await _probe_tensor()))
     _every_step_a_slice(monkeypatch, yields=where == "sliced")  # (no budget: inline work would yield first)
     async with await _session_for(est, factor, strategy) as s:
-        submitted = _no_pool(s, monkeypatch)
+        submitted = _no_pool(s)
         a = await s.constant(_V)
         ticks = _Ticks()
         await asyncio.sleep(0)
@@ -308,7 +296,7 @@ async def test_a_sliced_run_yields_only_once_the_hold_budget_is_spent(
     est = await _estimate(_chain(await _probe_tensor()))
     _every_step_a_slice(monkeypatch, yields=False)
     async with await _session_for(est, 2.0, strategy) as s:
-        submitted = _no_pool(s, monkeypatch)
+        submitted = _no_pool(s)
         engine = s._engine
         # A budget that five small slices cannot spend even on a loaded machine (16
         # thresholds of this session are ~0.2 ms): whether the run yields is up to what

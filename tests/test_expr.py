@@ -463,3 +463,109 @@ async def test_metadata_runs_no_kernel_on_the_data(s: at.AsyncEagerSession, monk
     after = s.stats()
     assert (after.allocated, after.kernel_seconds) == (before.allocated, before.kernel_seconds)
     assert (await s.run(e)).shape == (1, 2000)
+
+
+async def test_cached_programs_keep_complex_signed_zeros_apart(s: at.AsyncEagerSession) -> None:
+    # Issue 27 (1): each formula evaluated alone, one after the other (the program cache).
+    x = await s.constant(np.array([1.0, 2.0]))
+    for c in (complex(-0.0, 0.0), 0j, complex(-0.0, -0.0), complex(0.0, -0.0), complex(-0.0, 0.0)):
+        got = await ((x * c) * 1.0).eval()
+        want = (np.array([1.0, 2.0]) * c) * 1.0
+        np.testing.assert_array_equal(np.signbit(got.real), np.signbit(want.real))
+        np.testing.assert_array_equal(np.signbit(got.imag), np.signbit(want.imag))
+
+
+@pytest.mark.parametrize(
+    "scalar",
+    [np.longdouble(2), np.clongdouble(2 + 1j), np.complex64(1j), np.bool_(True), np.uint8(3), np.float16(-0.0)],
+)
+async def test_numpy_scalars_of_any_kind_are_constants(s: at.AsyncEagerSession, scalar: Any) -> None:
+    # Issue 27 (3): np.longdouble recursed in the value key (its .item() is itself).
+    x = await s.constant(np.array([1.0, 2.0]))
+    want = np.array([1.0, 2.0]) * scalar
+    for _ in range(2):  # compiled, then from the cache
+        got = await (x * scalar * 1).eval()
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+async def test_numpy_scalar_constants_keep_their_type_in_the_cache(s: at.AsyncEagerSession) -> None:
+    x = await s.constant(np.ones(2, dtype=np.float32))
+    assert (await (x * np.float32(2) * 1).eval()).dtype == np.float32
+    assert (await (x * np.float64(2) * 1).eval()).dtype == np.float64
+    assert np.signbit(await (x * np.float32(-0.0) * 1).eval()).all()
+    assert not np.signbit(await (x * np.float32(0.0) * 1).eval()).any()
+
+
+async def test_methods_take_the_keywords_of_their_op(s: at.AsyncEagerSession) -> None:
+    # Issue 27 (10): t.std(correction=1) and t.sum(dtype=...) build expressions as s.std does.
+    v = np.arange(12.0).reshape(3, 4)
+    t = await s.constant(v)
+    for e, want in [
+        (t.std(axis=0, correction=1), np.std(v, axis=0, ddof=1)),
+        (t.var(axis=1, correction=1, keepdims=True), np.var(v, axis=1, ddof=1, keepdims=True)),
+        ((t * 2.0).var(correction=1), np.var(v * 2.0, ddof=1)),
+        (t.sum(dtype=np.float32), np.sum(v, dtype=np.float32)),
+        (t.sum(axis=0, dtype="int64"), np.sum(v, axis=0, dtype="int64")),
+    ]:
+        assert isinstance(e, at.Expr)
+        got = await e.eval()
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(got, want)
+    np.testing.assert_allclose(await (await s.std(t, correction=1)).numpy(), np.std(v, ddof=1))
+    assert np.std(t, ddof=1) == np.std(v, ddof=1)  # numpy's own keywords: numpy's answer, as before
+
+
+# -- which session evaluates: one rule (docs/semantics.md) --------------------------------
+
+
+async def test_every_front_end_evaluates_in_the_same_session() -> None:
+    # Issue 27 (4): (w + y).eval() with w a parent's tensor, y a child's, the child as default.
+    async with at.AsyncEagerSession() as parent, at.AsyncEagerSession(parent=parent) as child:
+        w = await parent.constant(np.ones(3))
+        y = await child.constant(np.arange(3.0))
+        want = np.arange(3.0) + 1.0
+        for default in (None, child):
+            with child.as_default() if default is not None else contextlib.nullcontext():
+                for e in (w + y, y + w, (w * 1.0) + (y * 1.0)):
+                    np.testing.assert_array_equal(await e.eval(), want)
+                    t = await e
+                    assert t.session is child
+                    np.testing.assert_array_equal(await child.run(e), want)
+                    assert (await at.add(e, 0.0)).session is child
+                    assert (await at.function(lambda ops, a: a)(e)).session is child
+                    assert (await at.batched(lambda ops, a: a)(e)).session is child
+                    np.testing.assert_array_equal(await e.eval(session=child), want)
+                    with pytest.raises(at.InvalidArgumentError, match="another session"):
+                        await e.eval(session=parent)  # named: the parent cannot read y
+        # Only the parent's tensors: the parent, unless the child is the default.
+        assert (await (w * 2.0)).session is parent
+        with child.as_default():
+            assert (await (w * 2.0)).session is child
+            assert (await (w * 2.0 + 1.0)).session is child
+            np.testing.assert_array_equal(await (w * 2.0 + 1.0).eval(), np.full(3, 3.0))
+
+
+def _zeros(n: int) -> at.Expr:
+    from aiotensor._opdef import OPS  # (the lazy namespace of issue 28 will build these publicly)
+
+    d = OPS["zeros"]
+    return at.Expr(d, *d.spec(n))
+
+
+async def test_an_expression_without_tensors_evaluates_in_the_default_or_named_session() -> None:
+    e = _zeros(3) + 1.0
+    with pytest.raises(at.NoSessionError, match="as_default"):
+        await e
+    with pytest.raises(at.NoSessionError, match="session="):
+        await e.eval()
+    async with at.AsyncEagerSession() as s, at.AsyncEagerSession() as other:
+        np.testing.assert_array_equal(await s.run(e), np.ones(3))
+        np.testing.assert_array_equal(await e.eval(session=other), np.ones(3))
+        with s.as_default():
+            t = await e
+            assert t.session is s
+            np.testing.assert_array_equal(await e.eval(), np.ones(3))
+            assert (await _zeros(2)).session is s  # one node: the op path, same rule
+        with other.as_default():
+            assert (await e).session is other

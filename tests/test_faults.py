@@ -234,7 +234,7 @@ async def test_executor_shut_down_under_the_session() -> None:
     # Regression: kernels cancelled by the executor's shutdown raised a bare
     # CancelledError in callers nobody had cancelled, ending their tasks silently.
     pool = concurrent.futures.ThreadPoolExecutor(1)
-    s, registry, backend = tracked_session(S.IN_BACKGROUND, backend=TrackingBackend(pool))
+    s, registry, backend = tracked_session(S.IN_BACKGROUND, backend=TrackingBackend(executor=pool))
     async with s:
         x = await s.constant([1.0])
         started, release = threading.Event(), threading.Event()

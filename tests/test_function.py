@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -401,3 +403,44 @@ async def test_fused_values_compare_element_wise_as_tensors_do(s: at.AsyncEagerS
     np.testing.assert_array_equal(await pos.numpy(), v)
     np.testing.assert_array_equal(await mt.numpy(), v.T)
     assert int(size) == 4  # returned as a tensor: its value converts without an await
+
+
+async def test_a_fused_function_never_takes_over_an_array_its_author_holds(s: at.AsyncEagerSession) -> None:
+    # Issue 27 (7): as apply and batched, a closure's array is copied, not owned.
+    held = np.ones(3)
+    f = s.function(lambda ops, a: held)
+    g = s.function(lambda ops, a: (held, a + 1.0))
+    x = await s.constant(np.zeros(3))
+    t = await f(x)
+    u, _ = await g(x)
+    assert held.flags.writeable  # the user's array is still theirs
+    held[0] = 7.0
+    np.testing.assert_array_equal(await t.numpy(), np.ones(3))
+    np.testing.assert_array_equal(await u.numpy(), np.ones(3))
+    fresh = s.function(lambda ops, a: np.full(3, 2.0))
+    np.testing.assert_array_equal(await (await fresh(x)).numpy(), np.full(3, 2.0))
+
+
+async def test_every_op_alias_is_an_op_of_fused_functions(s: at.AsyncEagerSession) -> None:
+    # Issue 27 (12): ops.asarray, as s.asarray and at.asarray.
+    f = s.function(lambda ops, a: ops.asarray([1.0, 2.0]) + a[:2])
+    g = s.function(lambda ops, a: ops.asarray(a, dtype="float32"))
+    x = await s.constant(np.arange(3.0))
+    np.testing.assert_array_equal(await (await f(x)).numpy(), [1.0, 3.0])
+    got = await (await g(x)).numpy()
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.arange(3.0, dtype=np.float32))
+
+
+async def test_an_expression_argument_is_evaluated_in_the_call_session(s: at.AsyncEagerSession) -> None:
+    # Issue 27 (also): was "kernel returned Expr" and a spurious never-evaluated warning.
+    x = await s.constant(np.arange(3.0))
+    f = s.function(lambda ops, a, b: a + b)
+    g = at.function(lambda ops, a, b: a * b[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(await (await f(x * 2.0, x)).numpy(), np.arange(3.0) * 3.0)
+        np.testing.assert_array_equal(
+            await (await g(x + 1.0, [x * 2.0])).numpy(), (np.arange(3.0) + 1) * np.arange(3.0) * 2
+        )
+        gc.collect()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aiotensor._kernels import BadOutputError, finalize, run_kernel
+import aiotensor as at
+from aiotensor._kernels import BadOutputError, finalize, kernel_error, run_kernel
 
 
 def test_views_and_inputs_are_copied_into_owned_read_only_buffers() -> None:
@@ -46,3 +47,16 @@ def test_run_kernel_reports_single_and_multiple_outputs() -> None:
     assert [b.shape for b in multi.buffers] == [(2,), (2,), (2,)]
     with pytest.raises(BadOutputError, match="empty"):
         run_kernel(lambda: (), (), {})
+
+
+class _Unprintable(ValueError):
+    def __str__(self) -> str:
+        raise AttributeError("'_Unprintable' object has no attribute 'axis'")
+
+
+def test_an_error_whose_str_fails_is_still_mapped() -> None:
+    # Issue 27 (11): Dask rebuilds numpy's AxisError without its .axis; str() of it raised.
+    error = kernel_error("sum", (np.ones(2),), _Unprintable(5, 2), False)
+    assert isinstance(error, at.InvalidArgumentError)
+    assert "sum(float64[2]): 5, 2" in str(error)
+    assert isinstance(kernel_error("apply(f)", (), _Unprintable(1), True), at.KernelError)

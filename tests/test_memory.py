@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import random
 import threading
@@ -294,3 +295,105 @@ async def test_tasks_that_hold_memory_while_waiting_time_out_rather_than_hang() 
 
 async def settle_gate(s: at.AsyncEagerSession) -> None:
     await until(lambda: s.stats().pending == 0 and gate_of(s).queued == 0)
+
+
+# -- the memory of multi-op kernels (issue 27: 8, 9 and concurrent computations) ----------
+MB8 = 1 << 20  # float64 items in 8 MiB
+
+
+async def _cache_24_mib(s: at.AsyncEagerSession) -> None:
+    await s.run([])
+    s.trim()
+    kept = [await s.ones(MB8) for _ in range(3)]
+    del kept
+    await s.run([])  # a safe point: the three go to the cache
+    assert s.stats().cached_bytes == 3 * MB8 * F8
+
+
+async def test_intermediates_make_the_buffer_cache_give_way_first() -> None:
+    # Issue 27 (8): 40 MiB limit, 8 MiB live, 24 MiB cached: intermediates ignored the cache.
+    limit = 40 * MB8 * F8 // 8
+    config = at.SessionConfig(memory_limit=limit, buffer_cache_bytes=32 << 20)
+    async with at.AsyncEagerSession(cleanup=at.ResourceCleanupStrategy.ON_SAFE_POINTS, config=config) as s:
+        x = await s.ones(MB8)
+        nb = x.nbytes
+        await _cache_24_mib(s)
+        y = await ((x * 2.0) + (x * 3.0))  # two 8 MiB intermediates at once
+        assert s.stats().cached_bytes <= limit - nb - 2 * nb
+        del y
+        await _cache_24_mib(s)
+        seen: list[int] = []
+
+        def probe(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # type: ignore[type-arg]
+            seen.append(s.stats().cached_bytes)  # while both intermediates are alive
+            return a + b
+
+        z = await s.apply(probe, x * 2.0, x * 3.0)  # an expression: apply is one of its steps
+        assert seen[-1] + nb + 2 * nb <= limit
+
+        def fused(ops: object, a: object) -> object:
+            y2, y3 = a * 2.0, a * 3.0  # type: ignore[operator]
+            seen.append(s.stats().cached_bytes)
+            return y2 + y3
+
+        del z
+        await _cache_24_mib(s)
+        f = s.function(fused)
+        w = await f(x)
+        assert seen[-1] + nb + 2 * nb <= limit
+        np.testing.assert_array_equal(await w.numpy(), np.full(MB8, 5.0))
+        del w, x
+
+
+def _queued_or_done(s: at.AsyncEagerSession, task: asyncio.Future[at.Tensor]) -> bool:
+    return bool(gate_of(s).queued) or task.done()  # (done: it failed instead of waiting)
+
+
+async def test_memory_wait_waits_for_what_an_expression_needs() -> None:
+    # Issue 27 (9): admission waited for 1 byte, then the budget was fixed at that moment.
+    n = 1000
+    nb = n * F8
+    async with at.AsyncEagerSession(config=waiting(5 * nb)) as s:
+        x = await s.ones(n)
+        f = s.function(lambda ops, a: (a * 2.0) + (a * 3.0))
+        await f(x)  # learns what a run holds
+        for run in (lambda: (x * 2.0) + (x * 3.0), lambda: f(x)):
+            blocker = await s.ones((3, n))  # 1 nb free: not enough for two intermediates
+            task = asyncio.ensure_future(run())
+            await until(functools.partial(_queued_or_done, s, task))
+            del blocker  # freed by the background task: room for the waiting computation
+            got = await task
+            np.testing.assert_array_equal(await got.numpy(), np.full(n, 5.0))
+            del got, task  # (the task holds its result too)
+            gc.collect()
+            await until(lambda: s.stats().live_tensors == 1)
+
+
+async def test_concurrent_computations_cannot_together_exceed_the_limit() -> None:
+    n = 1000
+    nb = n * F8
+    config = at.SessionConfig(memory_limit=5 * nb, inline_threshold_us=0)  # the fused run on the pool
+    async with at.AsyncEagerSession(config=config) as s:
+        x = await s.constant(np.ones(n))
+        started, release = threading.Event(), threading.Event()
+
+        def hold(ops: object, a: object) -> object:
+            y = a * 2.0  # type: ignore[operator]
+            started.set()
+            release.wait(5)
+            return y + 1.0
+
+        f = s.function(hold)
+        release.set()
+        await f(x)  # its first run for these shapes: learns what a run holds (2 values)
+        release.clear()
+        started.clear()
+        first = asyncio.ensure_future(f(x))  # holds its 2 nb while it runs (on the pool)
+        await until(started.is_set)
+        try:
+            with pytest.raises(at.ResourceExhaustedError, match="inside an expression"):
+                await ((x * 2.0) + (x * 3.0))  # 3 nb: with x and the fused run's, over 5 nb
+        finally:
+            release.set()
+        np.testing.assert_array_equal(await (await first).numpy(), np.full(n, 3.0))
+        np.testing.assert_array_equal(await ((x * 2.0) + (x * 3.0)).eval(), np.full(n, 5.0))

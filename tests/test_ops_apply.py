@@ -167,3 +167,36 @@ async def test_apply_arguments_and_sessions(s: at.AsyncEagerSession) -> None:
         foreign = await other.constant([1.0])
         with pytest.raises(at.InvalidArgumentError, match="another session"):
             await s.apply(np.negative, foreign)
+
+
+async def test_apply_on_an_expression_returns_what_apply_on_a_tensor_returns(s: at.AsyncEagerSession) -> None:
+    # Issue 27 (5): one result normalization, whatever the argument.
+    x = await s.constant(np.arange(3.0))
+    on_tensor = await s.apply(np.cumsum, x)
+    on_expr = await s.apply(np.cumsum, x * 2.0)
+    assert isinstance(on_tensor, at.Tensor)
+    assert isinstance(on_expr, at.Tensor)
+    np.testing.assert_array_equal(await on_expr.numpy(), np.cumsum(np.arange(3.0) * 2.0))
+    pair = await s.apply(lambda a: (a + 1, a * 2), x * 2.0)
+    assert isinstance(pair, tuple)
+    assert len(pair) == 2
+    one = await s.apply(lambda a: (a + 1,), x * 2.0)  # a 1-tuple stays a 1-tuple, as on a tensor
+    assert isinstance(one, tuple)
+    assert isinstance(await s.apply(lambda a: (a + 1,), x), tuple)
+
+
+def _writes_into(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    a[0] = 5.0
+    return a
+
+
+async def test_a_kernel_cannot_write_into_an_expression_it_is_given(s: at.AsyncEagerSession) -> None:
+    # Issue 27 (6): read-only for a tensor, and for an expression's intermediate alike.
+    x = await s.constant(np.arange(3.0))
+    with pytest.raises(at.KernelError):
+        await s.apply(_writes_into, x)
+    with pytest.raises(at.KernelError):
+        await s.apply(_writes_into, x * 2.0)
+    with pytest.raises(at.KernelError):
+        await s.apply(lambda arrays: _writes_into(arrays[0]), [x * 2.0])
+    np.testing.assert_array_equal(await x.numpy(), np.arange(3.0))

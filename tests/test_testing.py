@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor.testing import assert_no_leaks, live_handles
+from aiotensor.testing import RecordingBackend, assert_no_leaks, live_handles
 
 CLOSE = at.ResourceCleanupStrategy.ON_SESSION_CLOSE
 
@@ -64,3 +66,37 @@ async def test_the_plugin_fixture_works_in_this_suite(
     assert (await t.numpy()).tolist() == [0, 1, 2, 3]
     del t
     await assert_no_leaks(eager_session)
+
+
+async def test_the_recording_backend_records_kernels_and_releases() -> None:
+    backend = RecordingBackend(inline=False)
+    async with at.AsyncEagerSession(backend=backend) as s:
+        x = await s.constant(np.arange(3.0))
+        y = await s.add(x, 1.0)
+        np.testing.assert_array_equal(await y.numpy(), [1.0, 2.0, 3.0])
+        assert [k.name for k in backend.submitted] == ["constant", "add"]
+        assert all(k.device == "/cpu:0" for k in backend.submitted)
+        assert len(backend.threads) == 2
+        del x, y
+    assert sum(backend.released.values()) == 2  # both buffers, each once, at the latest at close
+    assert not backend.double_releases()
+
+
+async def test_the_recording_backend_injects_faults() -> None:
+    def fail_adds(kernel: Any, args: Any, kwargs: Any) -> None:
+        if getattr(kernel, "__name__", "") == "add":
+            raise MemoryError("injected")
+
+    async with at.AsyncEagerSession(backend=RecordingBackend(fail_adds, inline=False)) as s:
+        x = await s.constant([1.0])
+        with pytest.raises(at.ResourceExhaustedError, match="injected"):
+            await s.add(x, 1.0)
+        np.testing.assert_array_equal(await (await s.multiply(x, 2.0)).numpy(), [2.0])
+        assert s.stats().live_tensors == 2
+
+
+async def test_the_recording_backend_runs_cheap_kernels_inline_by_default() -> None:
+    backend = RecordingBackend()
+    async with at.AsyncEagerSession(backend=backend) as s:
+        await s.add(await s.constant([1.0]), 1.0)
+    assert backend.submitted == []

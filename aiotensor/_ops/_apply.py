@@ -2,47 +2,37 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .._errors import InvalidArgumentError
+from .._kernels import read_only_view, unshared
 from .._opdef import Prepared, op
-
-
-def _unshared(value: Any, refs: int) -> Any:
-    # An ndarray that owns its memory is kept as the tensor's buffer (and made
-    # read-only). If the user's code still holds it (a global, a cache, a closure),
-    # they could set WRITEABLE back and change the tensor, and their own array would
-    # turn read-only under them: copy it. ``refs`` is the count of a fresh result.
-    # CPython-specific: re-check the counts on a new CPython (tests cover both cases).
-    if isinstance(value, np.ndarray) and value.base is None and sys.getrefcount(value) > refs:
-        return value.copy()
-    return value
 
 
 def view(x: Any) -> Any:
     """Buffers as read-only views (one level into lists), so no user kernel can change a tensor.
 
     Buffers own their memory, so numpy would let user code set WRITEABLE back on them;
-    a view of a read-only base refuses that.
+    a view of a read-only base refuses that. An expression's intermediate (writeable)
+    arrives read-only too, as a tensor would.
     """
     if isinstance(x, np.ndarray):
-        return x.view()
+        return read_only_view(x)
     if type(x) in (list, tuple) and any(isinstance(e, np.ndarray) for e in x):
-        return type(x)(e.view() if isinstance(e, np.ndarray) else e for e in x)
+        return type(x)(read_only_view(e) if isinstance(e, np.ndarray) else e for e in x)
     return x
 
 
 def _k_apply(xp: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     out = fn(*[view(a) for a in args], **{k: view(v) for k, v in kwargs.items()})
     if isinstance(out, tuple | list):
-        # A fresh element is referenced by the sequence, ``o``, ``value`` and getrefcount's argument.
-        return [_unshared(o, 4) for o in out]
-    # A fresh result is referenced by ``out``, ``value`` and getrefcount's argument.
-    return _unshared(out, 3)
+        # A fresh element is referenced by the sequence and ``o``.
+        return [unshared(o, 2) for o in out]
+    # A fresh result is referenced by ``out``.
+    return unshared(out, 1)
 
 
 def label(fn: Any) -> str:

@@ -96,15 +96,18 @@ def _maybe_inf(x: Any) -> bool:
 
 
 def _k_floor_divide(xp: Any, x1: Any, x2: Any) -> Any:
-    q = xp.floor_divide(x1, x2)
-    if xp is not np or q.dtype.kind != "f" or not (_maybe_inf(x1) or _maybe_inf(x2)):
-        return q
-    # The standard's special cases numpy misses (it gives NaN for inf // 2 and -1 for
-    # -1 // inf): where one operand is infinite and the other finite, the result is the
-    # true quotient, an infinity or a signed zero.
+    if xp is not np or not (_maybe_inf(x1) or _maybe_inf(x2)):
+        return xp.floor_divide(x1, x2)
     a, b = np.asarray(x1), np.asarray(x2)
     inf_a, inf_b = np.isinf(a), np.isinf(b)
     if not (inf_a.any() or inf_b.any()):
+        return np.floor_divide(x1, x2)
+    # The standard's special cases numpy misses (it gives NaN for inf // 2, with an
+    # "invalid value" warning, and -1 for -1 // inf): where one operand is infinite and
+    # the other finite, the result is the true quotient, an infinity or a signed zero.
+    with np.errstate(invalid="ignore"):  # numpy's NaN there is replaced below
+        q = np.floor_divide(x1, x2)
+    if q.dtype.kind != "f":
         return q
     mask = (inf_a & np.isfinite(b)) | (np.isfinite(a) & inf_b)
     q = np.array(q)  # writable, also when numpy gave a scalar
