@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from . import _ops as _ops  # fills OPS
-from ._errors import InvalidDeviceError
+from ._defaults import get_default_session
+from ._errors import InvalidDeviceError, NoSessionError
 from ._kernels import forgotten_await
 from ._meta import Shape, node_meta
 from ._opdef import INTERNAL_OPS, OPS, OpDef, item_op
@@ -461,10 +462,7 @@ class Expr(Operand):
     @property
     def device(self) -> str:
         """The device of its tensors (``"/cpu:0"`` for an expression of no tensor)."""
-        try:
-            leaf = self._leaf()
-        except TypeError:  # (no tensor: creation functions of aiotensor.xp)
-            leaf = None
+        leaf = self._tensor()
         device: str = "/cpu:0" if leaf is None else leaf.device
         return device
 
@@ -492,6 +490,19 @@ class Expr(Operand):
         """Refused: an expression has no value until evaluated (``(await e).tolist()``)."""
         raise TypeError("tolist() of an expression needs its value: await it first, (await e).tolist()")
 
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> NDArray:
+        # Without it numpy wraps the expression in a 0-d object array, and
+        # assert_allclose(x + 1, ...) compares that instead of failing.
+        raise TypeError("numpy needs the value of an expression: await it first, np.asarray(await e)")
+
+    def __len__(self) -> int:
+        shape = self.shape
+        if shape == ():
+            raise TypeError("len() of a 0-d expression")
+        if shape is None or shape[0] is None:
+            raise TypeError("len() of an expression whose first size is known only when it runs: await it first")
+        return shape[0]
+
     def __dlpack__(self, **kwargs: Any) -> Any:
         """Refused: an expression has no buffer to share; await it first."""
         raise TypeError("an expression has no buffer to share: await it first, np.from_dlpack(await e)")
@@ -500,8 +511,9 @@ class Expr(Operand):
         """Refused: an expression has no buffer; await it first."""
         raise TypeError("an expression has no buffer to share: await it first, np.from_dlpack(await e)")
 
-    def _leaf(self) -> Any:
-        # The first tensor of the expression: its engine finds the one that evaluates.
+    def _tensor(self) -> Any:
+        # The first tensor of the expression (its engine finds the one that evaluates), or
+        # None: creation functions of aiotensor.xp read none.
         if self._lv:
             return self._lv[0]
         stack: list[Any] = [self]
@@ -516,12 +528,37 @@ class Expr(Operand):
                             stack.append(x)
                     elif isinstance(x, Operand):  # a Tensor: the only other Operand
                         return x
-        raise TypeError("an expression without any tensor")  # pragma: no cover - operators need one
+        return None
+
+    def _leaf(self) -> Any:
+        # The first tensor, or the error that says where a tensor-less expression runs.
+        leaf = self._tensor()
+        if leaf is None:
+            raise self._no_session()
+        return leaf
+
+    def _no_session(self) -> NoSessionError:
+        return NoSessionError(
+            f"expression {self._d.name}(...) reads no tensor, so no session runs it: await it inside"
+            " `with session.as_default():`, or use session.run(e) or e.eval(session=session)"
+        )
+
+    def _engine_of(self, session: Any) -> Any:
+        # The engine that evaluates: the given session's, else its tensors', else the default session's.
+        if session is not None:
+            return session._engine
+        leaf = self._tensor()
+        if leaf is not None:
+            return leaf._engine
+        default = get_default_session()
+        if default is None:
+            raise self._no_session()
+        return cast("Any", default)._engine
 
     def __await__(self) -> Generator[Any, None, Any]:  # gives a Tensor
         self._used = True
         # A program that runs inline needs no coroutine: its result is there at once.
-        result = self._leaf()._engine.evaluate_expr(self)
+        result = self._engine_of(None).evaluate_expr(self)
         if type(result) is CoroutineType:
             result = yield from result.__await__()
         return result
@@ -529,7 +566,7 @@ class Expr(Operand):
     async def eval(self, session: Any = None) -> NDArray:
         """The numpy value, computed in ``session`` (default: the session of its tensors), like ``Tensor.eval``."""
         self._used = True
-        engine = self._leaf()._engine if session is None else session._engine
+        engine = self._engine_of(session)
         (value,) = await engine.run_values([self], "eval")
         out: NDArray = value
         return out

@@ -184,6 +184,8 @@ def _getitem(m: Any, key: Any, meta_of: Callable[[Any], Any]) -> Meta:
             first = np.zeros(kshape, bool)
             first.reshape(-1)[:1] = True
             one.append(first)
+        elif kdtype.kind not in "iu":
+            return _UNKNOWN  # (a float index: the kernel refuses it)
         else:
             index = np.zeros(kshape, np.intp)
             empty.append(index)
@@ -199,15 +201,20 @@ def _by_stand_ins(
     d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any], metas: list[Any], meta_of: Callable[[Any], Any]
 ) -> Any:
     shapes: list[tuple[int, ...]] = []  # every array input's shape, nested lists' included
+    sized = True  # every size known (else: the rule path, sizes unknown until run time)
 
     def known(a: Any, m: Any) -> None:
+        nonlocal sized
         if m is None:
             if isinstance(a, list | tuple):
                 for e in a:
                     known(e, meta_of(e))
             return
-        if isinstance(m, list) or m[0] is None or None in m[0] or m[1] is None:
+        if isinstance(m, list) or m[0] is None or m[1] is None:
             raise LookupError  # an input of unknown shape: the output's is unknown too
+        if None in m[0]:
+            sized = False  # (a boolean mask's result, unique values ...)
+            return
         shapes.append(m[0])
 
     try:
@@ -217,7 +224,7 @@ def _by_stand_ins(
             known(v, meta_of(v))
     except LookupError:
         return _UNKNOWN
-    if sum(math.prod(sh) for sh in shapes) > _SMALL:  # (before any stand-in is made)
+    if not sized or sum(math.prod(sh) for sh in shapes) > _SMALL:  # (before any stand-in is made)
         if d.returns != "one":
             return _several_large(d, args, kwargs, metas)
         return _large(d, args, kwargs, metas, meta_of)
@@ -226,7 +233,12 @@ def _by_stand_ins(
             *_stand_ins(args, meta_of), **dict(zip(kwargs, _stand_ins(tuple(kwargs.values()), meta_of), strict=True))
         )
     )
-    return _out_meta(out, d.name in DATA_DEPENDENT)
+    return _out_meta(out, _data_dependent(d, args))
+
+
+def _data_dependent(d: OpDef, args: tuple[Any, ...]) -> bool:
+    # repeat's sizes depend on the values only when the repeats are an array.
+    return d.name in DATA_DEPENDENT and not (d.name == "repeat" and isinstance(args[1], int))
 
 
 def _stand_ins(args: tuple[Any, ...], meta_of: Callable[[Any], Any], tiny: bool = False) -> list[Any]:
@@ -237,7 +249,7 @@ def _stand_ins(args: tuple[Any, ...], meta_of: Callable[[Any], Any], tiny: bool 
         if m is None:
             out.append(type(a)(_stand_ins(tuple(a), meta_of, tiny)) if isinstance(a, list | tuple) else a)
         else:
-            shape = tuple(min(n, 1) for n in m[0]) if tiny else m[0]
+            shape = tuple(1 if n is None else min(n, 1) for n in m[0]) if tiny else m[0]
             out.append(_stand_in(shape, m[1]))
     return out
 
@@ -264,7 +276,9 @@ def _several_large(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any], meta
         sizes = [max(0, min(b, n) - min(a, n)) for a, b in itertools.pairwise(cuts)]
         return [((*shape[:axis], k, *shape[axis + 1 :]), dtype) for k in sizes]
     tiny = [
-        _stand_in(tuple(min(n, 1) for n in mi[0]), mi[1]) if mi is not None and not isinstance(mi, list) else a
+        _stand_in(tuple(1 if n is None else min(n, 1) for n in mi[0]), mi[1])
+        if mi is not None and not isinstance(mi, list)
+        else a
         for a, mi in zip(args, metas, strict=True)
     ]
     out = _run(lambda: d.kernel_for(np)(*tiny, **kwargs))
@@ -372,6 +386,50 @@ def _take_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any
     return (*shape[:axis], *index, *shape[axis + 1 :])
 
 
+def _same_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
+    return _shape(args[0], meta_of)
+
+
+def _cumulative_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
+    # (x, kind, axis, dtype, include_initial): numpy's cumsum flattens without an axis.
+    shape: list[int | None] = list(_shape(args[0], meta_of))
+    axis = args[2]
+    if axis is None:
+        if len(shape) != 1:
+            raise ValueError("cumulative_sum of a multi-dimensional array needs an axis")
+        axis = 0
+    axis %= len(shape)
+    n = shape[axis]
+    if args[4] and n is not None:
+        shape[axis] = n + 1
+    return tuple(shape)
+
+
+def _swap_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
+    shape = _shape(args[0], meta_of)
+    return (*shape[:-2], shape[-1], shape[-2])
+
+
+def _moveaxis_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
+    shape = _shape(args[0], meta_of)
+    # The permutation, from a zero-stride array whose sizes name its axes (no memory).
+    named = np.broadcast_to(np.zeros((), np.int8), tuple(range(2, len(shape) + 2)))
+    return tuple(shape[n - 2] for n in np.moveaxis(named, args[1], args[2]).shape)
+
+
+def _repeat_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
+    # (x, repeats, axis); an array of repeats makes the size along axis known only at run time.
+    shape: list[int | None] = list(_shape(args[0], meta_of))
+    repeats, axis = args[1], args[2]
+    if axis is None:
+        size = None if None in shape else math.prod(cast("list[int]", shape))
+        shape, axis = [size], 0
+    axis %= len(shape)
+    n = shape[axis]
+    shape[axis] = n * repeats if isinstance(repeats, int) and n is not None else None
+    return tuple(shape)
+
+
 _SHAPE_RULES: dict[str, Callable[[tuple[Any, ...], dict[str, Any], Callable[[Any], Any]], Shape | None]] = {
     "astype": lambda args, kw, meta_of: _shape(args[0], meta_of),
     "round": lambda args, kw, meta_of: _shape(args[0], meta_of),
@@ -386,6 +444,21 @@ _SHAPE_RULES: dict[str, Callable[[tuple[Any, ...], dict[str, Any], Callable[[Any
     "clip": _broadcast_rule,
     "matmul": _matmul_rule,
     "take": _take_rule,
+    "sort": _same_rule,
+    "argsort": _same_rule,
+    "flip": _same_rule,
+    "roll": _same_rule,
+    "tril": _same_rule,
+    "triu": _same_rule,
+    "isin": _same_rule,
+    "cumulative_sum": _cumulative_rule,
+    "cumulative_prod": _cumulative_rule,
+    "matrix_transpose": _swap_rule,
+    "swap_matrix_axes": _swap_rule,
+    "moveaxis": _moveaxis_rule,
+    "repeat": _repeat_rule,
 }
 #: Ops whose result has the dtype of their first input.
-_PRESERVING = frozenset({"reshape", "permute_dims", "expand_dims", "squeeze", "broadcast_to", "take"})
+_PRESERVING = frozenset(
+    {"reshape", "permute_dims", "expand_dims", "squeeze", "broadcast_to", "take", "sort", "flip", "roll", "repeat"}
+)

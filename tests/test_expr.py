@@ -463,3 +463,32 @@ async def test_metadata_runs_no_kernel_on_the_data(s: at.AsyncEagerSession, monk
     after = s.stats()
     assert (after.allocated, after.kernel_seconds) == (before.allocated, before.kernel_seconds)
     assert (await s.run(e)).shape == (1, 2000)
+
+
+async def test_numpy_refuses_an_expression_rather_than_wrap_it(s: at.AsyncEagerSession) -> None:
+    # np.asarray(e) used to give a 0-d object array: assert_allclose(x + 1, ...) compared garbage.
+    x = await s.constant([1.0, 2.0])
+    e = x + 1.0
+    for convert in (np.asarray, lambda a: np.array([a, a]), lambda a: np.testing.assert_allclose(a, [2.0, 3.0])):
+        with pytest.raises(TypeError, match="await"):
+            convert(e)
+    np.testing.assert_allclose(await e.eval(), [2.0, 3.0])
+
+
+async def test_len_of_an_expression_is_its_first_size(s: at.AsyncEagerSession) -> None:
+    x = await s.constant(np.zeros((4, 3)))
+    assert len(x + 1.0) == len(x) == 4
+    with pytest.raises(TypeError, match="0-d"):
+        len(x.sum())
+    with pytest.raises(TypeError, match="await"):
+        len(x[x[:, 0] > 0])  # known only when it runs
+    await s.run([x.sum(), x[x[:, 0] > 0]])
+
+
+async def test_metadata_of_an_invalid_index_is_unknown_not_wrong(s: at.AsyncEagerSession) -> None:
+    x = await s.constant(np.zeros((3, 4)))
+    e = x[x]  # a float index: the kernel refuses it
+    assert e.shape is None
+    assert e.dtype is None
+    with pytest.raises(at.InvalidArgumentError, match="integer"):
+        await e

@@ -275,3 +275,55 @@ def test_metadata_of_creation_functions() -> None:
     assert xp.zeros((2, 3), dtype=xp.int8).dtype == xp.int8
     assert xp.arange(10**9).shape is None  # not made to learn its shape
     assert xp.eye(3, 2).shape == (3, 2)
+
+
+async def test_creation_functions_run_in_the_default_session(strategy: at.ResourceCleanupStrategy) -> None:
+    # The contract: an expression of no tensor runs in the default session when awaited.
+    async with at.AsyncEagerSession(cleanup=strategy) as s:
+        with s.as_default():
+            t = await xp.zeros(3)
+            assert isinstance(t, at.Tensor)
+            np.testing.assert_array_equal(await t.numpy(), np.zeros(3))
+            np.testing.assert_array_equal(await (xp.arange(4) * 2).eval(), [0, 2, 4, 6])
+            np.testing.assert_array_equal(await xp.asarray([1, 2]).eval(), [1, 2])
+            assert t.device == xp.ones(2).device
+            del t
+        e = xp.ones(2)
+        with pytest.raises(at.NoSessionError, match=r"as_default\(\)"):
+            await e
+        with pytest.raises(at.NoSessionError, match="session="):
+            await e.eval()
+        np.testing.assert_array_equal(await e.eval(session=s), [1.0, 1.0])
+
+
+async def test_shapes_of_large_inputs_and_data_dependent_inputs(s: at.AsyncEagerSession) -> None:
+    # Sizes known before running are in the shape, whatever the input's size; a
+    # data-dependent size is None, the other dimensions stay known.
+    big = await s.zeros((3000, 4))
+    n = await s.constant([1, 0, 2, 2])
+    u = xp.unique_values(n)
+    cases: list[tuple[at.Expr, Any, Any]] = [
+        (xp.sort(big, axis=0), (3000, 4), np.float64),
+        (xp.argsort(big[:, 0]), (3000,), np.int64),
+        (xp.cumulative_sum(big, axis=0), (3000, 4), np.float64),
+        (xp.cumulative_sum(big[:, 0], include_initial=True), (3001,), np.float64),
+        (xp.flip(big, axis=0), (3000, 4), np.float64),
+        (xp.roll(big, 3, axis=0), (3000, 4), np.float64),
+        (xp.tril(big), (3000, 4), np.float64),
+        (big.mT, (4, 3000), np.float64),
+        (xp.moveaxis(big, 0, 1), (4, 3000), np.float64),
+        (xp.isin(big, n), (3000, 4), np.bool_),
+        (xp.repeat(big, 2, axis=0), (6000, 4), np.float64),
+        (xp.repeat(n, 3), (12,), np.int64),
+        (xp.repeat(n, n), (None,), np.int64),
+        (xp.astype(u, xp.float64), (None,), np.float64),
+        (xp.sort(u), (None,), np.int64),
+        (xp.cumulative_sum(u), (None,), np.int64),
+    ]
+    for expr, shape, dtype in cases:
+        assert expr.shape == shape, expr
+        assert expr.dtype == np.dtype(dtype), expr
+        value = await s.run(expr)
+        assert value.dtype == dtype
+        assert value.ndim == len(shape)
+        assert all(a is None or a == b for a, b in zip(shape, value.shape, strict=True)), (expr, value.shape)
