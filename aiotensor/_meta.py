@@ -430,6 +430,33 @@ def _repeat_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[A
     return tuple(shape)
 
 
+def _reduce_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
+    # (x, axis, keepdims, ...): count_nonzero, vector_norm.
+    shape = _shape(args[0], meta_of)
+    axis, keepdims = args[1], args[2]
+    axes = range(len(shape)) if axis is None else {a % len(shape) for a in ((axis,) if isinstance(axis, int) else axis)}
+    return tuple(1 if i in axes else n for i, n in enumerate(shape) if keepdims or i not in axes)
+
+
+def _vecdot_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape | None:
+    shape = broadcast([_shape(args[0], meta_of), _shape(args[1], meta_of)])
+    if shape is None:
+        return None
+    axis = args[2] % len(shape)
+    return shape[:axis] + shape[axis + 1 :]
+
+
+def _diff_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
+    # (x, axis, n, prepend, append): only without prepend/append (whose sizes would add).
+    if args[3] is not None or args[4] is not None:
+        raise ValueError("diff with prepend or append: no rule")
+    shape: list[int | None] = list(_shape(args[0], meta_of))
+    axis = args[1] % len(shape)
+    n = shape[axis]
+    shape[axis] = None if n is None else max(n - args[2], 0)
+    return tuple(shape)
+
+
 _SHAPE_RULES: dict[str, Callable[[tuple[Any, ...], dict[str, Any], Callable[[Any], Any]], Shape | None]] = {
     "astype": lambda args, kw, meta_of: _shape(args[0], meta_of),
     "round": lambda args, kw, meta_of: _shape(args[0], meta_of),
@@ -457,8 +484,26 @@ _SHAPE_RULES: dict[str, Callable[[tuple[Any, ...], dict[str, Any], Callable[[Any
     "swap_matrix_axes": _swap_rule,
     "moveaxis": _moveaxis_rule,
     "repeat": _repeat_rule,
+    "count_nonzero": _reduce_rule,
+    "vector_norm": _reduce_rule,
+    "vecdot": _vecdot_rule,
+    "diff": _diff_rule,
+    "searchsorted": lambda args, kw, meta_of: _shape(args[1], meta_of),
+    "unique_values": lambda args, kw, meta_of: (None,),
 }
 #: Ops whose result has the dtype of their first input.
 _PRESERVING = frozenset(
-    {"reshape", "permute_dims", "expand_dims", "squeeze", "broadcast_to", "take", "sort", "flip", "roll", "repeat"}
+    (
+        "reshape",
+        "permute_dims",
+        "expand_dims",
+        "squeeze",
+        "broadcast_to",
+        "take",
+        "sort",
+        "flip",
+        "roll",
+        "repeat",
+        "diff",
+    )
 )

@@ -319,6 +319,13 @@ async def test_shapes_of_large_inputs_and_data_dependent_inputs(s: at.AsyncEager
         (xp.astype(u, xp.float64), (None,), np.float64),
         (xp.sort(u), (None,), np.int64),
         (xp.cumulative_sum(u), (None,), np.int64),
+        (xp.count_nonzero(big > 0, axis=0), (4,), np.int64),
+        (xp.count_nonzero(big, axis=1, keepdims=True), (3000, 1), np.int64),
+        (xp.linalg.vector_norm(big, axis=1), (3000,), np.float64),
+        (xp.vecdot(big, big[:1]), (3000,), np.float64),
+        (xp.diff(big, axis=0, n=2), (2998, 4), np.float64),
+        (xp.searchsorted(xp.sort(big[:, 0]), big[:5, 1]), (5,), np.int64),
+        (xp.astype(xp.unique_values(big), xp.float32), (None,), np.float32),
     ]
     for expr, shape, dtype in cases:
         assert expr.shape == shape, expr
