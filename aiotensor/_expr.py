@@ -42,8 +42,22 @@ class Operand:
 
     __slots__ = ()
 
-    # numpy defers to our reflected operators instead of calling __array__.
-    __array_ufunc__ = None
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Expr:
+        """A numpy ufunc of tensors and expressions builds an expression, as operators do (``np.exp(t)``).
+
+        ``array + t`` arrives here too (numpy's operators call ufuncs). A ufunc the op
+        table does not have, or one called with ``out=`` and the like, or a method
+        (``np.add.reduce``), raises a ``TypeError`` naming the ways that work.
+        """
+        d = _ufunc_op(ufunc) if method == "__call__" and not kwargs else None
+        if d is None:
+            what = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
+            raise TypeError(
+                f"np.{what}{' with ' + ', '.join(kwargs) if kwargs else ''} on a tensor or expression: use"
+                " aiotensor.xp's functions (lazy, as operators are), or numpy on the value"
+                " (np.asarray(t) of a tensor, await an expression first)"
+            )
+        return Expr(d, inputs, None, None)
     # ``==`` builds an expression; hashing stays by identity (as PyTorch's), so tensors key dicts.
     __hash__ = object.__hash__
 
@@ -572,7 +586,10 @@ class Expr(Operand):
         return out
 
     def __bool__(self) -> bool:
-        raise TypeError("the truth value of an expression needs its data: await it first, bool(await e)")
+        raise TypeError(
+            "the truth value of an expression needs its data: await it first, bool(await e);"
+            " element-wise and/or are & and | (0 < x < 1 is (0 < x) & (x < 1)), as in numpy"
+        )
 
     def __repr__(self) -> str:
         # Shown (echoed at a REPL, printed): the user saw it, so it is not "dropped unevaluated".
@@ -681,6 +698,22 @@ def _numpy_method(x: Operand, method: str, args: Any, numpy_kwargs: dict[str, An
     else:
         result = getattr(np.asarray(x), method)(*args, **numpy_kwargs)
     return cast("Expr", result)  # an ndarray or a numpy scalar: numpy's own result
+
+
+_UFUNC_OPS: dict[np.ufunc, OpDef] = {}
+
+
+def _ufunc_op(ufunc: np.ufunc) -> OpDef | None:
+    # The op of a numpy ufunc: the element-wise op whose kernel it is, else the op of its
+    # name (floor_divide, matmul: ops with kernels of their own and numpy's semantics).
+    if not _UFUNC_OPS:
+        for op in OPS.values():
+            if op.returns == "one" and op.ufunc and isinstance(op.kernel, str):
+                u = getattr(np, op.kernel, None)
+                if isinstance(u, np.ufunc):
+                    _UFUNC_OPS.setdefault(u, op)
+    d = _UFUNC_OPS.get(ufunc) or OPS.get(ufunc.__name__)
+    return d if d is not None and d.returns == "one" else None
 
 
 def _short(x: Any) -> str:
