@@ -334,3 +334,33 @@ async def test_shapes_of_large_inputs_and_data_dependent_inputs(s: at.AsyncEager
         assert value.dtype == dtype
         assert value.ndim == len(shape)
         assert all(a is None or a == b for a, b in zip(shape, value.shape, strict=True)), (expr, value.shape)
+
+
+def _score(x: Any, w: Any, y: Any) -> dict[str, Any]:
+    """A scoring function written once against the standard (a user's, from issue 28)."""
+    ns = x.__array_namespace__()
+    logits = ns.matmul(x, w)
+    p = ns.exp(logits - ns.max(logits, axis=-1, keepdims=True))
+    p = p / ns.sum(p, axis=-1, keepdims=True)
+    picked = ns.take_along_axis(p, ns.reshape(y, (-1, 1)), axis=1)
+    entropy = -ns.sum(p * ns.log(p + 1e-12), axis=1)
+    return {
+        "nll": -ns.mean(ns.log(ns.clip(picked, 1e-12, 1.0))),
+        "accuracy": ns.mean(ns.astype(ns.argmax(p, axis=-1) == y, ns.float64)),
+        "top": ns.argsort(-p[:, 0], stable=True)[:5],
+        "uncertain": ns.sum(ns.where(entropy > ns.mean(entropy), 1.0, 0.0)),
+        "norms": ns.linalg.vector_norm(x, axis=1),
+        "positive": ns.count_nonzero(x > 0, axis=0),
+        "outlier": ns.any(x > 3),
+    }
+
+
+async def test_generic_code_gives_numpys_numbers_bit_for_bit(session: at.AsyncEagerSession) -> None:
+    rng = np.random.default_rng(2)
+    v, w, y = rng.normal(size=(200, 8)), rng.normal(size=(8, 3)), rng.integers(0, 3, 200)
+    expected = _score(v, w, y)  # numpy 2 arrays answer __array_namespace__ with numpy
+    got = await session.run(_score(*[await session.constant(a) for a in (v, w, y)]))
+    for name, want in expected.items():
+        value = got[name]
+        assert value.dtype == np.asarray(want).dtype, name
+        assert value.tobytes() == np.asarray(want).tobytes(), name
