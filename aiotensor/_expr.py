@@ -44,8 +44,22 @@ class Operand:
 
     __slots__ = ()
 
-    # numpy defers to our reflected operators instead of calling __array__.
-    __array_ufunc__ = None
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Expr:
+        """A numpy ufunc of tensors and expressions builds an expression, as operators do (``np.exp(t)``).
+
+        ``array + t`` arrives here too (numpy's operators call ufuncs). A ufunc the op
+        table does not have, or one called with ``out=`` and the like, or a method
+        (``np.add.reduce``), raises a ``TypeError`` naming the ways that work.
+        """
+        d = _ufunc_op(ufunc) if method == "__call__" and not kwargs else None
+        if d is None:
+            what = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
+            raise TypeError(
+                f"np.{what}{' with ' + ', '.join(kwargs) if kwargs else ''} on a tensor or expression: use"
+                " aiotensor.xp's functions (lazy, as operators are), or numpy on the value"
+                " (np.asarray(t) of a tensor, await an expression first)"
+            )
+        return Expr(d, inputs, None, None)
     # ``==`` builds an expression; hashing stays by identity (as PyTorch's), so tensors key dicts.
     __hash__ = object.__hash__
 
@@ -464,10 +478,7 @@ class Expr(Operand):
     @property
     def device(self) -> str:
         """The device of its tensors (``"/cpu:0"`` for an expression of no tensor)."""
-        try:
-            leaf = self._leaf()
-        except TypeError:  # (no tensor: creation functions of aiotensor.xp)
-            leaf = None
+        leaf = self._tensor()
         device: str = "/cpu:0" if leaf is None else leaf.device
         return device
 
@@ -495,6 +506,19 @@ class Expr(Operand):
         """Refused: an expression has no value until evaluated (``(await e).tolist()``)."""
         raise TypeError("tolist() of an expression needs its value: await it first, (await e).tolist()")
 
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> NDArray:
+        # Without it numpy wraps the expression in a 0-d object array, and
+        # assert_allclose(x + 1, ...) compares that instead of failing.
+        raise TypeError("numpy needs the value of an expression: await it first, np.asarray(await e)")
+
+    def __len__(self) -> int:
+        shape = self.shape
+        if shape == ():
+            raise TypeError("len() of a 0-d expression")
+        if shape is None or shape[0] is None:
+            raise TypeError("len() of an expression whose first size is known only when it runs: await it first")
+        return shape[0]
+
     def __dlpack__(self, **kwargs: Any) -> Any:
         """Refused: an expression has no buffer to share; await it first."""
         raise TypeError("an expression has no buffer to share: await it first, np.from_dlpack(await e)")
@@ -503,8 +527,9 @@ class Expr(Operand):
         """Refused: an expression has no buffer; await it first."""
         raise TypeError("an expression has no buffer to share: await it first, np.from_dlpack(await e)")
 
-    def _leaf(self) -> Any:
-        # The first tensor of the expression: its engine finds the one that evaluates.
+    def _tensor(self) -> Any:
+        # The first tensor of the expression (its engine finds the one that evaluates), or
+        # None: creation functions of aiotensor.xp read none.
         if self._lv:
             return self._lv[0]
         stack: list[Any] = [self]
@@ -524,7 +549,7 @@ class Expr(Operand):
     def _evaluator(self) -> EngineLike:
         # An engine to ask; it applies the one rule of which session evaluates
         # (_engine.evaluating_engine) to this expression's tensors and the default session.
-        leaf = self._leaf()
+        leaf = self._tensor()
         if leaf is not None:
             engine: EngineLike = leaf._engine
             return engine
@@ -556,7 +581,10 @@ class Expr(Operand):
         return out
 
     def __bool__(self) -> bool:
-        raise TypeError("the truth value of an expression needs its data: await it first, bool(await e)")
+        raise TypeError(
+            "the truth value of an expression needs its data: await it first, bool(await e);"
+            " element-wise and/or are & and | (0 < x < 1 is (0 < x) & (x < 1)), as in numpy"
+        )
 
     def __repr__(self) -> str:
         # Shown (echoed at a REPL, printed): the user saw it, so it is not "dropped unevaluated".
@@ -709,6 +737,22 @@ def _numpy_method(x: Operand, method: str, args: Any, numpy_kwargs: dict[str, An
     else:
         result = getattr(np.asarray(x), method)(*args, **numpy_kwargs)
     return cast("Expr", result)  # an ndarray or a numpy scalar: numpy's own result
+
+
+_UFUNC_OPS: dict[np.ufunc, OpDef] = {}
+
+
+def _ufunc_op(ufunc: np.ufunc) -> OpDef | None:
+    # The op of a numpy ufunc: the element-wise op whose kernel it is, else the op of its
+    # name (floor_divide, matmul: ops with kernels of their own and numpy's semantics).
+    if not _UFUNC_OPS:
+        for op in OPS.values():
+            if op.returns == "one" and op.ufunc and isinstance(op.kernel, str):
+                u = getattr(np, op.kernel, None)
+                if isinstance(u, np.ufunc):
+                    _UFUNC_OPS.setdefault(u, op)
+    d = _UFUNC_OPS.get(ufunc) or OPS.get(ufunc.__name__)
+    return d if d is not None and d.returns == "one" else None
 
 
 def _short(x: Any) -> str:

@@ -6,8 +6,8 @@ stand-in of the input, and the other ops a run of their kernel on small zero-fil
 stand-ins of the inputs' shapes and dtypes (exact, because every op of the table gives
 its output's shape and dtype from its inputs' shapes and dtypes alone). Where a size
 depends on the values (``unique_values``, ``nonzero``, a boolean mask) it is ``None``;
-where nothing exact is cheap (a large input to an op without a rule, a user kernel),
-the shape or dtype is ``None``: unknown, never wrong.
+where nothing exact is cheap (a large input to an op without a rule of
+:mod:`_shape_rules`, a user kernel), the shape or dtype is ``None``: unknown, never wrong.
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from typing import Any, cast
 import numpy as np
 
 from ._opdef import Cost, OpDef, item_op
+from ._shape_rules import PRESERVING, SHAPE_RULES, Shape, broadcast
 from ._ufuncs import ufunc_result
 
 __all__ = ["DATA_DEPENDENT", "Meta", "Shape", "broadcast", "node_meta"]
 
-#: A shape with ``None`` where the size is known only at run time.
-Shape = tuple[int | None, ...]
 #: (shape or None if unknown, dtype or None if unknown); a list of them for several results.
 Meta = tuple[Shape | None, np.dtype[Any] | None]
 #: Ops whose output sizes depend on the input values.
@@ -37,24 +36,6 @@ DATA_DEPENDENT = frozenset(
 _SMALL = 4096
 _UNKNOWN: Meta = (None, None)
 _PY_SCALARS = (bool, int, float, complex)
-
-
-def broadcast(shapes: list[Shape]) -> Shape | None:
-    """The broadcast of shapes with unknown (``None``) sizes, or ``None`` if they cannot broadcast."""
-    ndim = max((len(s) for s in shapes), default=0)
-    out: list[int | None] = []
-    for i in range(-ndim, 0):
-        dims = {s[i] for s in shapes if len(s) >= -i}
-        known = {d for d in dims if d is not None and d != 1}
-        if len(known) > 1:
-            return None
-        if known:
-            out.append(known.pop())
-        elif None in dims:
-            out.append(None)
-        else:
-            out.append(1)
-    return tuple(out)
 
 
 def _stand_in(shape: Shape, dtype: np.dtype[Any]) -> Any:
@@ -184,6 +165,8 @@ def _getitem(m: Any, key: Any, meta_of: Callable[[Any], Any]) -> Meta:
             first = np.zeros(kshape, bool)
             first.reshape(-1)[:1] = True
             one.append(first)
+        elif kdtype.kind not in "iu":
+            return _UNKNOWN  # (a float index: the kernel refuses it)
         else:
             index = np.zeros(kshape, np.intp)
             empty.append(index)
@@ -199,15 +182,20 @@ def _by_stand_ins(
     d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any], metas: list[Any], meta_of: Callable[[Any], Any]
 ) -> Any:
     shapes: list[tuple[int, ...]] = []  # every array input's shape, nested lists' included
+    sized = True  # every size known (else: the rule path, sizes unknown until run time)
 
     def known(a: Any, m: Any) -> None:
+        nonlocal sized
         if m is None:
             if isinstance(a, list | tuple):
                 for e in a:
                     known(e, meta_of(e))
             return
-        if isinstance(m, list) or m[0] is None or None in m[0] or m[1] is None:
+        if isinstance(m, list) or m[0] is None or m[1] is None:
             raise LookupError  # an input of unknown shape: the output's is unknown too
+        if None in m[0]:
+            sized = False  # (a boolean mask's result, unique values ...)
+            return
         shapes.append(m[0])
 
     try:
@@ -217,7 +205,7 @@ def _by_stand_ins(
             known(v, meta_of(v))
     except LookupError:
         return _UNKNOWN
-    if sum(math.prod(sh) for sh in shapes) > _SMALL:  # (before any stand-in is made)
+    if not sized or sum(math.prod(sh) for sh in shapes) > _SMALL:  # (before any stand-in is made)
         if d.returns != "one":
             return _several_large(d, args, kwargs, metas)
         return _large(d, args, kwargs, metas, meta_of)
@@ -226,7 +214,12 @@ def _by_stand_ins(
             *_stand_ins(args, meta_of), **dict(zip(kwargs, _stand_ins(tuple(kwargs.values()), meta_of), strict=True))
         )
     )
-    return _out_meta(out, d.name in DATA_DEPENDENT)
+    return _out_meta(out, _data_dependent(d, args))
+
+
+def _data_dependent(d: OpDef, args: tuple[Any, ...]) -> bool:
+    # repeat's sizes depend on the values only when the repeats are an array.
+    return d.name in DATA_DEPENDENT and not (d.name == "repeat" and isinstance(args[1], int))
 
 
 def _stand_ins(args: tuple[Any, ...], meta_of: Callable[[Any], Any], tiny: bool = False) -> list[Any]:
@@ -237,7 +230,7 @@ def _stand_ins(args: tuple[Any, ...], meta_of: Callable[[Any], Any], tiny: bool 
         if m is None:
             out.append(type(a)(_stand_ins(tuple(a), meta_of, tiny)) if isinstance(a, list | tuple) else a)
         else:
-            shape = tuple(min(n, 1) for n in m[0]) if tiny else m[0]
+            shape = tuple(1 if n is None else min(n, 1) for n in m[0]) if tiny else m[0]
             out.append(_stand_in(shape, m[1]))
     return out
 
@@ -264,7 +257,9 @@ def _several_large(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any], meta
         sizes = [max(0, min(b, n) - min(a, n)) for a, b in itertools.pairwise(cuts)]
         return [((*shape[:axis], k, *shape[axis + 1 :]), dtype) for k in sizes]
     tiny = [
-        _stand_in(tuple(min(n, 1) for n in mi[0]), mi[1]) if mi is not None and not isinstance(mi, list) else a
+        _stand_in(tuple(1 if n is None else min(n, 1) for n in mi[0]), mi[1])
+        if mi is not None and not isinstance(mi, list)
+        else a
         for a, mi in zip(args, metas, strict=True)
     ]
     out = _run(lambda: d.kernel_for(np)(*tiny, **kwargs))
@@ -283,109 +278,11 @@ def _large(
     except Exception:
         dtype = None
     m = metas[0] if metas else None
-    if d.name in _PRESERVING and m is not None and not isinstance(m, list):
+    if d.name in PRESERVING and m is not None and not isinstance(m, list):
         dtype = m[1]  # (a tiny stand-in may not reshape: these ops keep the dtype anyway)
-    rule = _SHAPE_RULES.get(d.name)
+    rule = SHAPE_RULES.get(d.name)
     try:
         shape = None if rule is None else rule(args, kwargs, meta_of)
     except Exception:
         shape = None
     return shape, dtype
-
-
-def _shape(x: Any, meta_of: Callable[[Any], Any]) -> tuple[int, ...]:
-    m = meta_of(x)
-    return tuple(np.shape(x)) if m is None else tuple(m[0])
-
-
-def _reshape_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
-    shape = _shape(args[0], meta_of)
-    new = (args[1],) if isinstance(args[1], int) else tuple(args[1])
-    if -1 in new:
-        rest = math.prod(n for n in new if n != -1)
-        new = tuple(math.prod(shape) // rest if n == -1 else n for n in new)
-    return new
-
-
-def _permute_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
-    shape = _shape(args[0], meta_of)
-    axes = args[1] if args[1] is not None else range(len(shape))[::-1]
-    return tuple(shape[i] for i in axes)
-
-
-def _expand_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
-    shape = list(_shape(args[0], meta_of))
-    axes = (args[1],) if isinstance(args[1], int) else tuple(args[1])
-    ndim = len(shape) + len(axes)
-    for a in sorted(a % ndim for a in axes):
-        shape.insert(a, 1)
-    return tuple(shape)
-
-
-def _squeeze_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
-    shape = _shape(args[0], meta_of)
-    if args[1] is None:
-        return tuple(n for n in shape if n != 1)
-    axes = {a % len(shape) for a in ((args[1],) if isinstance(args[1], int) else args[1])}
-    if any(shape[a] != 1 for a in axes):
-        raise ValueError("squeeze of a dimension that is not 1")  # (the kernel raises too)
-    return tuple(n for i, n in enumerate(shape) if i not in axes)
-
-
-def _concat_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
-    shapes = [_shape(a, meta_of) for a in args[0]]
-    axis = args[1]
-    if axis is None:
-        return (sum(math.prod(sh) for sh in shapes),)
-    axis %= len(shapes[0])
-    return (*shapes[0][:axis], sum(sh[axis] for sh in shapes), *shapes[0][axis + 1 :])
-
-
-def _stack_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
-    first = _shape(args[0][0], meta_of)
-    axis = args[1] % (len(first) + 1)
-    return (*first[:axis], len(args[0]), *first[axis:])
-
-
-def _broadcast_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape | None:
-    return broadcast([_shape(a, meta_of) for a in args if a is not None])
-
-
-def _matmul_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape | None:
-    a, b = _shape(args[0], meta_of), _shape(args[1], meta_of)
-    if len(a) == 1 and len(b) == 1:
-        return ()
-    if len(a) == 1:
-        return (*b[:-2], b[-1])
-    if len(b) == 1:
-        return a[:-1]
-    batch = broadcast([a[:-2], b[:-2]])
-    return None if batch is None else (*batch, a[-2], b[-1])
-
-
-def _take_rule(args: tuple[Any, ...], kw: dict[str, Any], meta_of: Callable[[Any], Any]) -> Shape:
-    shape, index = _shape(args[0], meta_of), _shape(args[1], meta_of)
-    axis = kw.get("axis")
-    if axis is None:
-        return index
-    axis %= len(shape)
-    return (*shape[:axis], *index, *shape[axis + 1 :])
-
-
-_SHAPE_RULES: dict[str, Callable[[tuple[Any, ...], dict[str, Any], Callable[[Any], Any]], Shape | None]] = {
-    "astype": lambda args, kw, meta_of: _shape(args[0], meta_of),
-    "round": lambda args, kw, meta_of: _shape(args[0], meta_of),
-    "reshape": _reshape_rule,
-    "permute_dims": _permute_rule,
-    "expand_dims": _expand_rule,
-    "squeeze": _squeeze_rule,
-    "concat": _concat_rule,
-    "stack": _stack_rule,
-    "broadcast_to": lambda args, kw, meta_of: tuple(args[1]) if not isinstance(args[1], int) else (args[1],),
-    "where": _broadcast_rule,
-    "clip": _broadcast_rule,
-    "matmul": _matmul_rule,
-    "take": _take_rule,
-}
-#: Ops whose result has the dtype of their first input.
-_PRESERVING = frozenset({"reshape", "permute_dims", "expand_dims", "squeeze", "broadcast_to", "take"})

@@ -569,3 +569,65 @@ async def test_an_expression_without_tensors_evaluates_in_the_default_or_named_s
             assert (await _zeros(2)).session is s  # one node: the op path, same rule
         with other.as_default():
             assert (await e).session is other
+
+
+async def test_numpy_refuses_an_expression_rather_than_wrap_it(s: at.AsyncEagerSession) -> None:
+    # np.asarray(e) used to give a 0-d object array: assert_allclose(x + 1, ...) compared garbage.
+    x = await s.constant([1.0, 2.0])
+    e = x + 1.0
+    for convert in (np.asarray, lambda a: np.array([a, a]), lambda a: np.testing.assert_allclose(a, [2.0, 3.0])):
+        with pytest.raises(TypeError, match="await"):
+            convert(e)
+    np.testing.assert_allclose(await e.eval(), [2.0, 3.0])
+
+
+async def test_len_of_an_expression_is_its_first_size(s: at.AsyncEagerSession) -> None:
+    x = await s.constant(np.zeros((4, 3)))
+    assert len(x + 1.0) == len(x) == 4
+    with pytest.raises(TypeError, match="0-d"):
+        len(x.sum())
+    with pytest.raises(TypeError, match="await"):
+        len(x[x[:, 0] > 0])  # known only when it runs
+    await s.run([x.sum(), x[x[:, 0] > 0]])
+
+
+async def test_metadata_of_an_invalid_index_is_unknown_not_wrong(s: at.AsyncEagerSession) -> None:
+    x = await s.constant(np.zeros((3, 4)))
+    e = x[x]  # a float index: the kernel refuses it
+    assert e.shape is None
+    assert e.dtype is None
+    with pytest.raises(at.InvalidArgumentError, match="integer"):
+        await e
+
+
+async def test_numpy_ufuncs_of_tensors_build_expressions(s: at.AsyncEagerSession) -> None:
+    # np.exp(t) raised numpy's "operand 'Tensor' does not support ufuncs (__array_ufunc__=None)".
+    v = np.array([0.5, 2.0, -3.0])
+    t = await s.constant(v)
+    cases: list[tuple[Any, Any]] = [
+        (np.exp(t), np.exp(v)),
+        (np.log1p(np.abs(t) + 1.0), np.log1p(np.abs(v) + 1.0)),
+        (np.maximum(t, 0.0), np.maximum(v, 0.0)),
+        (np.arctan2(t, np.ones(3)), np.arctan2(v, np.ones(3))),
+        (np.array([10.0, 20.0, 30.0]) + t, np.array([10.0, 20.0, 30.0]) + v),
+        (np.array([7.0, 7.0, 7.0]) // t, np.array([7.0, 7.0, 7.0]) // v),
+        (np.float32(2.0) ** t, np.float32(2.0) ** v),
+        (np.arange(3) < t, np.arange(3) < v),
+        (np.eye(3) @ t, np.eye(3) @ v),
+        (np.sqrt(t * t), np.sqrt(v * v)),
+    ]
+    for expr, expected in cases:
+        assert isinstance(expr, at.Expr)
+        got = await s.run(expr)
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+    for call in (lambda: np.add.reduce(t), lambda: np.exp(t, out=np.empty(3)), lambda: np.fmod(t, 2.0)):
+        with pytest.raises(TypeError, match=r"aiotensor\.xp"):
+            call()
+
+
+async def test_chained_comparisons_say_to_use_element_wise_and(s: at.AsyncEagerSession) -> None:
+    x = await s.constant([0.5, 2.0])
+    with pytest.raises(TypeError, match=r"\(0 < x\) & \(x < 1\)"):
+        0 < x < 1  # noqa: B015 -- Python's `and` asks bool() of the first comparison
+    np.testing.assert_array_equal(await s.run((x > 0) & (x < 1)), [True, False])

@@ -290,3 +290,92 @@ def test_metadata_of_creation_functions() -> None:
     assert xp.zeros((2, 3), dtype=xp.int8).dtype == xp.int8
     assert xp.arange(10**9).shape is None  # not made to learn its shape
     assert xp.eye(3, 2).shape == (3, 2)
+
+
+async def test_creation_functions_run_in_the_default_session(strategy: at.ResourceCleanupStrategy) -> None:
+    # The contract: an expression of no tensor runs in the default session when awaited.
+    async with at.AsyncEagerSession(cleanup=strategy) as s:
+        with s.as_default():
+            t = await xp.zeros(3)
+            assert isinstance(t, at.Tensor)
+            np.testing.assert_array_equal(await t.numpy(), np.zeros(3))
+            np.testing.assert_array_equal(await (xp.arange(4) * 2).eval(), [0, 2, 4, 6])
+            np.testing.assert_array_equal(await xp.asarray([1, 2]).eval(), [1, 2])
+            assert t.device == xp.ones(2).device
+            del t
+        e = xp.ones(2)
+        with pytest.raises(at.NoSessionError, match=r"as_default\(\)"):
+            await e
+        with pytest.raises(at.NoSessionError, match="session="):
+            await e.eval()
+        np.testing.assert_array_equal(await e.eval(session=s), [1.0, 1.0])
+
+
+async def test_shapes_of_large_inputs_and_data_dependent_inputs(s: at.AsyncEagerSession) -> None:
+    # Sizes known before running are in the shape, whatever the input's size; a
+    # data-dependent size is None, the other dimensions stay known.
+    big = await s.zeros((3000, 4))
+    n = await s.constant([1, 0, 2, 2])
+    u = xp.unique_values(n)
+    cases: list[tuple[at.Expr, Any, Any]] = [
+        (xp.sort(big, axis=0), (3000, 4), np.float64),
+        (xp.argsort(big[:, 0]), (3000,), np.int64),
+        (xp.cumulative_sum(big, axis=0), (3000, 4), np.float64),
+        (xp.cumulative_sum(big[:, 0], include_initial=True), (3001,), np.float64),
+        (xp.flip(big, axis=0), (3000, 4), np.float64),
+        (xp.roll(big, 3, axis=0), (3000, 4), np.float64),
+        (xp.tril(big), (3000, 4), np.float64),
+        (big.mT, (4, 3000), np.float64),
+        (xp.moveaxis(big, 0, 1), (4, 3000), np.float64),
+        (xp.isin(big, n), (3000, 4), np.bool_),
+        (xp.repeat(big, 2, axis=0), (6000, 4), np.float64),
+        (xp.repeat(n, 3), (12,), np.int64),
+        (xp.repeat(n, n), (None,), np.int64),
+        (xp.astype(u, xp.float64), (None,), np.float64),
+        (xp.sort(u), (None,), np.int64),
+        (xp.cumulative_sum(u), (None,), np.int64),
+        (xp.count_nonzero(big > 0, axis=0), (4,), np.int64),
+        (xp.count_nonzero(big, axis=1, keepdims=True), (3000, 1), np.int64),
+        (xp.linalg.vector_norm(big, axis=1), (3000,), np.float64),
+        (xp.vecdot(big, big[:1]), (3000,), np.float64),
+        (xp.diff(big, axis=0, n=2), (2998, 4), np.float64),
+        (xp.searchsorted(xp.sort(big[:, 0]), big[:5, 1]), (5,), np.int64),
+        (xp.astype(xp.unique_values(big), xp.float32), (None,), np.float32),
+    ]
+    for expr, shape, dtype in cases:
+        assert expr.shape == shape, expr
+        assert expr.dtype == np.dtype(dtype), expr
+        value = await s.run(expr)
+        assert value.dtype == dtype
+        assert value.ndim == len(shape)
+        assert all(a is None or a == b for a, b in zip(shape, value.shape, strict=True)), (expr, value.shape)
+
+
+def _score(x: Any, w: Any, y: Any) -> dict[str, Any]:
+    """A scoring function written once against the standard (a user's, from issue 28)."""
+    ns = x.__array_namespace__()
+    logits = ns.matmul(x, w)
+    p = ns.exp(logits - ns.max(logits, axis=-1, keepdims=True))
+    p = p / ns.sum(p, axis=-1, keepdims=True)
+    picked = ns.take_along_axis(p, ns.reshape(y, (-1, 1)), axis=1)
+    entropy = -ns.sum(p * ns.log(p + 1e-12), axis=1)
+    return {
+        "nll": -ns.mean(ns.log(ns.clip(picked, 1e-12, 1.0))),
+        "accuracy": ns.mean(ns.astype(ns.argmax(p, axis=-1) == y, ns.float64)),
+        "top": ns.argsort(-p[:, 0], stable=True)[:5],
+        "uncertain": ns.sum(ns.where(entropy > ns.mean(entropy), 1.0, 0.0)),
+        "norms": ns.linalg.vector_norm(x, axis=1),
+        "positive": ns.count_nonzero(x > 0, axis=0),
+        "outlier": ns.any(x > 3),
+    }
+
+
+async def test_generic_code_gives_numpys_numbers_bit_for_bit(session: at.AsyncEagerSession) -> None:
+    rng = np.random.default_rng(2)
+    v, w, y = rng.normal(size=(200, 8)), rng.normal(size=(8, 3)), rng.integers(0, 3, 200)
+    expected = _score(v, w, y)  # numpy 2 arrays answer __array_namespace__ with numpy
+    got = await session.run(_score(*[await session.constant(a) for a in (v, w, y)]))
+    for name, want in expected.items():
+        value = got[name]
+        assert value.dtype == np.asarray(want).dtype, name
+        assert value.tobytes() == np.asarray(want).tobytes(), name
