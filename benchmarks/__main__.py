@@ -1,6 +1,6 @@
 """Run the whole benchmark suite in one process: ``python -m benchmarks [--quick]``.
 
-Prints every table (median and min-max over rounds) and the issue's targets; with
+Prints every table (median and min-max over rounds) and the goals for measured ratios; with
 ``--write-docs`` it also writes ``docs/performance.md`` with the plots under ``docs/img/``
 (without it, a run changes no tracked file). The web and Dask
 benchmarks (``bench_web.py``, ``bench_distributed.py``, owned by their examples) run

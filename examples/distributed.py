@@ -1,4 +1,4 @@
-"""The seeds' n x m loop on a Dask cluster, under the three cleanup strategies.
+"""The demo's n x m loop on a Dask cluster, under the three cleanup strategies.
 
 Run on a LocalCluster of 2 worker processes started here::
 
