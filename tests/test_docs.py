@@ -76,6 +76,18 @@ async def check_answers(app: Any, block: str) -> int:
     return len(requests)
 
 
+# -- the landing page ---------------------------------------------------------------------
+def test_the_landing_pages_example_prints_what_the_page_says() -> None:
+    text = (DOCS / "index.md").read_text()
+    ((lang, program),) = marked_blocks(DOCS / "index.md")
+    assert lang == "python"
+    assert len(program.splitlines()) <= 15  # short
+    printed = re.search(r"```python\n.*?\n```\s*prints\s*```text\n(.*?)\n```", text, re.S)
+    assert printed is not None
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == printed[1].strip()
+
+
 # -- the web guide --------------------------------------------------------------------
 async def test_the_guides_service_runs_and_answers_as_printed(tmp_path: Path) -> None:
     blocks = marked_blocks(GUIDE)
