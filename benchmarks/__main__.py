@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from . import bench_batching, bench_dispatch, bench_kernels, bench_memory, bench_overheads, bench_pool
+from . import bench_batching, bench_dispatch, bench_input, bench_kernels, bench_memory, bench_overheads, bench_pool
 from ._harness import Report, settle_allocator
 from ._report import markdown, plot, print_console
 
@@ -32,6 +32,7 @@ SCENARIOS: dict[str, Callable[[Report], None]] = {
     "kernels": bench_kernels.run,
     "batching": bench_batching.run,
     "pool": bench_pool.run,
+    "input": bench_input.run,
 }
 EXTERNAL: dict[str, tuple[str, list[str], list[str]]] = {
     "web": ("bench_web.py", ["--quick"], []),

@@ -146,6 +146,17 @@ def test_batching_scenario_measures_every_variant_and_records_its_targets() -> N
     assert all(t.met is not None for t in report.targets)
 
 
+def test_input_benchmark_times_every_way_to_the_same_array() -> None:
+    from benchmarks import bench_input
+
+    measured = run_on("asyncio", bench_input.measure(rounds=1, budget=0.0005))  # (it checks the arrays agree)
+    assert set(measured) == set(bench_input.SIZES)
+    ways = {bench_input.BASELINE, bench_input.PYDANTIC, bench_input.PYDANTIC_JSON, bench_input.PARSE_ROWS}
+    for stats in measured.values():
+        assert set(stats) == ways
+        assert all(stat.median > 0 for stat in stats.values())
+
+
 def test_web_benchmark_without_wrk_skips_and_says_how_to_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
