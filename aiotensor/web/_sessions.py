@@ -26,7 +26,7 @@ class Sessions:
         @contextlib.asynccontextmanager
         async def lifespan(app):
             async with sessions.open() as s:      # the app session
-                app.state.model = await Model.load(s)
+                app.state.w = await s.constant(weights, name="w")  # your model's tensors
                 yield
 
         app = FastAPI(lifespan=lifespan)          # or Starlette(...)
