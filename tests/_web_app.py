@@ -12,6 +12,8 @@ dependency, the other through ``web.request_session(request)``:
   :data:`SLOW_SECONDS` on the pool (the disconnect tests leave during it).
 * ``POST /rows`` ``{"inputs": [[...3 floats], ...]}``: the rows read by ``web.read_rows``
   (at most :data:`MAX_ROWS`), times ``W``; bad input is a 422 or a 413 before any op.
+* ``POST /session-rows``: the same, its session opened before the body is read (so the
+  disconnect watcher reads the body: the limits must work through it).
 * ``POST /model`` (FastAPI only) ``{"x": [[floats]]}``: a pydantic body, for FastAPI's
   validation errors in aiotensor's error shape.
 * ``GET /health``: ``{"in_flight": ...}`` without a request session.
@@ -69,7 +71,9 @@ class Handlers:
             request_config=at.SessionConfig(memory_limit=REQUEST_LIMIT),
             on_request=lambda stats: self.log.append(stats.as_dict()),
             limits=web.Limits(max_bytes=MAX_BYTES),
-            route_limits={"/rows": web.Limits(max_bytes=MAX_BYTES, max_rows=MAX_ROWS)},
+            route_limits={
+                path: web.Limits(max_bytes=MAX_BYTES, max_rows=MAX_ROWS) for path in ("/rows", "/session-rows")
+            },
         )
         self.weight: at.Tensor | None = None
 
@@ -89,6 +93,11 @@ class Handlers:
     async def rows(self, request: Request) -> dict[str, Any]:
         x = await web.read_rows(request, width=3)
         y = await web.request_session(request).matmul(x, self.weight)
+        return {"y": (await y.numpy()).tolist()}
+
+    async def session_rows(self, request: Request, s: at.AsyncEagerSession) -> dict[str, Any]:
+        x = await web.read_rows(request, width=3, session=s)
+        y = await s.matmul(x, self.weight)
         return {"y": (await y.numpy()).tolist()}
 
     async def oom(self, s: at.AsyncEagerSession) -> None:
@@ -129,6 +138,10 @@ def make_fastapi_app() -> FastAPI:
     @app.post("/rows")
     async def rows(request: Request) -> dict[str, Any]:
         return await h.rows(request)
+
+    @app.post("/session-rows")
+    async def session_rows(request: Request, s: RequestSession) -> dict[str, Any]:
+        return await h.session_rows(request, s)
 
     @app.post("/model")
     async def model(body: XBody, s: RequestSession) -> dict[str, Any]:
@@ -172,6 +185,9 @@ def make_starlette_app() -> Starlette:
     async def rows(request: Request) -> Response:
         return JSONResponse(await h.rows(request))
 
+    async def session_rows(request: Request) -> Response:
+        return JSONResponse(await h.session_rows(request, web.request_session(request)))
+
     async def oom(request: Request) -> Response:
         await h.oom(web.request_session(request))
         return Response()
@@ -200,6 +216,7 @@ def make_starlette_app() -> Starlette:
         routes=[
             Route("/matmul", matmul, methods=["POST"]),
             Route("/rows", rows, methods=["POST"]),
+            Route("/session-rows", session_rows, methods=["POST"]),
             Route("/oom", oom),
             Route("/kernel-error", kernel_error),
             Route("/bug", bug),

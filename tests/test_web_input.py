@@ -142,14 +142,17 @@ async def test_bad_rows_are_refused_in_one_shape_and_leak_nothing(app: Any) -> N
         assert ok.json() == {"y": [[0.0, 1.0], [2.0, 3.0]]}
         for body, status, code, fragment in BAD.values():
             assert_error(await c.post("/rows", content=body, headers=JSON), status, code, fragment)
+            assert_error(await c.post("/session-rows", content=body, headers=JSON), status, code, fragment)
         # Not ours, the same shape: an unknown path, a wrong method.
         assert_error(await c.get("/nowhere"), 404, "not_found", "Not Found")
         assert_error(await c.get("/rows"), 405, "method_not_allowed", "Method Not Allowed")
     after = app_session.stats()
     assert (after.live_tensors, after.allocated) == (before.live_tensors, before.allocated)
     assert h.sessions.in_flight == 0
-    # Only the good request opened a session: every refusal came before any tensor.
-    assert [(e["path"], e["status"]) for e in h.log] == [("/rows", 200)]
+    # /rows opened a session for the good request only: every refusal came before any tensor.
+    assert [(e["path"], e["status"]) for e in h.log if e["path"] == "/rows"] == [("/rows", 200)]
+    # /session-rows opened one first each time (refused with a Content-Length: never reached), nothing held.
+    assert len([e for e in h.log if e["path"] == "/session-rows"]) == len(BAD) - 1
     assert all(e["live_tensors"] == 0 and e["allocated"] == e["freed"] for e in h.log)
 
 
@@ -172,17 +175,22 @@ async def test_fastapi_validation_errors_take_the_same_shape() -> None:
         assert app.state.handlers.sessions.in_flight == 0
 
 
-async def test_a_body_without_content_length_is_cut_off_at_the_limit() -> None:
-    app = _web_app.make_starlette_app()
-
+@pytest.mark.parametrize("path", ["/rows", "/session-rows"])
+async def test_a_body_without_content_length_is_cut_off_at_the_limit(app: Any, path: str) -> None:
+    # /session-rows opens its session first: the disconnect watcher reads the body then.
     async def chunks() -> AsyncIterator[bytes]:
         for _ in range(64):
             yield b" " * (64 << 10)  # 4 MiB in all, 1 MiB allowed
 
-    async with app.router.lifespan_context(app), client(app) as c:
-        r = await c.post("/rows", content=chunks(), headers=JSON)
-    assert "content-length" not in r.request.headers
-    assert_error(r, 413, "too_large", f"over {_web_app.MAX_BYTES} bytes")
+    async with client(app) as c:
+        r = await c.post(path, content=chunks(), headers=JSON)
+        assert "content-length" not in r.request.headers
+        assert_error(r, 413, "too_large", f"over {_web_app.MAX_BYTES} bytes")
+        ok = await c.post(path, content=b'{"inputs": [[0, 0, 1]]}', headers=JSON)
+        assert ok.json() == {"y": [[4.0, 5.0]]}
+    h: _web_app.Handlers = app.state.handlers
+    assert h.sessions.in_flight == 0
+    assert all(e["live_tensors"] == 0 and e["allocated"] == e["freed"] for e in h.log)
 
 
 async def test_route_limits_replace_the_service_limits() -> None:
@@ -219,11 +227,13 @@ def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
     assert "Traceback" not in srv.log, srv.log
 
 
-async def _raw_post(url: str, headers: dict[str, str], first: bytes) -> tuple[asyncio.StreamReader, Any]:
+async def _raw_post(
+    url: str, headers: dict[str, str], first: bytes, path: str = "/rows"
+) -> tuple[asyncio.StreamReader, Any]:
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    writer.write(f"POST /rows HTTP/1.1\r\nhost: {host}\r\n{head}\r\n".encode() + first)
+    writer.write(f"POST {path} HTTP/1.1\r\nhost: {host}\r\n{head}\r\n".encode() + first)
     await writer.drain()
     return reader, writer
 
@@ -262,17 +272,27 @@ def test_server_answers_health_while_refusing_a_huge_body(server: RunningServer)
         got = json.loads(body)
         assert set(got) == KEYS
         assert got["error"] == "too_large"
-        # A body without a length, in chunks: cut off by the chunk that takes it past the limit.
+        # A body without a length, in chunks: refused for the chunk that takes it past the limit.
         reader, writer = await _raw_post(server.url, {**JSON, "transfer-encoding": "chunked"}, b"")
         chunk = b" " * (256 << 10)
         for piece in [chunk] * (_web_app.MAX_BYTES // len(chunk)) + [b" "]:
             writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
             await writer.drain()
+        writer.write(b"0\r\n\r\n")  # the end: the server reads a refused body to its end (up to DRAIN_MAX)
         answer = await asyncio.wait_for(reader.read(), 30)
         writer.close()
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 413"), head
         assert b"too_large" in body
+        # The same to a handler that opened its session before reading: its watcher reads the body.
+        reader, writer = await _raw_post(server.url, {**JSON, "transfer-encoding": "chunked"}, b"", "/session-rows")
+        for piece in [chunk] * (2 * _web_app.MAX_BYTES // len(chunk)):
+            writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 30)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
             assert (await c.get("/health")).json() == {"in_flight": 0}
 

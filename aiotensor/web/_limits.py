@@ -70,12 +70,13 @@ class BodyLimitMiddleware:
     """Pure ASGI middleware: 413 for a request body over its route's ``max_bytes``, before the app reads it.
 
     :meth:`Sessions.install <aiotensor.web.Sessions.install>` adds it (outermost: a
-    refused request opens no session). A body whose ``Content-Length`` is over the limit
+    request refused for its ``Content-Length`` opens no session). A body whose ``Content-Length`` is over the limit
     is answered without being parsed: up to :data:`DRAIN_MAX` it is read and dropped
     first (so that the client gets the answer rather than a reset), beyond it the answer
-    goes at once, the body unread. A body without a length is counted as the app reads it, and
-    the read that passes the limit raises :class:`~aiotensor.web.RequestRejected` (413)
-    in the app, answered by the installed handlers.
+    goes at once, the body unread. A body without a length is counted as it is read;
+    past the limit the app sees the body end there (the rest is read and dropped up to
+    :data:`DRAIN_MAX`) and its answer is replaced by the 413 (an ``on_request`` hook
+    still sees the status the app answered with).
 
     Args:
         app: The ASGI app to wrap.
@@ -114,15 +115,59 @@ class BodyLimitMiddleware:
                 return
             await self.app(scope, receive, send)
             return
-        size = 0
+        await _Counted(self.app, limit)(scope, receive, send)
 
+
+class _Counted:
+    """One request whose body has no declared length, read under ``limit``.
+
+    Once the body passes the limit, the app is shown an empty rest of the body (the
+    server's chunks are still read and dropped, up to :data:`DRAIN_MAX`) and whatever
+    it answers is replaced by the 413. Nothing is raised inside ``receive``: the body
+    may be read by another task than the app's (the request-session middleware's
+    disconnect watcher), which must see a body that ends, not an exception.
+    """
+
+    __slots__ = ("app", "limit", "over", "replaced", "size", "started")
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+        self.size = 0
+        self.over = False
+        self.replaced = False
+        self.started = False  # the app answered before the limit was passed: its answer stands
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def counted() -> Message:
-            nonlocal size
             message = await receive()
-            if message["type"] == "http.request":
-                size += len(message.get("body", b""))
-                if size > limit:
-                    raise RequestRejected(413, f"the body is over {limit} bytes")
+            if message["type"] != "http.request":
+                return message
+            self.size += len(message.get("body", b""))
+            if self.size > self.limit:
+                self.over = True
+                more = message.get("more_body", False)
+                while more and self.size <= DRAIN_MAX:  # drop the rest, so the client gets the 413
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return message
+                    self.size += len(message.get("body", b""))
+                    more = message.get("more_body", False)
+                return {"type": "http.request", "body": b"", "more_body": False}
             return message
 
-        await self.app(scope, counted, send)
+        async def answer(message: Message) -> None:
+            if not self.over or self.started:
+                self.started = self.started or message["type"] == "http.response.start"
+                await send(message)
+                return
+            if self.replaced:  # the rest of the app's own answer
+                return
+            self.replaced = True
+            rejected = RequestRejected(413, f"the body is over {self.limit} bytes")
+            body = JSONResponse(rejected.body, status_code=413).body
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 413, "headers": [*headers, (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+
+        await self.app(scope, counted, answer)
