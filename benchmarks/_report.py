@@ -47,7 +47,7 @@ def print_console(report: Report) -> None:
         if t.ratio_label:
             rt.add_column(t.ratio_label, justify="right")
         for row in t.rows:
-            cells = [row.label + (escape(f"  [{row.note}]") if row.note else ""), row.stat.fmt(t.digits)]
+            cells = [escape(row.label) + (escape(f"  [{row.note}]") if row.note else ""), row.stat.fmt(t.digits)]
             if t.ratio_label:
                 cells.append("" if row.ratio is None else f"{row.ratio:.2f}")
             rt.add_row(*cells)
