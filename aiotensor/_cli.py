@@ -46,7 +46,7 @@ async def run_demo(
     on_iteration: Callable[[int], object] | None = None,
     memory_limit: int | None = None,
 ) -> DemoResult:
-    """n ops in a loop of m iterations, keeping only the last result (the seeds' warning).
+    """n ops in a loop of m iterations, keeping only the last result (without cleanup: n*m buffers).
 
     ``on_iteration(i)`` is called after each iteration (the progress bar). A run that
     hits ``memory_limit`` stops there and reports it in :attr:`DemoResult.error`.

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from . import _defaults
+from . import _defaults, _fpwarn
 from ._allocator import out_for
 from ._backend import Backend
 from ._blocked_run import result_buffer
@@ -59,6 +59,8 @@ logger = logging.getLogger("aiotensor")
 
 _ndarray = np.ndarray
 _ufunc = np.ufunc
+_NO_ERRSTATE = contextlib.nullcontext()
+_fpwarn.install()
 _UNKNOWN = Cost.UNKNOWN
 _get_loop = asyncio.get_running_loop
 #: The device variable of an engine no ``with s.device(...)`` has used: never set.
@@ -472,6 +474,8 @@ class Engine:
                         out = kernel(*bufs) if recycled is None else kernel(*bufs, out=recycled)  # type: ignore[misc]
                     else:
                         out = kernel(*bufs)  # type: ignore[misc]
+                except RuntimeWarning:  # numpy's, an exception here (_fpwarn): reported at the caller's line
+                    out = _fpwarn.rerun(d.name, kernel, bufs, None)
                 except Exception as exc:
                     self._held += HOLD_PER_OP_S  # a failing op holds the loop too: a loop of them yields
                     error = kernel_error(d.name, args, exc, False)
@@ -578,7 +582,10 @@ class Engine:
             if checked:
                 bufs[:checked] = [as_numeric(b) for b in bufs[:checked]]
             start = _clock()
-            out = kernel(*bufs, **kw) if kw else kernel(*bufs)
+            try:
+                out = kernel(*bufs, **kw) if kw else kernel(*bufs)
+            except RuntimeWarning:  # numpy's, an exception here (_fpwarn): reported at the caller's line
+                out = _fpwarn.rerun(label, kernel, bufs, kw)
             took = _clock() - start
             self.registry.kernel_seconds += took
             self._held += took + HOLD_PER_OP_S
@@ -688,14 +695,18 @@ class Engine:
                 try:
                     # blas= only when set: a backend written before it existed still runs the rest.
                     submit = self.backend.submit
-                    pending = (
-                        submit(kernel, bufs, kw, device=device, blas=True)
-                        if blas
-                        else submit(kernel, bufs, kw, device=device)
-                    )
+                    fp = _fpwarn.collecting()  # numpy's warnings on the worker, reported at the caller's line
+                    with fp[0] if fp is not None else _NO_ERRSTATE:  # (the worker gets a copy of this context)
+                        pending = (
+                            submit(kernel, bufs, kw, device=device, blas=True)
+                            if blas
+                            else submit(kernel, bufs, kw, device=device)
+                        )
                 except RuntimeError as exc:
                     raise BackendError(f"{label}: the backend cannot run kernels: {exc}") from exc
                 result = await self._await_kernel(pending)
+                if fp is not None and fp[1].errors:
+                    _fpwarn.reissue(label, fp[1].errors)
         except (asyncio.CancelledError, AioTensorError):
             raise
         except Exception as exc:
@@ -789,7 +800,10 @@ class Engine:
         registry = self.registry
         try:
             start = _clock()
-            out = kernel(*bufs, **kw) if kw else kernel(*bufs)
+            try:
+                out = kernel(*bufs, **kw) if kw else kernel(*bufs)
+            except RuntimeWarning:  # numpy's, an exception here (_fpwarn): reported at the caller's line
+                out = _fpwarn.rerun(label, kernel, bufs, kw)
             took = _clock() - start
             registry.kernel_seconds += took
             self._held += took + HOLD_PER_OP_S

@@ -1,6 +1,6 @@
 """Run the whole benchmark suite in one process: ``python -m benchmarks [--quick]``.
 
-Prints every table (median and min-max over rounds) and the issue's targets; with
+Prints every table (median and min-max over rounds) and the goals for measured ratios; with
 ``--write-docs`` it also writes ``docs/performance.md`` with the plots under ``docs/img/``
 (without it, a run changes no tracked file). The web and Dask
 benchmarks (``bench_web.py``, ``bench_distributed.py``, owned by their examples) run
@@ -19,7 +19,16 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from . import bench_batching, bench_blocked, bench_dispatch, bench_kernels, bench_memory, bench_overheads, bench_pool
+from . import (
+    bench_batching,
+    bench_blocked,
+    bench_dispatch,
+    bench_input,
+    bench_kernels,
+    bench_memory,
+    bench_overheads,
+    bench_pool,
+)
 from ._harness import Report, settle_allocator
 from ._report import markdown, plot, print_console
 
@@ -33,6 +42,7 @@ SCENARIOS: dict[str, Callable[[Report], None]] = {
     "batching": bench_batching.run,
     "pool": bench_pool.run,
     "blocked": bench_blocked.run,
+    "input": bench_input.run,
 }
 EXTERNAL: dict[str, tuple[str, list[str], list[str]]] = {
     "web": ("bench_web.py", ["--quick"], []),

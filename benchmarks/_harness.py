@@ -96,7 +96,10 @@ class Table:
 
 @dataclass(slots=True)
 class Target:
-    """One of the issue's targets: what was measured and whether it was met."""
+    """A goal for one measured ratio: what was measured against which baseline, the result, and whether it was reached.
+
+    ``number`` groups goals of one scenario in code; it is not shown.
+    """
 
     number: int
     text: str

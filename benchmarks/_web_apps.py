@@ -2,7 +2,7 @@
 
 * ``no_watch_app``: the op-by-op example without the disconnect watcher (what watching
   costs is the difference).
-* The **user-style service** (issue 29), written as ``docs/guides/web-services.md``
+* The **user-style service**, written as ``docs/guides/web-services.md``
   teaches, op by op, no batching: ``POST /predict`` with ``{"inputs": [[...32 floats],
   ...]}`` standardizes the rows with a fitted scaler (mean and scale of the app session)
   and scores them with a linear model (``x @ w + b``), answering ``{"scores": [...]}``.

@@ -1,8 +1,8 @@
-"""Page faults and RSS of the seeds' n x m loop: plain numpy against a session with and without its buffer cache.
+"""Page faults and RSS of the demo's n x m loop: plain numpy against a session with and without its buffer cache.
 
 ``python -m benchmarks.bench_alloc [--n 4] [--m 12] [--sizes 1024 4096]``
 
-The loop is the seeds' (``y = y + 1`` n times per iteration, m iterations, keeping
+The loop is the demo's (``y = y + 1`` n times per iteration, m iterations, keeping
 only the last result), through ``await s.add`` in a session (IN_BACKGROUND) and as
 plain numpy on the loop thread. Minor page faults are the process's ``ru_minflt``
 per op, the median over the iterations after the first; RSS is read from

@@ -200,7 +200,7 @@ async def _measure(rounds: int, n: int, n_single: int, max_batch_size: int) -> t
 
 
 def run(report: Report, n: int | None = None, max_batch_size: int = 512, blas_threads: int | None = 1) -> None:
-    """Measure on every loop; add the tables and the issue's three targets to ``report``.
+    """Measure on every loop; add the tables and its three goals to ``report``.
 
     ``blas_threads`` (default 1, as a server would run; ``None``: the library's own) is
     set for the run and restored after it.
@@ -247,7 +247,7 @@ def _report(report: Report, loop_name: str, measured: dict[str, Any], max_batch_
     lone_ratio = p50s[BATCHED] / p50s[FUSED]
     lone_met = "met" if lone_ratio <= 1.25 else "not met"
     against = report.table(
-        f"issue 29, {loop_name} loop: batched against the hand-written batcher (targets: >= 0.9x;"
+        f"{loop_name} loop: batched against the hand-written batcher (targets: >= 0.9x;"
         f" one client alone, batched p50 <= 1.25x fused: {lone_ratio:.2f}x, {lone_met})",
         "requests/s",
         ratio_label="x hand-written",
@@ -258,11 +258,11 @@ def _report(report: Report, loop_name: str, measured: dict[str, Any], max_batch_
     vs_numpy = ratio(batched, base)
     vs_ops = ratio(batched, Stat(tuple(many[OP_BY_OP][0])))
     lone = p50s[BATCHED] / p50s[FUSED]
-    report.target(12, f"issue 12: batched >= 1.2x numpy on the loop, {CLIENTS} clients ({loop_name})",
+    report.target(12, f"batched >= 1.2x numpy on the loop, {CLIENTS} clients ({loop_name})",
                   f"{vs_numpy:.2f}x", vs_numpy >= 1.2)  # fmt: skip
-    report.target(12, f"issue 12: batched >= 3x aiotensor op by op, {CLIENTS} clients ({loop_name})",
+    report.target(12, f"batched >= 3x aiotensor op by op, {CLIENTS} clients ({loop_name})",
                   f"{vs_ops:.2f}x", vs_ops >= 3)  # fmt: skip
-    report.target(12, f"issue 12: one client alone, batched p50 <= 1.25x fused unbatched ({loop_name})",
+    report.target(12, f"one client alone, batched p50 <= 1.25x fused unbatched ({loop_name})",
                   f"{p50s[BATCHED]:.0f} µs = {lone:.2f}x", lone <= 1.25)  # fmt: skip
 
 

@@ -93,7 +93,7 @@ def _ratio(pair: tuple[Stat, Stat]) -> float:
 
 
 def run(report: Report) -> None:
-    """The rows and the targets of issue 30, on every loop."""
+    """The rows of blocked evaluation and their goals, on every loop."""
     rounds = max(3, report.rounds)
     budget = 0.02 if report.quick else 0.1
     sizes = dict(SIZES)
@@ -101,7 +101,7 @@ def run(report: Report) -> None:
     for loop_name in loop_factories():
         found = run_on(loop_name, measure(rounds, budget, sizes))
         t = report.table(
-            f"blocked element-wise runs (issue 30), {loop_name}: float32, aiotensor vs numpy in one run",
+            f"blocked element-wise runs, {loop_name}: float32, aiotensor vs numpy in one run",
             "µs",
             ratio_label="x numpy",
         )

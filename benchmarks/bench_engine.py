@@ -1,4 +1,4 @@
-"""The engine's targets (issue 10): per-op overhead, expressions and fused calls against numpy, in one run.
+"""The engine's goals: per-op overhead, expressions and fused calls against numpy, in one run.
 
 ``python -m benchmarks.bench_engine`` prints, for asyncio and uvloop, the median over
 interleaved rounds of each variant and its ratio to the numpy baseline of the same

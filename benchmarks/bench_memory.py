@@ -1,4 +1,4 @@
-"""Target 4: memory on the seeds' loop per strategy, and IN_BACKGROUND's drop-to-free latency.
+"""Memory on the demo's n x m loop per strategy, and IN_BACKGROUND's drop-to-free latency.
 
 The loop: ``n`` adds per iteration on float32[size], ``m`` iterations, only the last
 result kept (``aiotensor demo``'s loop). The program references at most four tensors
@@ -66,7 +66,7 @@ def run(report: Report) -> None:
     ms = (100,) if report.quick else (100, 1000)
     live_set = LIVE_SET_TENSORS * size * 4
     t = report.table(
-        f"seeds' loop: {n} adds x m iterations on float32[{size}], last result kept (live set {live_set:,} B)",
+        f"the demo's loop: {n} adds x m iterations on float32[{size}], last result kept (live set {live_set:,} B)",
         "peak / live set",
         digits=2,
     )

@@ -55,7 +55,7 @@ BASELINES = ("numpy in handler", "numpy to_thread")
 #: label -> (uvicorn target, app dir)
 EXAMPLE = "aiotensor batched (the example)"
 OPS = "aiotensor (op by op)"
-#: The user-style service (issue 29: standardize + linear scoring, op by op, as the web
+#: The user-style service (standardize + linear scoring, op by op, as the web
 #: guide teaches) and its own NumPy twins (``_web_apps``).
 USER = "user service: aiotensor"
 USER_NUMPY = "user service: numpy in handler"
@@ -477,7 +477,7 @@ def markdown(results: list[Measured], args: argparse.Namespace, command: str, lo
     lines += [f"| {t} | {m} | {'yes' if ok else 'no'} |" for t, m, ok in targets(results)]
     extra = targets_29(results)
     if extra:
-        lines += ["", "| target (issue 29) | measured | met |", "|---|---|---|"]
+        lines += ["", "| goal | measured | met |", "|---|---|---|"]
         lines += [f"| {t} | {m} | {'yes' if ok else 'no'} |" for t, m, ok in extra]
     return "\n".join(lines) + "\n"
 
@@ -530,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         goals.add_row(t, m, "yes" if ok else "no")
     console.print(goals)
     if targets_29(results):
-        goals = Table(title="Targets (issue 29)")
+        goals = Table(title="Goals of the two services")
         for column in ("target", "measured", "met"):
             goals.add_column(column)
         for t, m, ok in targets_29(results):

@@ -1,4 +1,4 @@
-"""Where the event loop's time goes per request (issue 29): a ladder of in-process ASGI apps.
+"""Where the event loop's time goes per request: a ladder of in-process ASGI apps.
 
 Each rung adds one piece of the request path to the one before, so the difference of
 two rungs' loop CPU per request is what that piece costs the loop thread:

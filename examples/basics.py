@@ -24,7 +24,7 @@ async def main() -> None:
         print("run:", await s.run({"c": c, "pair": (a, b)}))
         print(s.stats())
 
-    # The seeds' warning: n ops in a loop of m iterations, keeping only the last result.
+    # n ops in a loop of m iterations, keeping only the last result: n*m buffers without cleanup.
     for strategy in at.ResourceCleanupStrategy:
         async with at.AsyncEagerSession(cleanup=strategy) as s:
             x = await s.random_normal((1000,), seed=0)

@@ -1,4 +1,4 @@
-"""The seeds' n x m loop on a Dask cluster, under the three cleanup strategies.
+"""The demo's n x m loop on a Dask cluster, under the three cleanup strategies.
 
 Run on a LocalCluster of 2 worker processes started here::
 
@@ -42,6 +42,13 @@ async def demo(backend: DaskBackend, n: int, m: int, size: int) -> None:
     """The n x m loop per strategy, printing the scheduler's count of held keys."""
     client = backend.client
     print(f"devices: {backend.devices()} (/cpu:0 means any worker)")
+    print(
+        f"Each strategy runs {n} adds per iteration for {m} iterations on float32[{size}] on the workers,"
+        " keeping only the last result. After each iteration: how many of the session's results the workers"
+        " still hold (the scheduler's count of its keys); then the session's peak bytes, the keys left after"
+        " close, and the mean of the last result (its values: the random start plus"
+        f" {n}, so about {n})."
+    )
     for strategy in at.ResourceCleanupStrategy:
         held: list[int] = []
         async with at.AsyncEagerSession(backend=backend, cleanup=strategy) as s:
@@ -62,6 +69,11 @@ async def demo(backend: DaskBackend, n: int, m: int, size: int) -> None:
             f"{strategy.name:17} keys held per iteration {held}; peak {peak:,} bytes;"
             f" after close {after} keys; mean of last {mean:.3f}"
         )
+    print(
+        "So: ON_SAFE_POINTS and IN_BACKGROUND free each dropped result on the workers within an iteration"
+        f" (the count stays flat); ON_SESSION_CLOSE keeps every one (it grows by {n} per iteration) until close,"
+        " and every strategy leaves 0 keys behind after close."
+    )
 
 
 async def main() -> None:

@@ -10,6 +10,12 @@ dependency, the other through ``web.request_session(request)``:
 * ``GET /bug``: allocates, then the handler itself raises ``RuntimeError`` (500).
 * ``POST /slow`` / ``GET /slow``: allocates, then waits for a kernel sleeping
   :data:`SLOW_SECONDS` on the pool (the disconnect tests leave during it).
+* ``POST /rows`` ``{"inputs": [[...3 floats], ...]}``: the rows read by ``web.read_rows``
+  (at most :data:`MAX_ROWS`), times ``W``; bad input is a 422 or a 413 before any op.
+* ``POST /session-rows``: the same, its session opened before the body is read (so the
+  disconnect watcher reads the body: the limits must work through it).
+* ``POST /model`` (FastAPI only) ``{"x": [[floats]]}``: a pydantic body, for FastAPI's
+  validation errors in aiotensor's error shape.
 * ``GET /health``: ``{"in_flight": ...}`` without a request session.
 * ``GET /log``: every :class:`aiotensor.web.RequestStats` the ``on_request`` hook got.
 
@@ -25,6 +31,7 @@ from typing import Any
 
 import numpy as np
 from fastapi import FastAPI
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -41,6 +48,9 @@ REQUEST_LIMIT = 1 << 20
 #: How long /slow's kernel sleeps.
 SECRET = "secret-internal-detail"
 SLOW_SECONDS = 1.5
+#: The most bytes of any request body, and the most rows of ``/rows``.
+MAX_BYTES = 1 << 20
+MAX_ROWS = 256
 
 
 def _sleep_kernel(x: Any) -> Any:
@@ -60,6 +70,10 @@ class Handlers:
         self.sessions = web.Sessions(
             request_config=at.SessionConfig(memory_limit=REQUEST_LIMIT),
             on_request=lambda stats: self.log.append(stats.as_dict()),
+            limits=web.Limits(max_bytes=MAX_BYTES),
+            route_limits={
+                path: web.Limits(max_bytes=MAX_BYTES, max_rows=MAX_ROWS) for path in ("/rows", "/session-rows")
+            },
         )
         self.weight: at.Tensor | None = None
 
@@ -73,6 +87,16 @@ class Handlers:
 
     async def matmul(self, s: at.AsyncEagerSession, body: Any) -> dict[str, Any]:
         x = await s.constant(np.asarray(body["x"], dtype=np.float32))
+        y = await s.matmul(x, self.weight)
+        return {"y": (await y.numpy()).tolist()}
+
+    async def rows(self, request: Request) -> dict[str, Any]:
+        x = await web.read_rows(request, width=3)
+        y = await web.request_session(request).matmul(x, self.weight)
+        return {"y": (await y.numpy()).tolist()}
+
+    async def session_rows(self, request: Request, s: at.AsyncEagerSession) -> dict[str, Any]:
+        x = await web.read_rows(request, width=3, session=s)
         y = await s.matmul(x, self.weight)
         return {"y": (await y.numpy()).tolist()}
 
@@ -94,6 +118,12 @@ class Handlers:
         return {"in_flight": self.sessions.in_flight}
 
 
+class XBody(BaseModel):
+    """``/model``'s body."""
+
+    x: list[list[float]]
+
+
 def make_fastapi_app() -> FastAPI:
     """The routes on FastAPI, the session from the ``RequestSession`` dependency."""
     h = Handlers()
@@ -104,6 +134,18 @@ def make_fastapi_app() -> FastAPI:
     @app.post("/matmul")
     async def matmul(body: dict[str, Any], s: RequestSession) -> dict[str, Any]:
         return await h.matmul(s, body)
+
+    @app.post("/rows")
+    async def rows(request: Request) -> dict[str, Any]:
+        return await h.rows(request)
+
+    @app.post("/session-rows")
+    async def session_rows(request: Request, s: RequestSession) -> dict[str, Any]:
+        return await h.session_rows(request, s)
+
+    @app.post("/model")
+    async def model(body: XBody, s: RequestSession) -> dict[str, Any]:
+        return await h.matmul(s, body.model_dump())
 
     @app.get("/oom")
     async def oom(s: RequestSession) -> None:
@@ -140,6 +182,12 @@ def make_starlette_app() -> Starlette:
         body = await request.json()
         return JSONResponse(await h.matmul(web.request_session(request), body))
 
+    async def rows(request: Request) -> Response:
+        return JSONResponse(await h.rows(request))
+
+    async def session_rows(request: Request) -> Response:
+        return JSONResponse(await h.session_rows(request, web.request_session(request)))
+
     async def oom(request: Request) -> Response:
         await h.oom(web.request_session(request))
         return Response()
@@ -167,6 +215,8 @@ def make_starlette_app() -> Starlette:
     app = Starlette(
         routes=[
             Route("/matmul", matmul, methods=["POST"]),
+            Route("/rows", rows, methods=["POST"]),
+            Route("/session-rows", session_rows, methods=["POST"]),
             Route("/oom", oom),
             Route("/kernel-error", kernel_error),
             Route("/bug", bug),

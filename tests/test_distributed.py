@@ -496,6 +496,9 @@ async def test_example_runs_on_a_given_address(cluster: LocalCluster, client: Cl
     assert max(held["IN_BACKGROUND"]) <= 3
     assert max(held["ON_SAFE_POINTS"]) <= 3
     assert out.decode().count("after close 0 keys") == 3
+    # It says what the figures mean, before and after them.
+    assert "Each strategy runs 3 adds per iteration for 4 iterations" in out.decode()
+    assert "ON_SESSION_CLOSE keeps every one (it grows by 3 per iteration) until close" in out.decode()
 
 
 @pytest.mark.slow

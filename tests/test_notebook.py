@@ -93,5 +93,12 @@ def test_three_strategies(executed: Any) -> None:
 
 
 @pytest.mark.slow
+def test_the_notebook_says_what_it_showed(executed: Any) -> None:
+    (summary,) = stdout_of(executed, "summary").splitlines()
+    assert summary.startswith(f"What this showed: each strategy made {LOOP_BUFFERS} buffers of {BUFFER:,} bytes")
+    assert f"ON_SESSION_CLOSE held all {LOOP_BUFFERS} until close, ON_SAFE_POINTS at most 2 at once" in summary
+
+
+@pytest.mark.slow
 def test_close_frees_everything(executed: Any) -> None:
     assert fields(stdout_of(executed, "close")) == {"closed": "True", "live_tensors": "0"}

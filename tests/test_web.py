@@ -258,6 +258,7 @@ def test_an_invalid_argument_raised_before_a_kernel_keeps_its_message() -> None:
         "op": None,
         "inputs": [],
         "detail": "inputs: rows of different lengths",
+        "errors": [],
     }
 
 
@@ -277,7 +278,7 @@ async def test_other_aiotensor_errors_are_a_500_without_internals(app: Any, capl
     async with client(app) as c:
         r = await c.get("/kernel-error")
     assert r.status_code == 500
-    assert r.json() == {"error": "internal", "detail": "internal server error"}
+    assert r.json() == {"error": "internal", "detail": "internal server error", "op": None, "inputs": [], "errors": []}
     assert _web_app.SECRET not in r.text
     # ... but the operator sees it, with the traceback.
     (record,) = [rec for rec in caplog.records if rec.name == "aiotensor.web"]
@@ -291,7 +292,9 @@ async def test_other_aiotensor_errors_are_a_500_without_internals(app: Any, capl
 async def test_a_handler_raising_anything_else_still_closes_its_session(app: Any) -> None:
     async with client(app) as c:
         r = await c.get("/bug")
-    assert r.status_code == 500  # Starlette's own last-resort answer
+    assert r.status_code == 500  # Starlette's last-resort handler, with aiotensor's answer
+    assert r.json() == {"error": "internal", "detail": "internal server error", "op": None, "inputs": [], "errors": []}
+    assert "a bug in the handler" not in r.text
     (entry,) = log_of(app)
     assert (entry["status"], entry["outcome"], entry["allocated"]) == (None, "failed", 1)
     assert_closed_clean(entry)

@@ -113,9 +113,10 @@ async def test_request_sessions_freed_when_handler_raises(strategy: at.ResourceC
         np.testing.assert_allclose(ok.json()["probabilities"], reference(rows), rtol=RTOL, atol=ATOL)
         wrong_width = await c.post("/predict", json={"inputs": [[1.0, 2.0, 3.0]]})
         assert wrong_width.status_code == 422
-        assert "matmul" in wrong_width.json()["detail"]
+        assert wrong_width.json()["detail"] == f"inputs[0]: 3 values, expected {IN_FEATURES}"
         ragged = await c.post("/predict", json={"inputs": [[1.0] * IN_FEATURES, [1.0]]})
         assert ragged.status_code == 422
+        assert ragged.json()["detail"] == f"inputs[1]: 1 value, expected {IN_FEATURES}"
         assert (await c.post("/boom")).status_code == 500
         assert (await c.post("/refuse")).status_code == 409
         stats = (await c.get("/stats")).json()
@@ -125,8 +126,8 @@ async def test_request_sessions_freed_when_handler_raises(strategy: at.ResourceC
     assert requests["failed"] == 4
     assert requests["in_flight"] == requests["live_tensors"] == requests["live_bytes"] == 0
     assert requests["left_after_close"] == 0
-    # 10 buffers for the good prediction, 1 before the wrong width failed, 3 and 1 in the raisers.
-    assert requests["allocated"] == requests["freed"] == 15
+    # 10 buffers for the good prediction, 3 and 1 in the raisers; bad rows are refused before any buffer.
+    assert requests["allocated"] == requests["freed"] == 14
     assert stats["request_cleanup"] == strategy.name
     assert service.session.closed
 
@@ -314,13 +315,26 @@ def test_disconnects_and_errors_leak_nothing(server: RunningServer) -> None:
             assert after["requests"]["disconnected"] - before["requests"]["disconnected"] == 1
             assert after["requests"]["opened"] - before["requests"]["opened"] == 1
             assert_clean(before, after)
-            # Handlers that raise: a shape error after the input was allocated, and ragged rows.
-            wrong = await c.post("/predict", json={"inputs": [[0.5] * (IN_FEATURES + 1)] * 3})
-            ragged = await c.post("/predict", json={"inputs": [[0.5] * IN_FEATURES, [0.5]]})
-            assert (wrong.status_code, ragged.status_code) == (422, 422)
+            # Refused input: a wrong width, ragged rows, NaN, a number float32 cannot hold.
+            before = after
+            row = [0.5] * IN_FEATURES
+            bad = [
+                json.dumps({"inputs": [[0.5] * (IN_FEATURES + 1)] * 3}),
+                json.dumps({"inputs": [row, [0.5]]}),
+                json.dumps({"inputs": [row, [*row[:-1], float("nan")]]}),
+                json.dumps({"inputs": [[*row[:-1], 1e39]]}),
+            ]
+            answers = [await c.post("/predict", content=b, headers=HEAVY_HEADERS) for b in bad]
+            assert [a.status_code for a in answers] == [422] * 4
+            assert [a.json()["detail"] for a in answers] == [
+                f"inputs[0]: {IN_FEATURES + 1} values, expected {IN_FEATURES}",
+                f"inputs[1]: 1 value, expected {IN_FEATURES}",
+                f"inputs[1][{IN_FEATURES - 1}]: NaN is not allowed (non-finite)",
+                f"inputs[0][{IN_FEATURES - 1}]: 1e+39 overflows float32",
+            ]
             after = await stats_of(c)
-            assert after["requests"]["failed"] - before["requests"]["failed"] == 2
-            assert after["requests"]["allocated"] > before["requests"]["allocated"]
+            assert after["requests"]["failed"] - before["requests"]["failed"] == 4
+            assert after["requests"]["allocated"] == before["requests"]["allocated"]  # refused before any op
             assert_clean(before, after)
 
     run(main)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from .._config import ResourceCleanupStrategy, SessionConfig
 from .._session import AsyncEagerSession
-from ._errors import exception_handlers
+from ._errors import install_error_handlers
+from ._limits import BodyLimitMiddleware, Limits
 from ._middleware import RequestSessionMiddleware
 from ._stats import RequestStats
 
@@ -25,7 +26,7 @@ class Sessions:
         @contextlib.asynccontextmanager
         async def lifespan(app):
             async with sessions.open() as s:      # the app session
-                app.state.model = await Model.load(s)
+                app.state.w = await s.constant(weights, name="w")  # your model's tensors
                 yield
 
         app = FastAPI(lifespan=lifespan)          # or Starlette(...)
@@ -49,6 +50,10 @@ class Sessions:
         cancel_on_disconnect: Cancel a handler whose client disconnected before its
             response (only requests that opened a session are watched).
         retry_after: The ``Retry-After`` seconds of a 503 (``ResourceExhaustedError``).
+        limits: Every route's :class:`~aiotensor.web.Limits` (``max_bytes`` of a body,
+            ``max_rows`` for :func:`~aiotensor.web.read_rows`). ``None``: no limit.
+        route_limits: One path's limits (exact match), replacing ``limits`` there:
+            ``{"/predict": web.Limits(max_bytes=1 << 20, max_rows=512)}``.
     """
 
     def __init__(
@@ -61,6 +66,8 @@ class Sessions:
         on_request: Callable[[RequestStats], object] | None = None,
         cancel_on_disconnect: bool = True,
         retry_after: int = 1,
+        limits: Limits | None = None,
+        route_limits: Mapping[str, Limits] | None = None,
     ) -> None:
         self.cleanup = cleanup
         self.config = config
@@ -69,6 +76,8 @@ class Sessions:
         self.on_request = on_request
         self.cancel_on_disconnect = cancel_on_disconnect
         self.retry_after = retry_after
+        self.limits = limits
+        self.route_limits = dict(route_limits or {})
         self._app_session: AsyncEagerSession | None = None
         self._open: set[AsyncEagerSession] = set()
         self._opened = 0
@@ -115,12 +124,17 @@ class Sessions:
             yield
 
     def install(self, app: Any) -> None:
-        """Add :class:`RequestSessionMiddleware` and the aiotensor exception handlers to a Starlette or FastAPI app.
+        """Add :class:`RequestSessionMiddleware`, the body limits and the error handlers to a Starlette or FastAPI app.
 
         Call it before the app serves. The middleware sits outside the app's exception
         handlers (so a handled error still closes the session before its response goes
-        out) and inside Starlette's last-resort 500 handler.
+        out) and inside Starlette's last-resort 500 handler. With ``limits`` or
+        ``route_limits``, :class:`~aiotensor.web.BodyLimitMiddleware` goes outside it (a
+        body refused as too large opens no session). The error handlers are
+        :func:`~aiotensor.web.install_error_handlers`'s: every 4xx and 5xx answers with
+        one :data:`~aiotensor.web.ErrorBody`.
         """
         app.add_middleware(RequestSessionMiddleware, sessions=self)
-        for exc_class, handler in exception_handlers(retry_after=self.retry_after).items():
-            app.add_exception_handler(exc_class, handler)
+        if self.limits is not None or self.route_limits:
+            app.add_middleware(BodyLimitMiddleware, limits=self.limits or Limits(), route_limits=self.route_limits)
+        install_error_handlers(app, retry_after=self.retry_after)

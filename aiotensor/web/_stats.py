@@ -9,9 +9,12 @@ from .._registry import SessionStats
 
 __all__ = ["Outcome", "RequestStats"]
 
-#: How a request that opened a session ended: its response was sent (whatever the
-#: status), an exception left the app, or the client went away first.
 Outcome = Literal["completed", "failed", "disconnected"]
+"""How a request that opened a session ended (:attr:`RequestStats.outcome`).
+
+``"completed"``: its response was sent, whatever the status; ``"failed"``: an exception
+left the app before a response; ``"disconnected"``: the client went away first.
+"""
 
 
 @dataclass(frozen=True, slots=True)

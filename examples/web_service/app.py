@@ -20,6 +20,11 @@ op, the version to read first, and ``fused_app`` runs one ``apply`` op per reque
 
 Endpoints: ``POST /predict`` (``{"inputs": [[...64 floats], ...]}`` in,
 ``{"probabilities": [[...10 floats], ...]}`` out), ``GET /stats``, ``GET /health``.
+
+Input is read with :func:`aiotensor.web.read_rows`: a body over :data:`LIMITS` is a 413
+before it is parsed, and ragged, non-numeric or non-finite rows (NaN, ``1e39``, which
+overflows float32) are a 422 naming the row, before anything is computed. Every error
+answer, FastAPI's own included, has the same JSON shape (:data:`aiotensor.web.ErrorBody`).
 """
 
 from __future__ import annotations
@@ -36,9 +41,13 @@ import aiotensor as at
 from aiotensor import web
 from aiotensor.web.fastapi import RequestSession
 
-from .model import SEED, Model, batched_forward, make_weights
+from .model import DTYPE, IN_FEATURES, SEED, Model, batched_forward, make_weights
+
+#: What one request may send: 4096 rows (8 MiB covers them as ``json.dumps`` writes floats).
+LIMITS = web.Limits(max_bytes=8 << 20, max_rows=4096)
 
 __all__ = [
+    "LIMITS",
     "PredictRequest",
     "PredictResponse",
     "Service",
@@ -51,7 +60,7 @@ __all__ = [
 
 
 class PredictRequest(BaseModel):
-    """A batch of input rows."""
+    """A batch of input rows (the body's schema; ``/predict`` reads it with ``web.read_rows``)."""
 
     inputs: list[list[float]]
 
@@ -173,16 +182,19 @@ def create_app(
     if mode not in ("batched", "ops", "fused"):
         raise ValueError(f"forward must be 'batched', 'ops' or 'fused', got {forward!r}")
 
-    async def run_forward(model: Model, s: at.AsyncEagerSession, rows: list[list[float]]) -> Any:
+    async def run_forward(model: Model, s: at.AsyncEagerSession, x: at.Tensor) -> Any:
         if mode == "batched":
-            return await model.predict_batched(s, rows)
+            return await model.predict_batched(s, x)
         if mode == "fused":
-            return await model.predict_fused(s, rows)
-        return await model.predict(s, rows)
+            return await model.predict_fused(s, x)
+        return await model.predict(s, x)
 
     counters = RequestCounters()
     sessions = web.Sessions(
-        request_cleanup=request_cleanup, on_request=counters.record, cancel_on_disconnect=cancel_on_disconnect
+        request_cleanup=request_cleanup,
+        on_request=counters.record,
+        cancel_on_disconnect=cancel_on_disconnect,
+        limits=LIMITS,
     )
 
     @contextlib.asynccontextmanager
@@ -194,12 +206,15 @@ def create_app(
                 yield
 
     app = FastAPI(title="aiotensor MLP", lifespan=lifespan)
-    sessions.install(app)  # the request-session middleware and the error handlers
+    sessions.install(app)  # the request-session middleware, the body limit and the error handlers
 
-    @app.post("/predict")
-    async def predict(body: PredictRequest, service: ServiceDep, s: SessionDep) -> PredictResponse:
+    body_schema = {"content": {"application/json": {"schema": PredictRequest.model_json_schema()}}, "required": True}
+
+    @app.post("/predict", openapi_extra={"requestBody": body_schema})
+    async def predict(request: Request, service: ServiceDep, s: SessionDep) -> PredictResponse:
         """Class probabilities for a batch of rows."""
-        probs = await run_forward(service.model, s, body.inputs)
+        x = await web.read_rows(request, width=IN_FEATURES, dtype=DTYPE, session=s)  # 413/422 before any op
+        probs = await run_forward(service.model, s, x)
         return PredictResponse(probabilities=probs.tolist())
 
     @app.get("/stats")

@@ -25,6 +25,7 @@ __all__ = [
     "IN_FEATURES",
     "SEED",
     "Model",
+    "Rows",
     "as_inputs",
     "batched_forward",
     "make_weights",
@@ -88,51 +89,40 @@ class Model:
         """Bytes of all weights."""
         return sum(w.nbytes + b.nbytes for w, b in self.layers)
 
-    async def predict(self, s: at.AsyncEagerSession, rows: list[list[float]]) -> Array:
+    async def predict(self, s: at.AsyncEagerSession, rows: Rows) -> Array:
         """Class probabilities for ``rows``, computed in ``s`` (the app session or a child of it).
 
-        Each intermediate is a buffer of ``s``; rebinding ``h`` drops the previous one,
-        which ``s``'s cleanup strategy frees, and closing ``s`` frees the rest.
+        ``rows``: a ``(n, 64)`` float32 tensor of ``s`` (``web.read_rows`` makes one), or
+        a list of rows. Each intermediate is a buffer of ``s``; rebinding ``h`` drops the
+        previous one, which ``s``'s cleanup strategy frees, and closing ``s`` frees the rest.
         """
-        h = await s.constant(as_inputs(rows), name="inputs")
+        h = await _inputs(s, rows)
         for w, b in self.layers[:-1]:
             h = await s.relu(await s.add(await s.matmul(h, w), b))
         w, b = self.layers[-1]
         probs = await s.softmax(await s.add(await s.matmul(h, w), b), axis=-1)
         return await probs.numpy()
 
-    async def predict_fused(self, s: at.AsyncEagerSession, rows: list[list[float]]) -> Array:
+    async def predict_fused(self, s: at.AsyncEagerSession, rows: Rows) -> Array:
         """The same forward pass as one ``apply`` op: two pool round trips per request instead of ten.
 
         The weights still reach the kernel as the app session's buffers, uncopied. The
         width is checked here, on the loop: inside ``apply`` a shape error would be the
         user function's own failure (``KernelError``, a 500), not the client's (a 422).
         """
-        x = as_inputs(rows)
-        if x.shape[1] != IN_FEATURES:
-            raise at.InvalidArgumentError(
-                f"forward: rows of {x.shape[1]} values, expected {IN_FEATURES}",
-                inputs=({"dtype": str(x.dtype), "shape": list(x.shape)},),
-            )
-        inputs = await s.constant(x, name="inputs")
+        inputs = await _inputs(s, rows)
         probs = await s.apply(_forward_kernel, inputs, *[t for layer in self.layers for t in layer])
         assert not isinstance(probs, tuple)
         return await probs.numpy()
 
-    async def predict_batched(self, s: at.AsyncEagerSession, rows: list[list[float]]) -> Array:
+    async def predict_batched(self, s: at.AsyncEagerSession, rows: Rows) -> Array:
         """The same forward pass, micro-batched: concurrent requests share one kernel call.
 
         The rows of the requests that arrive within one loop iteration are stacked into
         one batch (up to 512 rows), the whole MLP runs once on it, and each request gets
         its own rows back as a tensor of its own session ``s`` (see ``at.batched``).
         """
-        x = as_inputs(rows)
-        if x.shape[1] != IN_FEATURES:  # a 422 naming the width, before the row joins a batch
-            raise at.InvalidArgumentError(
-                f"forward: rows of {x.shape[1]} values, expected {IN_FEATURES}",
-                inputs=({"dtype": str(x.dtype), "shape": list(x.shape)},),
-            )
-        inputs = await s.constant(x, name="inputs")
+        inputs = await _inputs(s, rows)
         probs = await batched_forward(inputs, *[t for layer in self.layers for t in layer])
         assert not isinstance(probs, tuple)
         return await probs.numpy()
@@ -147,6 +137,27 @@ def batched_forward(ops: at.FusedOps, x: Any, *params: Any) -> Any:
         h = ops.relu(h @ w + b)
     w, b = layers[-1]
     return ops.softmax(h @ w + b, axis=-1)
+
+
+#: The inputs of a forward pass: a float32 tensor of shape (n, 64), or a list of rows.
+Rows = at.Tensor | list[list[float]]
+
+
+async def _inputs(s: at.AsyncEagerSession, rows: Rows) -> at.Tensor:
+    """``rows`` as a checked ``(n, 64)`` float32 tensor of ``s``: a 422 naming the width, before any op."""
+    if isinstance(rows, at.Tensor):
+        shape, dtype = rows.shape, rows.dtype
+        t = rows
+    else:
+        x = as_inputs(rows)
+        shape, dtype = x.shape, x.dtype
+        t = None
+    if len(shape) != 2 or shape[1] != IN_FEATURES or dtype != DTYPE:
+        raise at.InvalidArgumentError(
+            f"forward: rows of {shape[-1] if shape else 0} {dtype} values, expected {IN_FEATURES} float32",
+            inputs=({"dtype": str(dtype), "shape": list(shape)},),
+        )
+    return t if t is not None else await s.constant(x, name="inputs")
 
 
 def as_inputs(rows: list[list[float]]) -> Array:

@@ -1,0 +1,245 @@
+"""A request body's rows as an array or a tensor, refused with a 413 or a 422 that says which row and why.
+
+:func:`parse_rows` is the pure part (bytes in, a 2-d ndarray out); :func:`read_rows` reads
+the body of a request under the service's :class:`Limits` and returns the rows as a
+tensor of the request session.
+
+The path from JSON to an array: a body of numbers is parsed by ``orjson`` (the ``web``
+extra; without it pydantic's parser, else the standard library's), and the rows become
+one array in one ``np.asarray`` call. Parsing straight from the bytes to an
+array, without any Python float in between (``np.fromstring``, ``np.loadtxt``), measured
+slower than either parser plus ``np.asarray`` (their number parsing is the cost, not
+the floats), so the floats stay and the fast parser does the work: see the benchmark in
+the web guide. What is checked costs little on the usual body: the row count is bounded
+from the body's bytes before parsing, a body of nothing but numbers and brackets (one
+``bytes.translate``) skips the per-value type check, and widths, raggedness and
+non-finite values are found on the array; only a refused body is walked value by value,
+to say where it went wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._errors import ErrorItem, RequestRejected
+from ._limits import Limits, limits_for
+from ._middleware import request_session
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+    from .._session import AsyncEagerSession
+    from .._tensor import Tensor
+
+__all__ = ["parse_rows", "read_body", "read_rows"]
+
+_loads: Callable[[bytes], Any]
+_DecodeError: tuple[type[Exception], ...] = (ValueError,)
+try:
+    import orjson
+except ImportError:  # pragma: no cover - orjson comes with the web extra
+    try:  # pydantic's parser (FastAPI's dependency): 1.4x orjson's time on rows of floats
+        from pydantic_core import from_json as _loads
+    except ImportError:  # the standard library's: about 6x
+        _loads = json.loads
+else:
+    _loads = orjson.loads
+    _DecodeError = (orjson.JSONDecodeError, ValueError)
+
+# Bytes a body of numbers, brackets and object punctuation is made of (its keys aside).
+_NUMERIC = b"0123456789+-.eE,[]{}: \t\r\n"
+_SHOWN = 3  # refused parts listed in an answer's ``errors``
+
+
+def _reject(detail: str, loc: list[str | int] | None = None, kind: str = "value_error") -> RequestRejected:
+    errors: list[ErrorItem] = [] if loc is None else [{"loc": loc, "msg": detail, "type": kind}]
+    return RequestRejected(422, detail, errors)
+
+
+def _name(key: str | None, row: int | None = None, col: int | None = None) -> str:
+    text = key or "body"
+    if row is not None:
+        text += f"[{row}]"
+    if col is not None:
+        text += f"[{col}]"
+    return text
+
+
+def _loc(key: str | None, *rest: int) -> list[str | int]:
+    return ["body", *([key] if key else []), *rest]
+
+
+def _is_number(v: object) -> bool:
+    t = type(v)
+    return t is float or t is int  # bool is an int subclass, and not a number here
+
+
+def _diagnose(rows: list[Any], width: int, key: str | None) -> RequestRejected:
+    # The body was refused: find where, value by value, and say so (the first few places).
+    problems: list[tuple[str, list[str | int], str]] = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, list):
+            what = "a number" if _is_number(row) else type(row).__name__
+            problems.append((f"{_name(key, i)}: expected a row of {width} numbers, got {what}", _loc(key, i), "row"))
+        elif len(row) != width:
+            n = len(row)
+            msg = f"{_name(key, i)}: {n} value{'' if n == 1 else 's'}, expected {width}"
+            problems.append((msg, _loc(key, i), "row_width"))
+        else:
+            for j, v in enumerate(row):
+                if not _is_number(v):
+                    shown = json.dumps(v)[:40] if not isinstance(v, list | dict) else type(v).__name__
+                    problems.append((f"{_name(key, i, j)}: {shown} is not a number", _loc(key, i, j), "not_a_number"))
+                    break
+        if len(problems) >= _SHOWN:
+            break
+    if not problems:  # (a value numpy refused that passed these checks: say so plainly)
+        problems.append((f"{_name(key)}: not a list of rows of {width} numbers", _loc(key), "value_error"))
+    errors: list[ErrorItem] = [{"loc": loc, "msg": msg, "type": kind} for msg, loc, kind in problems]
+    return RequestRejected(422, problems[0][0], errors)
+
+
+def parse_rows(
+    body: bytes,
+    *,
+    width: int,
+    dtype: Any = np.float32,
+    key: str | None = "inputs",
+    max_rows: int | None = None,
+    allow_nonfinite: bool = False,
+) -> np.ndarray[Any, Any]:
+    """The rows of a JSON body as a fresh 2-d array of ``dtype``, ``width`` columns; :class:`RequestRejected` else.
+
+    ``body`` is ``{"<key>": [[...], ...]}`` (``key=None``: the body is the list of rows).
+
+    Refused with 422 (:class:`~aiotensor.web.RequestRejected`, its ``detail`` naming the
+    row and why, e.g. ``"inputs[3]: 63 values, expected 64"``): a body that is not JSON,
+    without ``key``, no rows, a row that is not a list (a flat list of numbers), a row of
+    another width, a value that is not a number (strings, ``true``, ``null``), and, unless
+    ``allow_nonfinite``, NaN, infinities and numbers that overflow ``dtype`` (``1e39``
+    in float32). More than ``max_rows`` rows is a 413, found before the body is parsed.
+
+    Args:
+        body: The request body.
+        width: Values per row.
+        dtype: A floating dtype (``float32`` by default).
+        key: The key of the rows in the body's object, or ``None`` for a bare list.
+        max_rows: The most rows accepted, or ``None``.
+        allow_nonfinite: Accept NaN and infinities (``NaN``, ``Infinity`` and
+            ``-Infinity`` in the JSON, and overflowing numbers, which become ``inf``).
+    """
+    dt = np.dtype(dtype)
+    if dt.kind != "f":
+        raise TypeError(f"parse_rows: dtype must be a floating dtype, got {dt}")
+    if max_rows is not None and body.count(b"[") - 1 > max_rows:
+        raise RequestRejected(
+            413,
+            f"{_name(key)}: more than {max_rows} rows",
+            [{"loc": _loc(key), "msg": f"at most {max_rows} rows", "type": "too_many_rows"}],
+        )
+    try:
+        data = _loads(body)
+    except _DecodeError:
+        try:  # the standard library's parser reads NaN and Infinity (refused below, or not), and words errors well
+            data = json.loads(body)
+        except ValueError as exc:
+            raise _reject(f"the body is not valid JSON: {exc}", ["body"], "json_invalid") from None
+    if key is None:
+        rows = data
+    elif isinstance(data, dict) and key in data:
+        rows = data[key]
+    else:
+        detail = f"body: expected an object with {key!r}: a list of rows of {width} numbers"
+        raise _reject(detail, _loc(None), "missing")
+    if not isinstance(rows, list):
+        raise _reject(f"{_name(key)}: expected a list of rows of {width} numbers", _loc(key), "list")
+    if not rows:
+        raise _reject(f"{_name(key)}: no rows; expected rows of {width} numbers", _loc(key), "empty")
+    numbers_only = body.translate(None, _NUMERIC) == (b'"' + key.encode() + b'"' if key else b"").translate(
+        None, _NUMERIC
+    )
+    if not numbers_only and not all(_is_number(v) for row in rows if isinstance(row, list) for v in row):
+        raise _diagnose(rows, width, key)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf: judged below
+            x = np.asarray(rows, dtype=dt)
+    except (ValueError, TypeError):  # ragged, or a row that is not a list
+        raise _diagnose(rows, width, key) from None
+    if x.ndim != 2 or x.shape[1] != width:
+        raise _diagnose(rows, width, key)
+    if not allow_nonfinite and not np.isfinite(x).all():
+        i, j = (int(v) for v in np.argwhere(~np.isfinite(x))[0])
+        given = rows[i][j]
+        if isinstance(given, float) and not np.isfinite(given):
+            why = f"{json.dumps(given)} is not allowed (non-finite)"
+        else:
+            why = f"{json.dumps(given)} overflows {dt}"
+        detail = f"{_name(key, i, j)}: {why}"
+        raise _reject(detail, _loc(key, i, j), "non_finite")
+    return x
+
+
+async def read_body(request: Request, *, max_bytes: int | None = None) -> bytes:
+    """The request's body, refused with 413 once it passes ``max_bytes`` (from ``Content-Length`` before reading)."""
+    if max_bytes is None:
+        return await request.body()
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise RequestRejected(413, f"the body is {int(declared)} bytes, at most {max_bytes}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise RequestRejected(413, f"the body is over {max_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_rows(
+    request: Request,
+    *,
+    width: int,
+    dtype: Any = np.float32,
+    key: str | None = "inputs",
+    limits: Limits | None = None,
+    allow_nonfinite: bool = False,
+    session: AsyncEagerSession | None = None,
+    name: str | None = "inputs",
+) -> Tensor:
+    """The rows of ``request``'s JSON body as a ``(rows, width)`` tensor of ``dtype`` in the request session.
+
+    ::
+
+        @app.post("/predict")
+        async def predict(request: Request) -> Response:
+            x = await web.read_rows(request, width=64)        # float32[rows, 64]
+            ...
+
+    The body is read under ``limits`` (by default the route's or the service's, from
+    :class:`~aiotensor.web.Sessions`), then parsed and checked by :func:`parse_rows`
+    (see there for what is refused, always before anything is allocated in a session).
+    A refusal raises :class:`~aiotensor.web.RequestRejected`, answered 413 or 422 with
+    an :data:`~aiotensor.web.ErrorBody` by the installed handlers.
+
+    Args:
+        request: A Starlette (or FastAPI) ``Request``.
+        width: Values per row.
+        dtype: A floating dtype.
+        key: The key of the rows in the body's object, or ``None`` for a bare list.
+        limits: ``max_bytes`` and ``max_rows`` for this call; ``None``: the route's
+            limits from ``Sessions(route_limits=...)``, else ``Sessions(limits=...)``.
+        allow_nonfinite: Accept NaN and infinities (the default refuses them, 422).
+        session: The session that owns the tensor (default: :func:`~aiotensor.web.request_session`).
+        name: The tensor's name.
+    """
+    if limits is None:
+        limits = limits_for(request)
+    body = await read_body(request, max_bytes=limits.max_bytes)
+    x = parse_rows(body, width=width, dtype=dtype, key=key, max_rows=limits.max_rows, allow_nonfinite=allow_nonfinite)
+    s = session if session is not None else request_session(request)
+    return await s.constant(x, name=name)

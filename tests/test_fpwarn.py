@@ -1,0 +1,73 @@
+"""numpy's floating-point warnings raised by kernels name the user's line, inline and on the pool."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Iterator
+from typing import TypeAlias
+
+import numpy as np
+import pytest
+
+import aiotensor as at
+
+Log: TypeAlias = list[warnings.WarningMessage]
+
+
+@pytest.fixture
+def shown() -> Iterator[list[warnings.WarningMessage]]:
+    """The warnings shown for this module's lines (aiotensor's own lines fall through to its filter)."""
+    with warnings.catch_warnings(record=True) as log:
+        warnings.filterwarnings("always", category=RuntimeWarning, module=r"(?!aiotensor\.)")
+        yield log
+
+
+def next_line() -> int:
+    """The line after the caller's."""
+    frame = inspect.currentframe()
+    assert frame is not None
+    assert frame.f_back is not None
+    return frame.f_back.f_lineno + 1
+
+
+def where(log: list[warnings.WarningMessage]) -> list[tuple[str, str, int]]:
+    return [(str(w.message), w.filename, w.lineno) for w in log]
+
+
+async def test_an_inline_kernels_warning_names_the_callers_line(s: at.AsyncEagerSession, shown: Log) -> None:
+    a = await s.constant(np.full(4, 100.0, np.float32))
+    line = next_line()
+    y = await s.exp(a)
+    assert where(shown) == [("overflow encountered in exp", __file__, line)]
+    assert np.isposinf(await y.numpy()).all()  # the result is numpy's, as before
+    line = next_line()
+    z = await s.divide(a, 0.0)
+    assert where(shown)[1:] == [("divide by zero encountered in divide", __file__, line)]
+    assert np.isposinf(await z.numpy()).all()
+
+
+async def test_a_pool_kernels_warning_names_the_callers_line(shown: Log) -> None:
+    config = at.SessionConfig(inline_threshold_us=0)  # every kernel on the pool
+    async with at.AsyncEagerSession(config=config) as s:
+        a = await s.constant(np.full(1 << 16, 100.0, np.float32))
+        line = next_line()
+        y = await s.exp(a)
+        assert np.isposinf(await y.numpy()).all()
+    assert where(shown) == [("overflow encountered in exp", __file__, line)]
+
+
+async def test_each_line_warns_not_only_the_first(s: at.AsyncEagerSession, shown: Log) -> None:
+    a = await s.constant(np.full(4, 100.0, np.float32))
+    await s.exp(a)
+    await s.exp(a)
+    assert len({w.lineno for w in shown}) == 2
+
+
+async def test_the_callers_errstate_still_decides(s: at.AsyncEagerSession, shown: Log) -> None:
+    a = await s.constant(np.full(4, 100.0, np.float32))
+    with np.errstate(over="ignore"):
+        await s.exp(a)
+    assert shown == []
+    with np.errstate(over="raise"), pytest.raises(at.AioTensorError, match="overflow"):
+        await s.exp(a)
