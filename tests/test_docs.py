@@ -1,4 +1,9 @@
-"""The docs say what the code does: the web guide's programs and answers, and an API page for every public name.
+"""The docs say what the code does: the quickstart's and the web guide's programs, and an API page for every name.
+
+* Each python block of the quickstart is run as written (a block that awaits at top level
+  as a notebook cell, in ``asyncio.run``): it must print the text block the page shows
+  after it, and nothing on stderr. Its ``aiotensor demo`` command is run as written, and
+  its install command must be the README's.
 
 * The web guide's "A whole service" program is run as written (in process, through
   ``httpx.ASGITransport``), and each ``curl`` of the block after it is sent to it: the
@@ -86,6 +91,81 @@ def test_the_landing_pages_example_prints_what_the_page_says() -> None:
     assert printed is not None
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == printed[1].strip()
+
+
+# -- the quickstart ----------------------------------------------------------------------
+QUICKSTART = DOCS / "quickstart.md"
+
+# Runs a block as a script, or, if it awaits at top level (a notebook cell), in asyncio.run.
+RUN_BLOCK = """
+import ast, asyncio, inspect, sys
+code = compile(sys.stdin.read(), "quickstart.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+namespace = {"__name__": "__main__"}
+if code.co_flags & inspect.CO_COROUTINE:
+    asyncio.run(eval(code, namespace))
+else:
+    exec(code, namespace)
+"""
+
+
+def printed_blocks(page: Path) -> list[tuple[str, str, str | None]]:
+    """``(language, code, printed)`` of each tested block; ``printed``: the text block after "prints", if any."""
+    pattern = re.compile(
+        re.escape(TESTED) + r"[^\n]*-->\n```(\w+)\n(.*?)\n```(?:\s*prints\s*```text\n(.*?)\n```)?", re.S
+    )
+    return [(m[1], m[2], m[3]) for m in pattern.finditer(page.read_text())]
+
+
+QUICKSTART_PROGRAMS = [(code, printed) for lang, code, printed in printed_blocks(QUICKSTART) if lang == "python"]
+
+
+def test_every_python_block_of_the_quickstart_is_run() -> None:
+    text = QUICKSTART.read_text()
+    assert text.count("```python\n") == len(QUICKSTART_PROGRAMS) == 5
+    assert all(printed is not None for _, printed in QUICKSTART_PROGRAMS)
+    # It points on to the standard's page and the k-means example.
+    assert "(xp.md)" in text
+    assert "examples/kmeans.py" in text
+
+
+def section_of(page: Path, code: str) -> str:
+    """The ``##`` heading ``code`` is under on ``page``."""
+    text = page.read_text()
+    return re.findall(r"^## (.+)$", text[: text.index(code)], re.M)[-1]
+
+
+@pytest.mark.parametrize(
+    ("program", "printed"),
+    [pytest.param(code, printed, id=section_of(QUICKSTART, code)) for code, printed in QUICKSTART_PROGRAMS],
+)
+def test_the_quickstarts_programs_print_what_the_page_says(program: str, printed: str | None) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", RUN_BLOCK], input=program, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""  # no warning either: no expression left unevaluated, no kernel warning
+    assert out.stdout.strip() == (printed or "").strip()
+
+
+def test_the_quickstarts_demo_command_runs_as_written(tmp_path: Path) -> None:
+    (command,) = [code for lang, code, _ in printed_blocks(QUICKSTART) if lang == "console"]
+    words = shlex.split(command.removeprefix("$ "))
+    assert words[:2] == ["aiotensor", "demo"]
+    # python -m aiotensor is the same command, from this checkout.
+    out = subprocess.run(
+        [sys.executable, "-m", *words], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    for strategy in ("IN_BACKGROUND", "ON_SAFE_POINTS", "ON_SESSION_CLOSE"):
+        assert strategy in out.stdout
+    assert (tmp_path / "live.png").stat().st_size > 0
+
+
+def test_the_quickstarts_install_command_is_the_readmes() -> None:
+    readme = (ROOT / "README.md").read_text()
+    demo_command = re.search(r"<!-- demo-command -->\n```bash\n(.*?)\n```", readme, re.S)
+    assert demo_command is not None
+    assert f"```bash\n{demo_command[1]}\n```" in QUICKSTART.read_text()
 
 
 # -- the web guide --------------------------------------------------------------------
