@@ -38,10 +38,20 @@ GUIDE = DOCS / "guides" / "web-services.md"
 TESTED = "<!-- tested:"
 
 
+def printed_blocks(page: Path) -> list[tuple[str, str, str | None]]:
+    """``(language, code, printed)`` of each fenced block right after a ``<!-- tested: ... -->`` comment.
+
+    ``printed`` is the text block that follows the word "prints" after it, if there is one.
+    """
+    pattern = re.compile(
+        re.escape(TESTED) + r"[^\n]*-->\n```(\w+)\n(.*?)\n```(?:\s*prints\s*```text\n(.*?)\n```)?", re.S
+    )
+    return [(m[1], m[2], m[3]) for m in pattern.finditer(page.read_text())]
+
+
 def marked_blocks(page: Path) -> list[tuple[str, str]]:
     """``(language, code)`` of each fenced block right after a ``<!-- tested: ... -->`` comment."""
-    pattern = re.compile(re.escape(TESTED) + r"[^\n]*-->\n```(\w+)\n(.*?)\n```", re.S)
-    return [(m[1], m[2]) for m in pattern.finditer(page.read_text())]
+    return [(language, code) for language, code, _ in printed_blocks(page)]
 
 
 def requests_of(block: str) -> list[tuple[str, str, bytes, str]]:
@@ -83,14 +93,12 @@ async def check_answers(app: Any, block: str) -> int:
 
 # -- the landing page ---------------------------------------------------------------------
 def test_the_landing_pages_example_prints_what_the_page_says() -> None:
-    text = (DOCS / "index.md").read_text()
-    ((lang, program),) = marked_blocks(DOCS / "index.md")
+    ((lang, program, printed),) = printed_blocks(DOCS / "index.md")
     assert lang == "python"
     assert len(program.splitlines()) <= 15  # short
-    printed = re.search(r"```python\n.*?\n```\s*prints\s*```text\n(.*?)\n```", text, re.S)
     assert printed is not None
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.strip() == printed[1].strip()
+    assert out.stdout.strip() == printed.strip()
 
 
 # -- the quickstart ----------------------------------------------------------------------
@@ -106,14 +114,6 @@ if code.co_flags & inspect.CO_COROUTINE:
 else:
     exec(code, namespace)
 """
-
-
-def printed_blocks(page: Path) -> list[tuple[str, str, str | None]]:
-    """``(language, code, printed)`` of each tested block; ``printed``: the text block after "prints", if any."""
-    pattern = re.compile(
-        re.escape(TESTED) + r"[^\n]*-->\n```(\w+)\n(.*?)\n```(?:\s*prints\s*```text\n(.*?)\n```)?", re.S
-    )
-    return [(m[1], m[2], m[3]) for m in pattern.finditer(page.read_text())]
 
 
 QUICKSTART_PROGRAMS = [(code, printed) for lang, code, printed in printed_blocks(QUICKSTART) if lang == "python"]
