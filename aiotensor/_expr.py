@@ -60,6 +60,7 @@ class Operand:
                 " (np.asarray(t) of a tensor, await an expression first)"
             )
         return Expr(d, inputs, None, None)
+
     # ``==`` builds an expression; hashing stays by identity (as PyTorch's), so tensors key dicts.
     __hash__ = object.__hash__
 
@@ -484,6 +485,8 @@ class Expr(Operand):
 
     # Concrete values need the data: an expression has none until evaluated.
     def _needs_await(self, what: str) -> TypeError:
+        # The refusal points at the expression: a later "never evaluated" warning would be noise.
+        self._used = True
         return TypeError(f"{what} of an expression needs its value: await it first, e.g. {what}(await e)")
 
     def __int__(self) -> int:
@@ -500,15 +503,18 @@ class Expr(Operand):
 
     def item(self) -> Any:
         """Refused: an expression has no value until evaluated (``(await e).item()``)."""
+        self._used = True
         raise TypeError("item() of an expression needs its value: await it first, (await e).item()")
 
     def tolist(self) -> Any:
         """Refused: an expression has no value until evaluated (``(await e).tolist()``)."""
+        self._used = True
         raise TypeError("tolist() of an expression needs its value: await it first, (await e).tolist()")
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> NDArray:
         # Without it numpy wraps the expression in a 0-d object array, and
         # assert_allclose(x + 1, ...) compares that instead of failing.
+        self._used = True
         raise TypeError("numpy needs the value of an expression: await it first, np.asarray(await e)")
 
     def __len__(self) -> int:
@@ -521,10 +527,12 @@ class Expr(Operand):
 
     def __dlpack__(self, **kwargs: Any) -> Any:
         """Refused: an expression has no buffer to share; await it first."""
+        self._used = True
         raise TypeError("an expression has no buffer to share: await it first, np.from_dlpack(await e)")
 
     def __dlpack_device__(self) -> tuple[int, int]:
         """Refused: an expression has no buffer; await it first."""
+        self._used = True
         raise TypeError("an expression has no buffer to share: await it first, np.from_dlpack(await e)")
 
     def _tensor(self) -> Any:
@@ -581,6 +589,7 @@ class Expr(Operand):
         return out
 
     def __bool__(self) -> bool:
+        self._used = True  # (as _needs_await)
         raise TypeError(
             "the truth value of an expression needs its data: await it first, bool(await e);"
             " element-wise and/or are & and | (0 < x < 1 is (0 < x) & (x < 1)), as in numpy"

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -631,3 +632,18 @@ async def test_chained_comparisons_say_to_use_element_wise_and(s: at.AsyncEagerS
     with pytest.raises(TypeError, match=r"\(0 < x\) & \(x < 1\)"):
         0 < x < 1  # noqa: B015 -- Python's `and` asks bool() of the first comparison
     np.testing.assert_array_equal(await s.run((x > 0) & (x < 1)), [True, False])
+
+
+async def test_a_refused_conversion_does_not_warn_again_when_dropped(s: at.AsyncEagerSession) -> None:
+    # float(e), bool(e), ... raise "await it first": the expression was seen, not silently dropped.
+    x = await s.constant([1.0, 2.0])
+    refusals: list[Callable[[at.Expr], object]] = [float, bool, int, lambda e: e.item(), np.asarray]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for refuse in refusals:
+            e = x.sum() + 1.0
+            with pytest.raises(TypeError, match="await"):
+                refuse(e)
+            del e
+            gc.collect()
+    assert [str(w.message) for w in seen if "never evaluated" in str(w.message)] == []
