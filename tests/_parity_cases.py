@@ -14,6 +14,7 @@ that are not C-contiguous (``.T`` of a matrix: the tensor's buffer is Fortran-or
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -324,32 +325,14 @@ def _stack(arrays: list[Any], axis: int = 0) -> Any:
     return np.stack(arrays, axis=axis)
 
 
+#: The op families whose test modules export ``PARITY_CASES`` (tests/test_ops_<family>.py).
+_FAMILIES = ("creation", "fft", "linalg", "manip", "math", "nn", "reduction", "search", "shape")
+
+
 def _family_cases() -> list[Case]:
     # The op families' own rows: each family's test module checks them on every surface
     # and exports them in this format, so the matrix runs them through every path too.
-    from . import (
-        test_ops_creation,
-        test_ops_fft,
-        test_ops_linalg,
-        test_ops_manip,
-        test_ops_math,
-        test_ops_nn,
-        test_ops_reduction,
-        test_ops_search,
-        test_ops_shape,
-    )
-
-    modules = (
-        test_ops_creation,
-        test_ops_fft,
-        test_ops_linalg,
-        test_ops_manip,
-        test_ops_math,
-        test_ops_nn,
-        test_ops_reduction,
-        test_ops_search,
-        test_ops_shape,
-    )
+    modules = [importlib.import_module(f".test_ops_{family}", __package__) for family in _FAMILIES]
     return [case for module in modules for case in module.PARITY_CASES if not _warns(case)]
 
 
