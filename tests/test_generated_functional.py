@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor import _functional
+from aiotensor import _generated_functional
 
 from ._opcheck import nothing_allocated
 from ._results import one
@@ -114,8 +114,8 @@ def test_every_op_of_the_issue_exists_both_ways() -> None:
 
 
 def test_module_functions_mirror_the_session_methods() -> None:
-    assert set(_functional.__all__) == _session_ops()
-    for name in _functional.__all__:
+    assert set(_generated_functional.__all__) == _session_ops()
+    for name in _generated_functional.__all__:
         fn = getattr(at, name)
         method = getattr(at.AsyncEagerSession, name)
         assert fn.__name__ == name
