@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -129,7 +129,8 @@ async def test_random_is_reproducible_with_a_seed(s: at.AsyncEagerSession, name:
     np.testing.assert_array_equal(a, d)
     assert not np.array_equal(a, c)
     unseeded = [await (await op(8)).numpy() for _ in range(2)]
-    assert not np.array_equal(*unseeded)  # type: ignore[arg-type]
+    first, second = unseeded
+    assert not np.array_equal(first, second)
     for dtype in (np.float32, "float16", np.float64):
         t = await op(5, dtype=dtype, seed=1)
         assert t.dtype == np.dtype(dtype)
@@ -310,8 +311,8 @@ async def test_from_dlpack(s: at.AsyncEagerSession) -> None:
     assert (await (await s.from_dlpack(strided)).numpy()).tolist() == strided.tolist()
 
 
-def _meshgrid(*arrays: Any, indexing: str = "xy") -> Any:
-    return list(np.meshgrid(*arrays, indexing=indexing))  # type: ignore[call-overload]
+def _meshgrid(*arrays: Any, indexing: Literal["xy", "ij"] = "xy") -> Any:
+    return list(np.meshgrid(*arrays, indexing=indexing))
 
 
 async def test_meshgrid(s: at.AsyncEagerSession) -> None:

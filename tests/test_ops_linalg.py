@@ -33,9 +33,9 @@ def strict(name: str) -> Callable[..., Any]:
 
     def ref(*args: Any, **kwargs: Any) -> Any:
         conv = [xps.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
-        kw = {k: xps.asarray(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
+        kw: dict[str, Any] = {k: xps.asarray(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
         if kw.get("dtype") is not None:
-            kw["dtype"] = getattr(xps, np.dtype(kw["dtype"]).name)  # type: ignore[arg-type]
+            kw["dtype"] = getattr(xps, np.dtype(kw["dtype"]).name)
         out = fn(*conv, **kw)
         return tuple(np.asarray(o._array) for o in out) if isinstance(out, tuple) else np.asarray(out._array)
 

@@ -7,7 +7,7 @@ Every surface (session, module, fused ``ops``, expression node); the named tuple
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import array_api_strict
 import numpy as np
@@ -73,10 +73,10 @@ async def test_sort_of_bool_and_names_of_results(s: at.AsyncEagerSession) -> Non
     await check_std(s, "sort", _np_sort, np.array([True, False, True]), exact=True)  # beyond the standard: numpy's
 
 
-def _np_searchsorted(x1: Any, x2: Any, side: str = "left", sorter: Any = None) -> Any:
+def _np_searchsorted(x1: Any, x2: Any, side: Literal["left", "right"] = "left", sorter: Any = None) -> Any:
     if np.ndim(x1) != 1:
         raise ValueError("1-d")
-    return np.asarray(np.searchsorted(x1, x2, side=side, sorter=sorter))  # type: ignore[call-overload]
+    return np.asarray(np.searchsorted(x1, x2, side=side, sorter=sorter))
 
 
 async def test_searchsorted(s: at.AsyncEagerSession) -> None:
