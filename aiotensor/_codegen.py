@@ -10,7 +10,9 @@ From each :class:`~aiotensor._opdef.OpDef` (its spec's signature and docstring):
   ``fft`` extensions, one per standard name whose op is in the table (``_xpnames``).
 
 Generated rather than built at import so that type checkers, IDEs and ``help()`` see
-real signatures; ``tests/test_codegen.py`` fails when the files are stale. Adding an op
+real signatures; ``tests/test_codegen.py`` fails when the files are stale. The
+``_generated_*.py`` modules are written through ``ruff format`` (of the ``test`` extra), so
+they read like the hand-written ones. Adding an op
 is one ``@op`` entry in ``_ops/`` and a run of this module.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -373,18 +376,32 @@ def xp_functions(names: list[str], extension: str | None) -> str:
     return "".join(out)
 
 
+def _formatted(path: Path, source: str) -> str:
+    """``source`` as ``ruff format`` writes it with the project's settings: formatted like the rest."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--stdin-filename", str(path), "-"],
+        input=source,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=HERE.parent,
+    )
+    return done.stdout
+
+
 def generate() -> dict[Path, str]:
     """Every generated file's path and its up-to-date source."""
     expr = HERE / "_expr.py"
     xp = HERE / "xp"
-    return {
+    modules = {
         HERE / "_generated_session_ops.py": session_ops(),
         HERE / "_generated_functional.py": functional(),
-        expr: _expr_source(expr.read_text()),
         xp / "_generated_main.py": xp_functions(list(_xpnames.MAIN), None),
         xp / "_generated_linalg.py": xp_functions(list(_xpnames.LINALG), "linalg"),
         xp / "_generated_fft.py": xp_functions(list(_xpnames.FFT), "fft"),
     }
+    # (the region of _expr.py is written in the file's own layout: the file is hand-written around it)
+    return {expr: _expr_source(expr.read_text())} | {path: _formatted(path, text) for path, text in modules.items()}
 
 
 def main() -> int:

@@ -414,11 +414,24 @@ async def apply(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Tensor 
         KernelError: ``fn`` raised; the original exception is the ``__cause__``.
     """
     p_args, p_kwargs, p_nbytes = _apply.spec(fn, *args, **kwargs)
-    r: Tensor | tuple[Tensor, ...] = await engine_of((fn, *args,), kwargs).op(_apply, p_args, p_kwargs, p_nbytes, None)
+    r: Tensor | tuple[Tensor, ...] = await engine_of(
+        (
+            fn,
+            *args,
+        ),
+        kwargs,
+    ).op(_apply, p_args, p_kwargs, p_nbytes, None)
     return r
 
 
-async def constant(value: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None, copy: bool | None = None) -> Tensor:
+async def constant(
+    value: TensorLike,
+    dtype: DTypeLike | None = None,
+    name: str | None = None,
+    *,
+    device: str | None = None,
+    copy: bool | None = None,
+) -> Tensor:
     """A tensor holding a copy of ``value`` (nested lists, scalars, ndarrays, tensors).
 
     ``device`` and ``copy`` are the standard's keywords of ``asarray``: the tensor is
@@ -431,102 +444,262 @@ async def constant(value: TensorLike, dtype: DTypeLike | None = None, name: str 
             ``None`` numeric. ``copy=False``: a tensor owns its memory, so a copy is needed.
     """
     p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype, device=device, copy=copy)
-    r: Tensor = await engine_of((value, dtype,), {"device": device, "copy": copy}).op(_constant, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            value,
+            dtype,
+        ),
+        {"device": device, "copy": copy},
+    ).op(_constant, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def zeros(shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+async def zeros(
+    shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None
+) -> Tensor:
     """A tensor of zeros (default dtype float64)."""
     p_args, p_kwargs, p_nbytes = _zeros.spec(shape, dtype, device=device)
-    r: Tensor = await engine_of((shape, dtype,), {"device": device}).op(_zeros, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            shape,
+            dtype,
+        ),
+        {"device": device},
+    ).op(_zeros, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def ones(shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+async def ones(
+    shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None
+) -> Tensor:
     """A tensor of ones (default dtype float64)."""
     p_args, p_kwargs, p_nbytes = _ones.spec(shape, dtype, device=device)
-    r: Tensor = await engine_of((shape, dtype,), {"device": device}).op(_ones, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            shape,
+            dtype,
+        ),
+        {"device": device},
+    ).op(_ones, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def full(shape: ShapeLike, fill_value: bool | complex, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+async def full(
+    shape: ShapeLike,
+    fill_value: bool | complex,
+    dtype: DTypeLike | None = None,
+    name: str | None = None,
+    *,
+    device: str | None = None,
+) -> Tensor:
     """A tensor filled with ``fill_value`` (dtype inferred from it, as numpy does)."""
     p_args, p_kwargs, p_nbytes = _full.spec(shape, fill_value, dtype, device=device)
-    r: Tensor = await engine_of((shape, fill_value, dtype,), {"device": device}).op(_full, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            shape,
+            fill_value,
+            dtype,
+        ),
+        {"device": device},
+    ).op(_full, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def zeros_like(x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+async def zeros_like(
+    x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None
+) -> Tensor:
     """Zeros with the shape (and, by default, the dtype) of ``x``."""
     p_args, p_kwargs, p_nbytes = _zeros_like.spec(x, dtype, device=device)
-    r: Tensor = await engine_of((x, dtype,), {"device": device}).op(_zeros_like, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            dtype,
+        ),
+        {"device": device},
+    ).op(_zeros_like, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def ones_like(x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+async def ones_like(
+    x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None
+) -> Tensor:
     """Ones with the shape (and, by default, the dtype) of ``x``."""
     p_args, p_kwargs, p_nbytes = _ones_like.spec(x, dtype, device=device)
-    r: Tensor = await engine_of((x, dtype,), {"device": device}).op(_ones_like, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            dtype,
+        ),
+        {"device": device},
+    ).op(_ones_like, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def arange(start: float, stop: float | None = None, step: float = 1, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+async def arange(
+    start: float,
+    stop: float | None = None,
+    step: float = 1,
+    dtype: DTypeLike | None = None,
+    name: str | None = None,
+    *,
+    device: str | None = None,
+) -> Tensor:
     """Evenly spaced values in ``[start, stop)`` (``arange(n)`` counts from 0), as numpy's ``arange``."""
     p_args, p_kwargs, p_nbytes = _arange.spec(start, stop, step, dtype, device=device)
-    r: Tensor = await engine_of((start, stop, step, dtype,), {"device": device}).op(_arange, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            start,
+            stop,
+            step,
+            dtype,
+        ),
+        {"device": device},
+    ).op(_arange, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def linspace(start: float, stop: float, num: int = 50, endpoint: bool = True, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+async def linspace(
+    start: float,
+    stop: float,
+    num: int = 50,
+    endpoint: bool = True,
+    dtype: DTypeLike | None = None,
+    name: str | None = None,
+    *,
+    device: str | None = None,
+) -> Tensor:
     """``num`` evenly spaced values from ``start`` to ``stop`` (without ``stop`` unless ``endpoint``)."""
     p_args, p_kwargs, p_nbytes = _linspace.spec(start, stop, num, endpoint, dtype, device=device)
-    r: Tensor = await engine_of((start, stop, num, endpoint, dtype,), {"device": device}).op(_linspace, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            start,
+            stop,
+            num,
+            endpoint,
+            dtype,
+        ),
+        {"device": device},
+    ).op(_linspace, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def eye(n_rows: int, n_cols: int | None = None, k: int = 0, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+async def eye(
+    n_rows: int,
+    n_cols: int | None = None,
+    k: int = 0,
+    dtype: DTypeLike | None = None,
+    name: str | None = None,
+    *,
+    device: str | None = None,
+) -> Tensor:
     """A 2-d tensor with ones on diagonal ``k`` and zeros elsewhere."""
     p_args, p_kwargs, p_nbytes = _eye.spec(n_rows, n_cols, k, dtype, device=device)
-    r: Tensor = await engine_of((n_rows, n_cols, k, dtype,), {"device": device}).op(_eye, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            n_rows,
+            n_cols,
+            k,
+            dtype,
+        ),
+        {"device": device},
+    ).op(_eye, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def random_uniform(shape: ShapeLike, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None, seed: int | None = None, name: str | None = None) -> Tensor:
+async def random_uniform(
+    shape: ShapeLike,
+    low: float = 0.0,
+    high: float = 1.0,
+    dtype: DTypeLike | None = None,
+    seed: int | None = None,
+    name: str | None = None,
+) -> Tensor:
     """Uniform values in ``[low, high)``; the same ``seed`` gives the same values."""
     p_args, p_kwargs, p_nbytes = _random_uniform.spec(shape, low, high, dtype, seed)
-    r: Tensor = await engine_of((shape, low, high, dtype, seed,), None).op(_random_uniform, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            shape,
+            low,
+            high,
+            dtype,
+            seed,
+        ),
+        None,
+    ).op(_random_uniform, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def random_normal(shape: ShapeLike, mean: float = 0.0, stddev: float = 1.0, dtype: DTypeLike | None = None, seed: int | None = None, name: str | None = None) -> Tensor:
+async def random_normal(
+    shape: ShapeLike,
+    mean: float = 0.0,
+    stddev: float = 1.0,
+    dtype: DTypeLike | None = None,
+    seed: int | None = None,
+    name: str | None = None,
+) -> Tensor:
     """Normal values of the given mean and standard deviation; the same ``seed`` gives the same values."""
     p_args, p_kwargs, p_nbytes = _random_normal.spec(shape, mean, stddev, dtype, seed)
-    r: Tensor = await engine_of((shape, mean, stddev, dtype, seed,), None).op(_random_normal, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            shape,
+            mean,
+            stddev,
+            dtype,
+            seed,
+        ),
+        None,
+    ).op(_random_normal, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def empty(shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+async def empty(
+    shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None
+) -> Tensor:
     """A tensor whose contents the standard leaves unspecified: zeros here (default dtype float64).
 
     Zeros rather than uninitialized memory, so that a tensor never shows the bytes of
     one freed before it (another request's data, in a service).
     """
     p_args, p_kwargs, p_nbytes = _empty.spec(shape, dtype, device=device)
-    r: Tensor = await engine_of((shape, dtype,), {"device": device}).op(_empty, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            shape,
+            dtype,
+        ),
+        {"device": device},
+    ).op(_empty, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def empty_like(x: TensorLike, /, *, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+async def empty_like(
+    x: TensorLike, /, *, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None
+) -> Tensor:
     """A tensor of ``x``'s shape (and, by default, dtype) with unspecified contents: zeros here."""
     p_args, p_kwargs, p_nbytes = _empty_like.spec(x, dtype=dtype, device=device)
-    r: Tensor = await engine_of((x,), {"dtype": dtype, "device": device}).op(_empty_like, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"dtype": dtype, "device": device}).op(
+        _empty_like, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def full_like(x: TensorLike, /, fill_value: bool | complex, *, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+async def full_like(
+    x: TensorLike,
+    /,
+    fill_value: bool | complex,
+    *,
+    dtype: DTypeLike | None = None,
+    device: str | None = None,
+    name: str | None = None,
+) -> Tensor:
     """``fill_value`` in the shape (and, by default, the dtype) of ``x``."""
     p_args, p_kwargs, p_nbytes = _full_like.spec(x, fill_value, dtype=dtype, device=device)
-    r: Tensor = await engine_of((x, fill_value,), {"dtype": dtype, "device": device}).op(_full_like, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            fill_value,
+        ),
+        {"dtype": dtype, "device": device},
+    ).op(_full_like, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -544,26 +717,38 @@ async def triu(x: TensorLike, /, *, k: int = 0, name: str | None = None) -> Tens
     return r
 
 
-async def from_dlpack(x: Any, /, *, device: str | None = None, copy: bool | None = None, name: str | None = None) -> Tensor:
+async def from_dlpack(
+    x: Any, /, *, device: str | None = None, copy: bool | None = None, name: str | None = None
+) -> Tensor:
     """A tensor holding a copy of the data of ``x``, any object with ``__dlpack__`` (a torch tensor, an ndarray).
 
     ``copy=False`` (never copy) raises: a tensor always owns its memory.
     """
     p_args, p_kwargs, p_nbytes = _from_dlpack.spec(x, device=device, copy=copy)
-    r: Tensor = await engine_of((x,), {"device": device, "copy": copy}).op(_from_dlpack, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"device": device, "copy": copy}).op(
+        _from_dlpack, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def meshgrid(*arrays: TensorLike, indexing: str = 'xy', name: str | None = None) -> list[Tensor]:
+async def meshgrid(*arrays: TensorLike, indexing: str = "xy", name: str | None = None) -> list[Tensor]:
     """Coordinate grids from 1-d tensors, as a list (``indexing="xy"``: Cartesian, ``"ij"``: matrix)."""
     p_args, p_kwargs, p_nbytes = _meshgrid.spec(*arrays, indexing=indexing)
-    r: list[Tensor] = await engine_of((*arrays,), {"indexing": indexing}).op(_meshgrid, p_args, p_kwargs, p_nbytes, name)
+    r: list[Tensor] = await engine_of((*arrays,), {"indexing": indexing}).op(
+        _meshgrid, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
 async def add(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 + x2``."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_add, (x1, x2), name)
     if r is None:
         r = await engine.op(_add, (x1, x2), None, None, name)
@@ -572,7 +757,13 @@ async def add(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> 
 
 async def subtract(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 - x2``."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_subtract, (x1, x2), name)
     if r is None:
         r = await engine.op(_subtract, (x1, x2), None, None, name)
@@ -581,7 +772,13 @@ async def subtract(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None
 
 async def multiply(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 * x2``."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_multiply, (x1, x2), name)
     if r is None:
         r = await engine.op(_multiply, (x1, x2), None, None, name)
@@ -590,7 +787,13 @@ async def multiply(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None
 
 async def divide(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 / x2`` (true division)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_divide, (x1, x2), name)
     if r is None:
         r = await engine.op(_divide, (x1, x2), None, None, name)
@@ -599,7 +802,13 @@ async def divide(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) 
 
 async def floor_divide(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 // x2``."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_floor_divide, (x1, x2), name)
     if r is None:
         r = await engine.op(_floor_divide, (x1, x2), None, None, name)
@@ -608,7 +817,13 @@ async def floor_divide(x1: TensorLike, x2: TensorLike, /, *, name: str | None = 
 
 async def remainder(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 % x2`` (sign of the divisor, as python)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_remainder, (x1, x2), name)
     if r is None:
         r = await engine.op(_remainder, (x1, x2), None, None, name)
@@ -617,7 +832,13 @@ async def remainder(x1: TensorLike, x2: TensorLike, /, *, name: str | None = Non
 
 async def pow(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 ** x2``."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_pow, (x1, x2), name)
     if r is None:
         r = await engine.op(_pow, (x1, x2), None, None, name)
@@ -626,7 +847,13 @@ async def pow(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> 
 
 async def maximum(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise maximum (NaN propagates)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_maximum, (x1, x2), name)
     if r is None:
         r = await engine.op(_maximum, (x1, x2), None, None, name)
@@ -635,7 +862,13 @@ async def maximum(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None)
 
 async def minimum(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise minimum (NaN propagates)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_minimum, (x1, x2), name)
     if r is None:
         r = await engine.op(_minimum, (x1, x2), None, None, name)
@@ -644,7 +877,13 @@ async def minimum(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None)
 
 async def equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 == x2`` (bool)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_equal, (x1, x2), name)
     if r is None:
         r = await engine.op(_equal, (x1, x2), None, None, name)
@@ -653,7 +892,13 @@ async def equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -
 
 async def not_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 != x2`` (bool)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_not_equal, (x1, x2), name)
     if r is None:
         r = await engine.op(_not_equal, (x1, x2), None, None, name)
@@ -662,7 +907,13 @@ async def not_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = Non
 
 async def less(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 < x2`` (bool)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_less, (x1, x2), name)
     if r is None:
         r = await engine.op(_less, (x1, x2), None, None, name)
@@ -671,7 +922,13 @@ async def less(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) ->
 
 async def less_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 <= x2`` (bool)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_less_equal, (x1, x2), name)
     if r is None:
         r = await engine.op(_less_equal, (x1, x2), None, None, name)
@@ -680,7 +937,13 @@ async def less_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = No
 
 async def greater(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 > x2`` (bool)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_greater, (x1, x2), name)
     if r is None:
         r = await engine.op(_greater, (x1, x2), None, None, name)
@@ -689,7 +952,13 @@ async def greater(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None)
 
 async def greater_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 >= x2`` (bool)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_greater_equal, (x1, x2), name)
     if r is None:
         r = await engine.op(_greater_equal, (x1, x2), None, None, name)
@@ -698,7 +967,13 @@ async def greater_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None =
 
 async def logical_and(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise logical and (bool)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_logical_and, (x1, x2), name)
     if r is None:
         r = await engine.op(_logical_and, (x1, x2), None, None, name)
@@ -707,7 +982,13 @@ async def logical_and(x1: TensorLike, x2: TensorLike, /, *, name: str | None = N
 
 async def logical_or(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise logical or (bool)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_logical_or, (x1, x2), name)
     if r is None:
         r = await engine.op(_logical_or, (x1, x2), None, None, name)
@@ -879,27 +1160,51 @@ async def isfinite(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 async def round(x: TensorLike, /, decimals: int = 0, *, name: str | None = None) -> Tensor:
     """Element-wise rounding to ``decimals`` places (halves to even, as numpy)."""
     p_args, p_kwargs, p_nbytes = _round.spec(x, decimals)
-    r: Tensor = await engine_of((x, decimals,), None).op(_round, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            decimals,
+        ),
+        None,
+    ).op(_round, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def clip(x: TensorLike, /, min: TensorLike | None = None, max: TensorLike | None = None, *, name: str | None = None) -> Tensor:
+async def clip(
+    x: TensorLike, /, min: TensorLike | None = None, max: TensorLike | None = None, *, name: str | None = None
+) -> Tensor:
     """Element-wise ``x`` limited to ``[min, max]`` (either bound may be ``None``)."""
     p_args, p_kwargs, p_nbytes = _clip.spec(x, min, max)
-    r: Tensor = await engine_of((x, min, max,), None).op(_clip, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            min,
+            max,
+        ),
+        None,
+    ).op(_clip, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def where(condition: TensorLike, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1`` where ``condition`` is true, else ``x2``."""
-    engine = engine_of((condition, x1, x2,), None)
+    engine = engine_of(
+        (
+            condition,
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_where, (condition, x1, x2), name)
     if r is None:
         r = await engine.op(_where, (condition, x1, x2), None, None, name)
     return r
 
 
-async def fft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+async def fft(
+    x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward", name: str | None = None
+) -> Tensor:
     """One-dimensional discrete Fourier transform of complex ``x`` along ``axis`` (``numpy.fft.fft``).
 
     ``n`` crops or zero-pads the input to that length first. complex64 stays complex64.
@@ -909,14 +1214,24 @@ async def fft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: s
     return r
 
 
-async def ifft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+async def ifft(
+    x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward", name: str | None = None
+) -> Tensor:
     """Inverse of ``fft`` along ``axis`` (``numpy.fft.ifft``)."""
     p_args, p_kwargs, p_nbytes = _ifft.spec(x, n=n, axis=axis, norm=norm)
     r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_ifft, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def fftn(x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+async def fftn(
+    x: TensorLike,
+    /,
+    *,
+    s: Sequence[int] | None = None,
+    axes: Sequence[int] | None = None,
+    norm: str = "backward",
+    name: str | None = None,
+) -> Tensor:
     """N-dimensional discrete Fourier transform of complex ``x`` over ``axes`` (all if ``None``; ``numpy.fft.fftn``).
 
     ``s`` crops or zero-pads each transformed axis (``-1``: keep its size).
@@ -926,14 +1241,24 @@ async def fftn(x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequen
     return r
 
 
-async def ifftn(x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+async def ifftn(
+    x: TensorLike,
+    /,
+    *,
+    s: Sequence[int] | None = None,
+    axes: Sequence[int] | None = None,
+    norm: str = "backward",
+    name: str | None = None,
+) -> Tensor:
     """Inverse of ``fftn`` (``numpy.fft.ifftn``)."""
     p_args, p_kwargs, p_nbytes = _ifftn.spec(x, s=s, axes=axes, norm=norm)
     r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}).op(_ifftn, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def rfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+async def rfft(
+    x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward", name: str | None = None
+) -> Tensor:
     """Fourier transform of real ``x`` along ``axis``, the ``n // 2 + 1`` non-negative frequencies (``numpy.fft.rfft``).
 
     float32 gives complex64, float64 complex128.
@@ -943,55 +1268,87 @@ async def rfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: 
     return r
 
 
-async def irfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+async def irfft(
+    x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward", name: str | None = None
+) -> Tensor:
     """Inverse of ``rfft``: a real signal of length ``n`` (default ``2 * (m - 1)``; ``numpy.fft.irfft``)."""
     p_args, p_kwargs, p_nbytes = _irfft.spec(x, n=n, axis=axis, norm=norm)
     r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_irfft, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def rfftn(x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+async def rfftn(
+    x: TensorLike,
+    /,
+    *,
+    s: Sequence[int] | None = None,
+    axes: Sequence[int] | None = None,
+    norm: str = "backward",
+    name: str | None = None,
+) -> Tensor:
     """N-dimensional ``rfft`` of real ``x`` (the last axis halved; ``numpy.fft.rfftn``)."""
     p_args, p_kwargs, p_nbytes = _rfftn.spec(x, s=s, axes=axes, norm=norm)
     r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}).op(_rfftn, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def irfftn(x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+async def irfftn(
+    x: TensorLike,
+    /,
+    *,
+    s: Sequence[int] | None = None,
+    axes: Sequence[int] | None = None,
+    norm: str = "backward",
+    name: str | None = None,
+) -> Tensor:
     """Inverse of ``rfftn``: a real result (``numpy.fft.irfftn``)."""
     p_args, p_kwargs, p_nbytes = _irfftn.spec(x, s=s, axes=axes, norm=norm)
-    r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}).op(_irfftn, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}).op(
+        _irfftn, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def hfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+async def hfft(
+    x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward", name: str | None = None
+) -> Tensor:
     """Fourier transform of a Hermitian-symmetric signal given by its first half: a real result (``numpy.fft.hfft``)."""
     p_args, p_kwargs, p_nbytes = _hfft.spec(x, n=n, axis=axis, norm=norm)
     r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_hfft, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def ihfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+async def ihfft(
+    x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward", name: str | None = None
+) -> Tensor:
     """Inverse of ``hfft`` for real ``x``: the non-negative half of its spectrum (``numpy.fft.ihfft``)."""
     p_args, p_kwargs, p_nbytes = _ihfft.spec(x, n=n, axis=axis, norm=norm)
     r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_ihfft, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def fftfreq(n: int, /, *, d: float = 1.0, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+async def fftfreq(
+    n: int, /, *, d: float = 1.0, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None
+) -> Tensor:
     """The sample frequencies of an ``n``-point ``fft`` with sample spacing ``d`` (``numpy.fft.fftfreq``).
 
     ``dtype`` is a real floating-point dtype (default float64); ``device`` names a device.
     """
     p_args, p_kwargs, p_nbytes = _fftfreq.spec(n, d=d, dtype=dtype, device=device)
-    r: Tensor = await engine_of((n,), {"d": d, "dtype": dtype, "device": device}).op(_fftfreq, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((n,), {"d": d, "dtype": dtype, "device": device}).op(
+        _fftfreq, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def rfftfreq(n: int, /, *, d: float = 1.0, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+async def rfftfreq(
+    n: int, /, *, d: float = 1.0, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None
+) -> Tensor:
     """The ``n // 2 + 1`` non-negative sample frequencies of an ``n``-point ``rfft`` (``numpy.fft.rfftfreq``)."""
     p_args, p_kwargs, p_nbytes = _rfftfreq.spec(n, d=d, dtype=dtype, device=device)
-    r: Tensor = await engine_of((n,), {"d": d, "dtype": dtype, "device": device}).op(_rfftfreq, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((n,), {"d": d, "dtype": dtype, "device": device}).op(
+        _rfftfreq, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1061,7 +1418,7 @@ async def eigvalsh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     return r
 
 
-async def qr(x: TensorLike, /, *, mode: str = 'reduced', name: str | None = None) -> QRResult[Tensor]:
+async def qr(x: TensorLike, /, *, mode: str = "reduced", name: str | None = None) -> QRResult[Tensor]:
     """``[Q, R]``, the QR decomposition of each matrix (``numpy.linalg.qr``); the standard's ``QRResult`` fields."""
     p_args, p_kwargs, p_nbytes = _qr.spec(x, mode=mode)
     r: QRResult[Tensor] = await engine_of((x,), {"mode": mode}).op(_qr, p_args, p_kwargs, p_nbytes, name)
@@ -1071,7 +1428,9 @@ async def qr(x: TensorLike, /, *, mode: str = 'reduced', name: str | None = None
 async def svd(x: TensorLike, /, *, full_matrices: bool = True, name: str | None = None) -> SVDResult[Tensor]:
     """``[U, S, Vh]`` with ``x = U @ diag(S) @ Vh`` (``numpy.linalg.svd``); the standard's ``SVDResult`` fields."""
     p_args, p_kwargs, p_nbytes = _svd.spec(x, full_matrices=full_matrices)
-    r: SVDResult[Tensor] = await engine_of((x,), {"full_matrices": full_matrices}).op(_svd, p_args, p_kwargs, p_nbytes, name)
+    r: SVDResult[Tensor] = await engine_of((x,), {"full_matrices": full_matrices}).op(
+        _svd, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1090,7 +1449,13 @@ async def solve(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -
     InvalidArgumentError.
     """
     p_args, p_kwargs, p_nbytes = _solve.spec(x1, x2)
-    r: Tensor = await engine_of((x1, x2,), None).op(_solve, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    ).op(_solve, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1118,32 +1483,54 @@ async def pinv(x: TensorLike, /, *, rtol: TensorLike | None = None, name: str | 
 async def matrix_power(x: TensorLike, n: int, /, *, name: str | None = None) -> Tensor:
     """Each square matrix raised to the integer power ``n`` (``numpy.linalg.matrix_power``; ``n < 0`` inverts)."""
     p_args, p_kwargs, p_nbytes = _matrix_power.spec(x, n)
-    r: Tensor = await engine_of((x, n,), None).op(_matrix_power, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            n,
+        ),
+        None,
+    ).op(_matrix_power, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def matrix_norm(x: TensorLike, /, *, keepdims: bool = False, ord: float | str | None = 'fro', name: str | None = None) -> Tensor:
+async def matrix_norm(
+    x: TensorLike, /, *, keepdims: bool = False, ord: float | str | None = "fro", name: str | None = None
+) -> Tensor:
     """Norm of each matrix (the last two axes): ``'fro'``, ``'nuc'``, ``1``, ``-1``, ``2``, ``-2``, ``inf``, ``-inf``.
 
     As ``numpy.linalg.norm(x, ord, axis=(-2, -1))``; the result is real.
     """
     p_args, p_kwargs, p_nbytes = _matrix_norm.spec(x, keepdims=keepdims, ord=ord)
-    r: Tensor = await engine_of((x,), {"keepdims": keepdims, "ord": ord}).op(_matrix_norm, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"keepdims": keepdims, "ord": ord}).op(
+        _matrix_norm, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def vector_norm(x: TensorLike, /, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = False, ord: float = 2, name: str | None = None) -> Tensor:
+async def vector_norm(
+    x: TensorLike,
+    /,
+    *,
+    axis: int | tuple[int, ...] | None = None,
+    keepdims: bool = False,
+    ord: float = 2,
+    name: str | None = None,
+) -> Tensor:
     """The ``ord``-norm of the vectors along ``axis`` (all axes as one vector if ``None``); the result is real.
 
     ``ord``: any real, ``inf`` (max abs), ``-inf`` (min abs), ``0`` (count of non-zeros).
     As ``array_api_strict.linalg.vector_norm``.
     """
     p_args, p_kwargs, p_nbytes = _vector_norm.spec(x, axis=axis, keepdims=keepdims, ord=ord)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims, "ord": ord}).op(_vector_norm, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims, "ord": ord}).op(
+        _vector_norm, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def trace(x: TensorLike, /, *, offset: int = 0, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+async def trace(
+    x: TensorLike, /, *, offset: int = 0, dtype: DTypeLike | None = None, name: str | None = None
+) -> Tensor:
     """Sum of diagonal ``offset`` of each matrix (the last two axes), as ``numpy.trace(x, offset, -2, -1)``."""
     p_args, p_kwargs, p_nbytes = _trace.spec(x, offset=offset, dtype=dtype)
     r: Tensor = await engine_of((x,), {"offset": offset, "dtype": dtype}).op(_trace, p_args, p_kwargs, p_nbytes, name)
@@ -1160,14 +1547,26 @@ async def diagonal(x: TensorLike, /, *, offset: int = 0, name: str | None = None
 async def cross(x1: TensorLike, x2: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
     """Cross product of 3-element vectors along ``axis`` (negative, as the standard asks), as ``numpy.cross``."""
     p_args, p_kwargs, p_nbytes = _cross.spec(x1, x2, axis=axis)
-    r: Tensor = await engine_of((x1, x2,), {"axis": axis}).op(_cross, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x1,
+            x2,
+        ),
+        {"axis": axis},
+    ).op(_cross, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def outer(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Outer product of two 1-d tensors, ``x1[:, None] * x2[None, :]`` (``numpy.outer``)."""
     p_args, p_kwargs, p_nbytes = _outer.spec(x1, x2)
-    r: Tensor = await engine_of((x1, x2,), None).op(_outer, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    ).op(_outer, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1178,35 +1577,66 @@ async def flip(x: TensorLike, /, *, axis: AxisLike = None, name: str | None = No
     return r
 
 
-async def roll(x: TensorLike, /, shift: int | Sequence[int], *, axis: AxisLike = None, name: str | None = None) -> Tensor:
+async def roll(
+    x: TensorLike, /, shift: int | Sequence[int], *, axis: AxisLike = None, name: str | None = None
+) -> Tensor:
     """Elements shifted by ``shift`` along ``axis``, wrapping around (of the flattened ``x`` if ``None``)."""
     p_args, p_kwargs, p_nbytes = _roll.spec(x, shift, axis=axis)
-    r: Tensor = await engine_of((x, shift,), {"axis": axis}).op(_roll, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            shift,
+        ),
+        {"axis": axis},
+    ).op(_roll, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def moveaxis(x: TensorLike, source: int | Sequence[int], destination: int | Sequence[int], /, *, name: str | None = None) -> Tensor:
+async def moveaxis(
+    x: TensorLike, source: int | Sequence[int], destination: int | Sequence[int], /, *, name: str | None = None
+) -> Tensor:
     """``x`` with the axes ``source`` moved to the positions ``destination`` (the others keep their order)."""
     p_args, p_kwargs, p_nbytes = _moveaxis.spec(x, source, destination)
-    r: Tensor = await engine_of((x, source, destination,), None).op(_moveaxis, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            source,
+            destination,
+        ),
+        None,
+    ).op(_moveaxis, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def repeat(x: TensorLike, repeats: int | TensorLike, /, *, axis: int | None = None, name: str | None = None) -> Tensor:
+async def repeat(
+    x: TensorLike, repeats: int | TensorLike, /, *, axis: int | None = None, name: str | None = None
+) -> Tensor:
     """Each element repeated ``repeats`` times (one count, or one per element along ``axis``).
 
     With ``axis=None`` the flattened ``x`` is repeated. A tensor of counts makes the
     output's size depend on the data.
     """
     p_args, p_kwargs, p_nbytes = _repeat.spec(x, repeats, axis=axis)
-    r: Tensor = await engine_of((x, repeats,), {"axis": axis}).op(_repeat, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            repeats,
+        ),
+        {"axis": axis},
+    ).op(_repeat, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def tile(x: TensorLike, repetitions: Sequence[int], /, *, name: str | None = None) -> Tensor:
     """``x`` repeated ``repetitions[i]`` times along each dimension (leading ones added as needed)."""
     p_args, p_kwargs, p_nbytes = _tile.spec(x, repetitions)
-    r: Tensor = await engine_of((x, repetitions,), None).op(_tile, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            repetitions,
+        ),
+        None,
+    ).op(_tile, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1227,7 +1657,13 @@ async def broadcast_arrays(*arrays: TensorLike, name: str | None = None) -> list
 async def take_along_axis(x: TensorLike, indices: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
     """Elements of ``x`` at ``indices`` along ``axis`` (``indices`` as ``argsort`` gives them), as numpy's."""
     p_args, p_kwargs, p_nbytes = _take_along_axis.spec(x, indices, axis=axis)
-    r: Tensor = await engine_of((x, indices,), {"axis": axis}).op(_take_along_axis, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            indices,
+        ),
+        {"axis": axis},
+    ).op(_take_along_axis, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1278,7 +1714,13 @@ async def atan(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def atan2(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise angle of the point ``(x2, x1)``, quadrant-aware (``numpy.arctan2``)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_atan2, (x1, x2), name)
     if r is None:
         r = await engine.op(_atan2, (x1, x2), None, None, name)
@@ -1350,7 +1792,13 @@ async def log10(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def logaddexp(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``log(exp(x1) + exp(x2))``, without overflow."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_logaddexp, (x1, x2), name)
     if r is None:
         r = await engine.op(_logaddexp, (x1, x2), None, None, name)
@@ -1359,7 +1807,13 @@ async def logaddexp(x1: TensorLike, x2: TensorLike, /, *, name: str | None = Non
 
 async def hypot(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``sqrt(x1 ** 2 + x2 ** 2)``, without overflow."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_hypot, (x1, x2), name)
     if r is None:
         r = await engine.op(_hypot, (x1, x2), None, None, name)
@@ -1368,7 +1822,13 @@ async def hypot(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -
 
 async def copysign(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``|x1|`` with the sign of ``x2`` (signed zeros and NaN signs included)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_copysign, (x1, x2), name)
     if r is None:
         r = await engine.op(_copysign, (x1, x2), None, None, name)
@@ -1377,7 +1837,13 @@ async def copysign(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None
 
 async def nextafter(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise next representable float after ``x1`` towards ``x2``."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_nextafter, (x1, x2), name)
     if r is None:
         r = await engine.op(_nextafter, (x1, x2), None, None, name)
@@ -1458,7 +1924,13 @@ async def imag(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def logical_xor(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise logical exclusive or (bool)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_logical_xor, (x1, x2), name)
     if r is None:
         r = await engine.op(_logical_xor, (x1, x2), None, None, name)
@@ -1467,7 +1939,13 @@ async def logical_xor(x1: TensorLike, x2: TensorLike, /, *, name: str | None = N
 
 async def bitwise_and(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise bitwise ``x1 & x2`` (integer or bool)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_bitwise_and, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_and, (x1, x2), None, None, name)
@@ -1476,7 +1954,13 @@ async def bitwise_and(x1: TensorLike, x2: TensorLike, /, *, name: str | None = N
 
 async def bitwise_or(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise bitwise ``x1 | x2`` (integer or bool)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_bitwise_or, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_or, (x1, x2), None, None, name)
@@ -1485,7 +1969,13 @@ async def bitwise_or(x1: TensorLike, x2: TensorLike, /, *, name: str | None = No
 
 async def bitwise_xor(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise bitwise ``x1 ^ x2`` (integer or bool)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_bitwise_xor, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_xor, (x1, x2), None, None, name)
@@ -1503,7 +1993,13 @@ async def bitwise_invert(x: TensorLike, /, *, name: str | None = None) -> Tensor
 
 async def bitwise_left_shift(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 << x2`` (integers; ``x2`` non-negative)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_bitwise_left_shift, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_left_shift, (x1, x2), None, None, name)
@@ -1512,7 +2008,13 @@ async def bitwise_left_shift(x1: TensorLike, x2: TensorLike, /, *, name: str | N
 
 async def bitwise_right_shift(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 >> x2``, arithmetic for signed integers (``x2`` non-negative)."""
-    engine = engine_of((x1, x2,), None)
+    engine = engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    )
     r = engine.lean(_bitwise_right_shift, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_right_shift, (x1, x2), None, None, name)
@@ -1529,7 +2031,7 @@ async def erf(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     return r
 
 
-async def gelu(x: TensorLike, /, *, approximate: str = 'none', name: str | None = None) -> Tensor:
+async def gelu(x: TensorLike, /, *, approximate: str = "none", name: str | None = None) -> Tensor:
     """Gaussian error linear unit ``x * Phi(x)`` (``torch.nn.functional.gelu``).
 
     ``approximate="tanh"`` gives PyTorch's ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``.
@@ -1554,54 +2056,86 @@ async def softplus(x: TensorLike, /, *, beta: float = 1.0, threshold: float = 20
     Computed as ``max(bx, 0) + log1p(exp(-|bx|))``: no overflow, exact in both tails.
     """
     p_args, p_kwargs, p_nbytes = _softplus.spec(x, beta=beta, threshold=threshold)
-    r: Tensor = await engine_of((x,), {"beta": beta, "threshold": threshold}).op(_softplus, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"beta": beta, "threshold": threshold}).op(
+        _softplus, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def logsumexp(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+async def logsumexp(
+    x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None
+) -> Tensor:
     """``log(sum(exp(x)))`` over ``axis``, without overflow (``scipy.special.logsumexp``).
 
     An empty or all ``-inf`` slice gives ``-inf``; an ``inf`` gives ``inf``.
     """
     p_args, p_kwargs, p_nbytes = _logsumexp.spec(x, axis=axis, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(_logsumexp, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(
+        _logsumexp, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def one_hot(x: TensorLike, /, num_classes: int, *, dtype: DTypeLike | None = None, axis: int = -1, name: str | None = None) -> Tensor:
+async def one_hot(
+    x: TensorLike, /, num_classes: int, *, dtype: DTypeLike | None = None, axis: int = -1, name: str | None = None
+) -> Tensor:
     """Integer class indices as one-hot vectors on a new ``axis`` (``torch.nn.functional.one_hot``; ``np.eye(n)[x]``).
 
     ``dtype`` defaults to int64 (PyTorch's); an index outside ``[0, num_classes)`` is an
     InvalidArgumentError.
     """
     p_args, p_kwargs, p_nbytes = _one_hot.spec(x, num_classes, dtype=dtype, axis=axis)
-    r: Tensor = await engine_of((x, num_classes,), {"dtype": dtype, "axis": axis}).op(_one_hot, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            num_classes,
+        ),
+        {"dtype": dtype, "axis": axis},
+    ).op(_one_hot, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def top_k(x: TensorLike, k: int, /, *, axis: int = -1, largest: bool = True, sorted: bool = True, name: str | None = None) -> TopKResult[Tensor]:
+async def top_k(
+    x: TensorLike, k: int, /, *, axis: int = -1, largest: bool = True, sorted: bool = True, name: str | None = None
+) -> TopKResult[Tensor]:
     """``[values, indices]`` of the ``k`` largest (or smallest) elements along ``axis`` (``torch.topk``).
 
     Sorted (largest first, or smallest first); ties keep index order; NaN counts as the
     largest value. Indices are int64. ``sorted=False`` is accepted and gives the same order.
     """
     p_args, p_kwargs, p_nbytes = _top_k.spec(x, k, axis=axis, largest=largest, sorted=sorted)
-    r: TopKResult[Tensor] = await engine_of((x, k,), {"axis": axis, "largest": largest, "sorted": sorted}).op(_top_k, p_args, p_kwargs, p_nbytes, name)
+    r: TopKResult[Tensor] = await engine_of(
+        (
+            x,
+            k,
+        ),
+        {"axis": axis, "largest": largest, "sorted": sorted},
+    ).op(_top_k, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def bincount(x: TensorLike, /, weights: TensorLike | None = None, *, minlength: int = 0, name: str | None = None) -> Tensor:
+async def bincount(
+    x: TensorLike, /, weights: TensorLike | None = None, *, minlength: int = 0, name: str | None = None
+) -> Tensor:
     """Occurrences of each value ``0 .. max(x)`` in the 1-d non-negative integer ``x`` (``numpy.bincount``).
 
     With ``weights``, their sums instead of counts. The length, ``max(max(x) + 1,
     minlength)``, depends on the data.
     """
     p_args, p_kwargs, p_nbytes = _bincount.spec(x, weights, minlength=minlength)
-    r: Tensor = await engine_of((x, weights,), {"minlength": minlength}).op(_bincount, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            weights,
+        ),
+        {"minlength": minlength},
+    ).op(_bincount, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def scatter_add(x: TensorLike, indices: TensorLike, updates: TensorLike, /, *, axis: int = 0, name: str | None = None) -> Tensor:
+async def scatter_add(
+    x: TensorLike, indices: TensorLike, updates: TensorLike, /, *, axis: int = 0, name: str | None = None
+) -> Tensor:
     """A copy of ``x`` with ``updates`` added at ``indices`` along ``axis``, repeats accumulating.
 
     Functional index-add: ``torch.Tensor.index_add(axis, indices, updates)`` and
@@ -1610,61 +2144,136 @@ async def scatter_add(x: TensorLike, indices: TensorLike, updates: TensorLike, /
     with ``updates``'.
     """
     p_args, p_kwargs, p_nbytes = _scatter_add.spec(x, indices, updates, axis=axis)
-    r: Tensor = await engine_of((x, indices, updates,), {"axis": axis}).op(_scatter_add, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            indices,
+            updates,
+        ),
+        {"axis": axis},
+    ).op(_scatter_add, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def pad(x: TensorLike, /, pad_width: int | Sequence[int] | Sequence[Sequence[int]], *, mode: str = 'constant', constant_values: float = 0, name: str | None = None) -> Tensor:
+async def pad(
+    x: TensorLike,
+    /,
+    pad_width: int | Sequence[int] | Sequence[Sequence[int]],
+    *,
+    mode: str = "constant",
+    constant_values: float = 0,
+    name: str | None = None,
+) -> Tensor:
     """``x`` padded by ``pad_width`` (``numpy.pad``): per axis ``(before, after)``, or one pair or width for all.
 
     ``mode``: ``"constant"`` (``constant_values``), ``"edge"``, ``"reflect"``,
     ``"symmetric"`` or ``"wrap"``.
     """
     p_args, p_kwargs, p_nbytes = _pad.spec(x, pad_width, mode=mode, constant_values=constant_values)
-    r: Tensor = await engine_of((x, pad_width,), {"mode": mode, "constant_values": constant_values}).op(_pad, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            pad_width,
+        ),
+        {"mode": mode, "constant_values": constant_values},
+    ).op(_pad, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def median(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
     """Median over ``axis`` (``numpy.median``: the mean of the two middle values for an even count)."""
     p_args, p_kwargs, p_nbytes = _median.spec(x, axis=axis, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(_median, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(
+        _median, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def quantile(x: TensorLike, q: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, method: str = 'linear', name: str | None = None) -> Tensor:
+async def quantile(
+    x: TensorLike,
+    q: TensorLike,
+    /,
+    *,
+    axis: AxisLike = None,
+    keepdims: bool = False,
+    method: str = "linear",
+    name: str | None = None,
+) -> Tensor:
     """The ``q``-th quantiles (``q`` in ``[0, 1]``, a number or 1-d) over ``axis`` (``numpy.quantile``).
 
     ``method``: ``"linear"``, ``"lower"``, ``"higher"``, ``"midpoint"`` or ``"nearest"``.
     An array ``q`` puts its axis first in the result.
     """
     p_args, p_kwargs, p_nbytes = _quantile.spec(x, q, axis=axis, keepdims=keepdims, method=method)
-    r: Tensor = await engine_of((x, q,), {"axis": axis, "keepdims": keepdims, "method": method}).op(_quantile, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            q,
+        ),
+        {"axis": axis, "keepdims": keepdims, "method": method},
+    ).op(_quantile, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def layer_norm(x: TensorLike, normalized_shape: int | Sequence[int], /, weight: TensorLike | None = None, bias: TensorLike | None = None, *, eps: float = 1e-05, name: str | None = None) -> Tensor:
+async def layer_norm(
+    x: TensorLike,
+    normalized_shape: int | Sequence[int],
+    /,
+    weight: TensorLike | None = None,
+    bias: TensorLike | None = None,
+    *,
+    eps: float = 1e-05,
+    name: str | None = None,
+) -> Tensor:
     """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last dimensions (``torch.nn.functional.layer_norm``).
 
     ``normalized_shape`` names those dimensions (it must equal the end of ``x``'s shape);
     the variance is the biased one, as PyTorch's.
     """
     p_args, p_kwargs, p_nbytes = _layer_norm.spec(x, normalized_shape, weight, bias, eps=eps)
-    r: Tensor = await engine_of((x, normalized_shape, weight, bias,), {"eps": eps}).op(_layer_norm, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            normalized_shape,
+            weight,
+            bias,
+        ),
+        {"eps": eps},
+    ).op(_layer_norm, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def sum(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+async def sum(
+    x: TensorLike,
+    /,
+    *,
+    axis: AxisLike = None,
+    keepdims: bool = False,
+    dtype: DTypeLike | None = None,
+    name: str | None = None,
+) -> Tensor:
     """Sum over ``axis``."""
     p_args, p_kwargs, p_nbytes = _sum.spec(x, axis=axis, keepdims=keepdims, dtype=dtype)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims, "dtype": dtype}).op(_sum, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims, "dtype": dtype}).op(
+        _sum, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def prod(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+async def prod(
+    x: TensorLike,
+    /,
+    *,
+    axis: AxisLike = None,
+    keepdims: bool = False,
+    dtype: DTypeLike | None = None,
+    name: str | None = None,
+) -> Tensor:
     """Product over ``axis``."""
     p_args, p_kwargs, p_nbytes = _prod.spec(x, axis=axis, keepdims=keepdims, dtype=dtype)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims, "dtype": dtype}).op(_prod, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims, "dtype": dtype}).op(
+        _prod, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1689,31 +2298,47 @@ async def min(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False
     return r
 
 
-async def std(x: TensorLike, /, *, axis: AxisLike = None, correction: float = 0.0, keepdims: bool = False, name: str | None = None) -> Tensor:
+async def std(
+    x: TensorLike, /, *, axis: AxisLike = None, correction: float = 0.0, keepdims: bool = False, name: str | None = None
+) -> Tensor:
     """Standard deviation over ``axis`` (``correction=1`` for the sample estimate)."""
     p_args, p_kwargs, p_nbytes = _std.spec(x, axis=axis, correction=correction, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "correction": correction, "keepdims": keepdims}).op(_std, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "correction": correction, "keepdims": keepdims}).op(
+        _std, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def var(x: TensorLike, /, *, axis: AxisLike = None, correction: float = 0.0, keepdims: bool = False, name: str | None = None) -> Tensor:
+async def var(
+    x: TensorLike, /, *, axis: AxisLike = None, correction: float = 0.0, keepdims: bool = False, name: str | None = None
+) -> Tensor:
     """Variance over ``axis`` (``correction=1`` for the sample estimate)."""
     p_args, p_kwargs, p_nbytes = _var.spec(x, axis=axis, correction=correction, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "correction": correction, "keepdims": keepdims}).op(_var, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "correction": correction, "keepdims": keepdims}).op(
+        _var, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def argmax(x: TensorLike, /, *, axis: int | None = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+async def argmax(
+    x: TensorLike, /, *, axis: int | None = None, keepdims: bool = False, name: str | None = None
+) -> Tensor:
     """Index of the maximum along ``axis`` (of the flattened tensor if ``None``)."""
     p_args, p_kwargs, p_nbytes = _argmax.spec(x, axis=axis, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(_argmax, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(
+        _argmax, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def argmin(x: TensorLike, /, *, axis: int | None = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+async def argmin(
+    x: TensorLike, /, *, axis: int | None = None, keepdims: bool = False, name: str | None = None
+) -> Tensor:
     """Index of the minimum along ``axis`` (of the flattened tensor if ``None``)."""
     p_args, p_kwargs, p_nbytes = _argmin.spec(x, axis=axis, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(_argmin, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(
+        _argmin, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1745,56 +2370,107 @@ async def any(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False
     return r
 
 
-async def count_nonzero(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+async def count_nonzero(
+    x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None
+) -> Tensor:
     """The number of non-zero elements along ``axis`` (int64)."""
     p_args, p_kwargs, p_nbytes = _count_nonzero.spec(x, axis=axis, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(_count_nonzero, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(
+        _count_nonzero, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def cumulative_sum(x: TensorLike, /, *, axis: int | None = None, dtype: DTypeLike | None = None, include_initial: bool = False, name: str | None = None) -> Tensor:
+async def cumulative_sum(
+    x: TensorLike,
+    /,
+    *,
+    axis: int | None = None,
+    dtype: DTypeLike | None = None,
+    include_initial: bool = False,
+    name: str | None = None,
+) -> Tensor:
     """Cumulative sum along ``axis`` (optional for 1-d ``x``); ``include_initial`` starts with a 0."""
     p_args, p_kwargs, p_nbytes = _cumulative_sum.spec(x, axis=axis, dtype=dtype, include_initial=include_initial)
-    r: Tensor = await engine_of((x,), {"axis": axis, "dtype": dtype, "include_initial": include_initial}).op(_cumulative_sum, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "dtype": dtype, "include_initial": include_initial}).op(
+        _cumulative_sum, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def cumulative_prod(x: TensorLike, /, *, axis: int | None = None, dtype: DTypeLike | None = None, include_initial: bool = False, name: str | None = None) -> Tensor:
+async def cumulative_prod(
+    x: TensorLike,
+    /,
+    *,
+    axis: int | None = None,
+    dtype: DTypeLike | None = None,
+    include_initial: bool = False,
+    name: str | None = None,
+) -> Tensor:
     """Cumulative product along ``axis`` (optional for 1-d ``x``); ``include_initial`` starts with a 1."""
     p_args, p_kwargs, p_nbytes = _cumulative_prod.spec(x, axis=axis, dtype=dtype, include_initial=include_initial)
-    r: Tensor = await engine_of((x,), {"axis": axis, "dtype": dtype, "include_initial": include_initial}).op(_cumulative_prod, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "dtype": dtype, "include_initial": include_initial}).op(
+        _cumulative_prod, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def diff(x: TensorLike, /, *, axis: int = -1, n: int = 1, prepend: TensorLike | None = None, append: TensorLike | None = None, name: str | None = None) -> Tensor:
+async def diff(
+    x: TensorLike,
+    /,
+    *,
+    axis: int = -1,
+    n: int = 1,
+    prepend: TensorLike | None = None,
+    append: TensorLike | None = None,
+    name: str | None = None,
+) -> Tensor:
     """The ``n``-th forward difference ``x[i + 1] - x[i]`` along ``axis``, after joining ``prepend``/``append``."""
     p_args, p_kwargs, p_nbytes = _diff.spec(x, axis=axis, n=n, prepend=prepend, append=append)
-    r: Tensor = await engine_of((x,), {"axis": axis, "n": n, "prepend": prepend, "append": append}).op(_diff, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "n": n, "prepend": prepend, "append": append}).op(
+        _diff, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def sort(x: TensorLike, /, *, axis: int = -1, descending: bool = False, stable: bool = True, name: str | None = None) -> Tensor:
+async def sort(
+    x: TensorLike, /, *, axis: int = -1, descending: bool = False, stable: bool = True, name: str | None = None
+) -> Tensor:
     """``x`` sorted along ``axis`` (NaN last ascending, first descending; ``stable`` keeps ties in order)."""
     p_args, p_kwargs, p_nbytes = _sort.spec(x, axis=axis, descending=descending, stable=stable)
-    r: Tensor = await engine_of((x,), {"axis": axis, "descending": descending, "stable": stable}).op(_sort, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "descending": descending, "stable": stable}).op(
+        _sort, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def argsort(x: TensorLike, /, *, axis: int = -1, descending: bool = False, stable: bool = True, name: str | None = None) -> Tensor:
+async def argsort(
+    x: TensorLike, /, *, axis: int = -1, descending: bool = False, stable: bool = True, name: str | None = None
+) -> Tensor:
     """The indices that sort ``x`` along ``axis`` (equal elements in their order when ``stable``)."""
     p_args, p_kwargs, p_nbytes = _argsort.spec(x, axis=axis, descending=descending, stable=stable)
-    r: Tensor = await engine_of((x,), {"axis": axis, "descending": descending, "stable": stable}).op(_argsort, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "descending": descending, "stable": stable}).op(
+        _argsort, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
-async def searchsorted(x1: TensorLike, x2: TensorLike, /, *, side: str = 'left', sorter: TensorLike | None = None, name: str | None = None) -> Tensor:
+async def searchsorted(
+    x1: TensorLike, x2: TensorLike, /, *, side: str = "left", sorter: TensorLike | None = None, name: str | None = None
+) -> Tensor:
     """Indices at which ``x2``'s elements would be inserted into the sorted 1-d ``x1`` to keep it sorted.
 
     ``side="left"`` gives the first such index, ``"right"`` the last; ``sorter`` is the
     ``argsort`` of an unsorted ``x1``.
     """
     p_args, p_kwargs, p_nbytes = _searchsorted.spec(x1, x2, side=side, sorter=sorter)
-    r: Tensor = await engine_of((x1, x2,), {"side": side, "sorter": sorter}).op(_searchsorted, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x1,
+            x2,
+        ),
+        {"side": side, "sorter": sorter},
+    ).op(_searchsorted, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1842,27 +2518,53 @@ async def unique_values(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 async def isin(x1: TensorLike, x2: TensorLike, /, *, invert: bool = False, name: str | None = None) -> Tensor:
     """Element-wise whether each element of ``x1`` is in ``x2`` (not in it with ``invert``; bool)."""
     p_args, p_kwargs, p_nbytes = _isin.spec(x1, x2, invert=invert)
-    r: Tensor = await engine_of((x1, x2,), {"invert": invert}).op(_isin, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x1,
+            x2,
+        ),
+        {"invert": invert},
+    ).op(_isin, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def matmul(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Matrix product ``x1 @ x2``, batched over leading dimensions."""
-    r: Tensor = await engine_of((x1, x2,), None).op(_matmul, (x1, x2), None, None, name)
+    r: Tensor = await engine_of(
+        (
+            x1,
+            x2,
+        ),
+        None,
+    ).op(_matmul, (x1, x2), None, None, name)
     return r
 
 
-async def tensordot(x1: TensorLike, x2: TensorLike, /, *, axes: int | tuple[Sequence[int], Sequence[int]] = 2, name: str | None = None) -> Tensor:
+async def tensordot(
+    x1: TensorLike, x2: TensorLike, /, *, axes: int | tuple[Sequence[int], Sequence[int]] = 2, name: str | None = None
+) -> Tensor:
     """Sum of products over ``axes`` (the last ``axes`` of x1 and first of x2, or explicit lists)."""
     p_args, p_kwargs, p_nbytes = _tensordot.spec(x1, x2, axes=axes)
-    r: Tensor = await engine_of((x1, x2,), {"axes": axes}).op(_tensordot, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x1,
+            x2,
+        ),
+        {"axes": axes},
+    ).op(_tensordot, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def einsum(subscripts: str, /, *operands: TensorLike, name: str | None = None) -> Tensor:
     """Einstein summation, e.g. ``einsum("ij,jk->ik", a, b)`` (contraction order optimized)."""
     p_args, p_kwargs, p_nbytes = _einsum.spec(subscripts, *operands)
-    r: Tensor = await engine_of((subscripts, *operands,), None).op(_einsum, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            subscripts,
+            *operands,
+        ),
+        None,
+    ).op(_einsum, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1873,28 +2575,52 @@ async def reshape(x: TensorLike, /, shape: ShapeLike, *, copy: bool | None = Non
     shares memory with ``x`` cannot be observed, and every value of it is accepted.
     """
     p_args, p_kwargs, p_nbytes = _reshape.spec(x, shape, copy=copy)
-    r: Tensor = await engine_of((x, shape,), {"copy": copy}).op(_reshape, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            shape,
+        ),
+        {"copy": copy},
+    ).op(_reshape, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def permute_dims(x: TensorLike, /, axes: Sequence[int] | None = None, *, name: str | None = None) -> Tensor:
     """Dimensions reordered by ``axes`` (a transpose; ``None`` reverses them)."""
     p_args, p_kwargs, p_nbytes = _permute_dims.spec(x, axes)
-    r: Tensor = await engine_of((x, axes,), None).op(_permute_dims, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            axes,
+        ),
+        None,
+    ).op(_permute_dims, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def expand_dims(x: TensorLike, /, axis: int | Sequence[int] = 0, *, name: str | None = None) -> Tensor:
     """A new dimension of size 1 at ``axis``."""
     p_args, p_kwargs, p_nbytes = _expand_dims.spec(x, axis)
-    r: Tensor = await engine_of((x, axis,), None).op(_expand_dims, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            axis,
+        ),
+        None,
+    ).op(_expand_dims, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def squeeze(x: TensorLike, /, axis: AxisLike = None, *, name: str | None = None) -> Tensor:
     """Dimensions of size 1 removed (only ``axis`` if given)."""
     p_args, p_kwargs, p_nbytes = _squeeze.spec(x, axis)
-    r: Tensor = await engine_of((x, axis,), None).op(_squeeze, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            axis,
+        ),
+        None,
+    ).op(_squeeze, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1912,21 +2638,37 @@ async def stack(arrays: Sequence[TensorLike], /, *, axis: int = 0, name: str | N
     return r
 
 
-async def split(x: TensorLike, /, indices_or_sections: int | Sequence[int], *, axis: int = 0, name: str | None = None) -> list[Tensor]:
+async def split(
+    x: TensorLike, /, indices_or_sections: int | Sequence[int], *, axis: int = 0, name: str | None = None
+) -> list[Tensor]:
     """``x`` cut along ``axis`` into equal sections, or at the given indices."""
     p_args, p_kwargs, p_nbytes = _split.spec(x, indices_or_sections, axis=axis)
-    r: list[Tensor] = await engine_of((x, indices_or_sections,), {"axis": axis}).op(_split, p_args, p_kwargs, p_nbytes, name)
+    r: list[Tensor] = await engine_of(
+        (
+            x,
+            indices_or_sections,
+        ),
+        {"axis": axis},
+    ).op(_split, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def broadcast_to(x: TensorLike, /, shape: ShapeLike, *, name: str | None = None) -> Tensor:
     """``x`` broadcast to ``shape`` (materialized: the result owns its memory)."""
     p_args, p_kwargs, p_nbytes = _broadcast_to.spec(x, shape)
-    r: Tensor = await engine_of((x, shape,), None).op(_broadcast_to, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            shape,
+        ),
+        None,
+    ).op(_broadcast_to, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def astype(x: TensorLike, dtype: DTypeLike, /, *, copy: bool = True, device: str | None = None, name: str | None = None) -> Tensor:
+async def astype(
+    x: TensorLike, dtype: DTypeLike, /, *, copy: bool = True, device: str | None = None, name: str | None = None
+) -> Tensor:
     """``x`` converted to ``dtype`` (numpy's casting rules, ``unsafe`` as numpy's ``astype``).
 
     ``copy`` and ``device`` are the standard's keywords: the result is always a tensor of
@@ -1934,21 +2676,39 @@ async def astype(x: TensorLike, dtype: DTypeLike, /, *, copy: bool = True, devic
     the session places the op on (``device`` must be ``None`` or a device name).
     """
     p_args, p_kwargs, p_nbytes = _astype.spec(x, dtype, copy=copy, device=device)
-    r: Tensor = await engine_of((x, dtype,), {"copy": copy, "device": device}).op(_astype, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            dtype,
+        ),
+        {"copy": copy, "device": device},
+    ).op(_astype, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def take(x: TensorLike, indices: TensorLike, /, *, axis: int | None = None, name: str | None = None) -> Tensor:
     """Elements of ``x`` at ``indices`` along ``axis`` (of the flattened ``x`` if ``None``)."""
     p_args, p_kwargs, p_nbytes = _take.spec(x, indices, axis=axis)
-    r: Tensor = await engine_of((x, indices,), {"axis": axis}).op(_take, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            indices,
+        ),
+        {"axis": axis},
+    ).op(_take, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def getitem(x: TensorLike, key: Any, /, *, name: str | None = None) -> Tensor:
     """``x[key]`` with numpy indexing (slices, ints, ``None``, ellipsis, int or bool arrays/tensors)."""
     p_args, p_kwargs, p_nbytes = _getitem.spec(x, key)
-    r: Tensor = await engine_of((x, key,), None).op(_getitem, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x,
+            key,
+        ),
+        None,
+    ).op(_getitem, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1962,11 +2722,24 @@ async def matrix_transpose(x: TensorLike, /, *, name: str | None = None) -> Tens
 async def vecdot(x1: TensorLike, x2: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
     """Dot products of vectors along ``axis`` (``x1`` conjugated), broadcast over the other dimensions."""
     p_args, p_kwargs, p_nbytes = _vecdot.spec(x1, x2, axis=axis)
-    r: Tensor = await engine_of((x1, x2,), {"axis": axis}).op(_vecdot, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            x1,
+            x2,
+        ),
+        {"axis": axis},
+    ).op(_vecdot, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
-async def asarray(value: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None, copy: bool | None = None) -> Tensor:
+async def asarray(
+    value: TensorLike,
+    dtype: DTypeLike | None = None,
+    name: str | None = None,
+    *,
+    device: str | None = None,
+    copy: bool | None = None,
+) -> Tensor:
     """A tensor holding a copy of ``value`` (nested lists, scalars, ndarrays, tensors).
 
     ``device`` and ``copy`` are the standard's keywords of ``asarray``: the tensor is
@@ -1979,7 +2752,13 @@ async def asarray(value: TensorLike, dtype: DTypeLike | None = None, name: str |
             ``None`` numeric. ``copy=False``: a tensor owns its memory, so a copy is needed.
     """
     p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype, device=device, copy=copy)
-    r: Tensor = await engine_of((value, dtype,), {"device": device, "copy": copy}).op(_constant, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of(
+        (
+            value,
+            dtype,
+        ),
+        {"device": device, "copy": copy},
+    ).op(_constant, p_args, p_kwargs, p_nbytes, name)
     return r
 
 

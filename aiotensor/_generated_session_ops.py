@@ -230,7 +230,15 @@ class SessionOps:
         r: Tensor | tuple[Tensor, ...] = await self._engine.op(_apply, p_args, p_kwargs, p_nbytes, None)
         return r
 
-    async def constant(self, value: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None, copy: bool | None = None) -> Tensor:
+    async def constant(
+        self,
+        value: TensorLike,
+        dtype: DTypeLike | None = None,
+        name: str | None = None,
+        *,
+        device: str | None = None,
+        copy: bool | None = None,
+    ) -> Tensor:
         """A tensor holding a copy of ``value`` (nested lists, scalars, ndarrays, tensors).
 
         ``device`` and ``copy`` are the standard's keywords of ``asarray``: the tensor is
@@ -246,67 +254,129 @@ class SessionOps:
         r: Tensor = await self._engine.op(_constant, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def zeros(self, shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+    async def zeros(
+        self, shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None
+    ) -> Tensor:
         """A tensor of zeros (default dtype float64)."""
         p_args, p_kwargs, p_nbytes = _zeros.spec(shape, dtype, device=device)
         r: Tensor = await self._engine.op(_zeros, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def ones(self, shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+    async def ones(
+        self, shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None
+    ) -> Tensor:
         """A tensor of ones (default dtype float64)."""
         p_args, p_kwargs, p_nbytes = _ones.spec(shape, dtype, device=device)
         r: Tensor = await self._engine.op(_ones, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def full(self, shape: ShapeLike, fill_value: bool | complex, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+    async def full(
+        self,
+        shape: ShapeLike,
+        fill_value: bool | complex,
+        dtype: DTypeLike | None = None,
+        name: str | None = None,
+        *,
+        device: str | None = None,
+    ) -> Tensor:
         """A tensor filled with ``fill_value`` (dtype inferred from it, as numpy does)."""
         p_args, p_kwargs, p_nbytes = _full.spec(shape, fill_value, dtype, device=device)
         r: Tensor = await self._engine.op(_full, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def zeros_like(self, x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+    async def zeros_like(
+        self, x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None
+    ) -> Tensor:
         """Zeros with the shape (and, by default, the dtype) of ``x``."""
         p_args, p_kwargs, p_nbytes = _zeros_like.spec(x, dtype, device=device)
         r: Tensor = await self._engine.op(_zeros_like, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def ones_like(self, x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+    async def ones_like(
+        self, x: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None
+    ) -> Tensor:
         """Ones with the shape (and, by default, the dtype) of ``x``."""
         p_args, p_kwargs, p_nbytes = _ones_like.spec(x, dtype, device=device)
         r: Tensor = await self._engine.op(_ones_like, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def arange(self, start: float, stop: float | None = None, step: float = 1, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+    async def arange(
+        self,
+        start: float,
+        stop: float | None = None,
+        step: float = 1,
+        dtype: DTypeLike | None = None,
+        name: str | None = None,
+        *,
+        device: str | None = None,
+    ) -> Tensor:
         """Evenly spaced values in ``[start, stop)`` (``arange(n)`` counts from 0), as numpy's ``arange``."""
         p_args, p_kwargs, p_nbytes = _arange.spec(start, stop, step, dtype, device=device)
         r: Tensor = await self._engine.op(_arange, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def linspace(self, start: float, stop: float, num: int = 50, endpoint: bool = True, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+    async def linspace(
+        self,
+        start: float,
+        stop: float,
+        num: int = 50,
+        endpoint: bool = True,
+        dtype: DTypeLike | None = None,
+        name: str | None = None,
+        *,
+        device: str | None = None,
+    ) -> Tensor:
         """``num`` evenly spaced values from ``start`` to ``stop`` (without ``stop`` unless ``endpoint``)."""
         p_args, p_kwargs, p_nbytes = _linspace.spec(start, stop, num, endpoint, dtype, device=device)
         r: Tensor = await self._engine.op(_linspace, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def eye(self, n_rows: int, n_cols: int | None = None, k: int = 0, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+    async def eye(
+        self,
+        n_rows: int,
+        n_cols: int | None = None,
+        k: int = 0,
+        dtype: DTypeLike | None = None,
+        name: str | None = None,
+        *,
+        device: str | None = None,
+    ) -> Tensor:
         """A 2-d tensor with ones on diagonal ``k`` and zeros elsewhere."""
         p_args, p_kwargs, p_nbytes = _eye.spec(n_rows, n_cols, k, dtype, device=device)
         r: Tensor = await self._engine.op(_eye, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def random_uniform(self, shape: ShapeLike, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None, seed: int | None = None, name: str | None = None) -> Tensor:
+    async def random_uniform(
+        self,
+        shape: ShapeLike,
+        low: float = 0.0,
+        high: float = 1.0,
+        dtype: DTypeLike | None = None,
+        seed: int | None = None,
+        name: str | None = None,
+    ) -> Tensor:
         """Uniform values in ``[low, high)``; the same ``seed`` gives the same values."""
         p_args, p_kwargs, p_nbytes = _random_uniform.spec(shape, low, high, dtype, seed)
         r: Tensor = await self._engine.op(_random_uniform, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def random_normal(self, shape: ShapeLike, mean: float = 0.0, stddev: float = 1.0, dtype: DTypeLike | None = None, seed: int | None = None, name: str | None = None) -> Tensor:
+    async def random_normal(
+        self,
+        shape: ShapeLike,
+        mean: float = 0.0,
+        stddev: float = 1.0,
+        dtype: DTypeLike | None = None,
+        seed: int | None = None,
+        name: str | None = None,
+    ) -> Tensor:
         """Normal values of the given mean and standard deviation; the same ``seed`` gives the same values."""
         p_args, p_kwargs, p_nbytes = _random_normal.spec(shape, mean, stddev, dtype, seed)
         r: Tensor = await self._engine.op(_random_normal, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def empty(self, shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None) -> Tensor:
+    async def empty(
+        self, shape: ShapeLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None
+    ) -> Tensor:
         """A tensor whose contents the standard leaves unspecified: zeros here (default dtype float64).
 
         Zeros rather than uninitialized memory, so that a tensor never shows the bytes of
@@ -316,13 +386,24 @@ class SessionOps:
         r: Tensor = await self._engine.op(_empty, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def empty_like(self, x: TensorLike, /, *, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+    async def empty_like(
+        self, x: TensorLike, /, *, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None
+    ) -> Tensor:
         """A tensor of ``x``'s shape (and, by default, dtype) with unspecified contents: zeros here."""
         p_args, p_kwargs, p_nbytes = _empty_like.spec(x, dtype=dtype, device=device)
         r: Tensor = await self._engine.op(_empty_like, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def full_like(self, x: TensorLike, /, fill_value: bool | complex, *, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+    async def full_like(
+        self,
+        x: TensorLike,
+        /,
+        fill_value: bool | complex,
+        *,
+        dtype: DTypeLike | None = None,
+        device: str | None = None,
+        name: str | None = None,
+    ) -> Tensor:
         """``fill_value`` in the shape (and, by default, the dtype) of ``x``."""
         p_args, p_kwargs, p_nbytes = _full_like.spec(x, fill_value, dtype=dtype, device=device)
         r: Tensor = await self._engine.op(_full_like, p_args, p_kwargs, p_nbytes, name)
@@ -340,7 +421,9 @@ class SessionOps:
         r: Tensor = await self._engine.op(_triu, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def from_dlpack(self, x: Any, /, *, device: str | None = None, copy: bool | None = None, name: str | None = None) -> Tensor:
+    async def from_dlpack(
+        self, x: Any, /, *, device: str | None = None, copy: bool | None = None, name: str | None = None
+    ) -> Tensor:
         """A tensor holding a copy of the data of ``x``, any object with ``__dlpack__`` (a torch tensor, an ndarray).
 
         ``copy=False`` (never copy) raises: a tensor always owns its memory.
@@ -349,7 +432,7 @@ class SessionOps:
         r: Tensor = await self._engine.op(_from_dlpack, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def meshgrid(self, *arrays: TensorLike, indexing: str = 'xy', name: str | None = None) -> list[Tensor]:
+    async def meshgrid(self, *arrays: TensorLike, indexing: str = "xy", name: str | None = None) -> list[Tensor]:
         """Coordinate grids from 1-d tensors, as a list (``indexing="xy"``: Cartesian, ``"ij"``: matrix)."""
         p_args, p_kwargs, p_nbytes = _meshgrid.spec(*arrays, indexing=indexing)
         r: list[Tensor] = await self._engine.op(_meshgrid, p_args, p_kwargs, p_nbytes, name)
@@ -641,13 +724,17 @@ class SessionOps:
         r: Tensor = await self._engine.op(_round, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def clip(self, x: TensorLike, /, min: TensorLike | None = None, max: TensorLike | None = None, *, name: str | None = None) -> Tensor:
+    async def clip(
+        self, x: TensorLike, /, min: TensorLike | None = None, max: TensorLike | None = None, *, name: str | None = None
+    ) -> Tensor:
         """Element-wise ``x`` limited to ``[min, max]`` (either bound may be ``None``)."""
         p_args, p_kwargs, p_nbytes = _clip.spec(x, min, max)
         r: Tensor = await self._engine.op(_clip, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def where(self, condition: TensorLike, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
+    async def where(
+        self, condition: TensorLike, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None
+    ) -> Tensor:
         """Element-wise ``x1`` where ``condition`` is true, else ``x2``."""
         engine = self._engine
         r = engine.lean(_where, (condition, x1, x2), name)
@@ -655,7 +742,9 @@ class SessionOps:
             r = await engine.op(_where, (condition, x1, x2), None, None, name)
         return r
 
-    async def fft(self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+    async def fft(
+        self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward", name: str | None = None
+    ) -> Tensor:
         """One-dimensional discrete Fourier transform of complex ``x`` along ``axis`` (``numpy.fft.fft``).
 
         ``n`` crops or zero-pads the input to that length first. complex64 stays complex64.
@@ -664,13 +753,24 @@ class SessionOps:
         r: Tensor = await self._engine.op(_fft, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def ifft(self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+    async def ifft(
+        self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward", name: str | None = None
+    ) -> Tensor:
         """Inverse of ``fft`` along ``axis`` (``numpy.fft.ifft``)."""
         p_args, p_kwargs, p_nbytes = _ifft.spec(x, n=n, axis=axis, norm=norm)
         r: Tensor = await self._engine.op(_ifft, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def fftn(self, x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+    async def fftn(
+        self,
+        x: TensorLike,
+        /,
+        *,
+        s: Sequence[int] | None = None,
+        axes: Sequence[int] | None = None,
+        norm: str = "backward",
+        name: str | None = None,
+    ) -> Tensor:
         """N-dimensional discrete Fourier transform of complex ``x`` over ``axes`` (all if ``None``; ``numpy.fft.fftn``).
 
         ``s`` crops or zero-pads each transformed axis (``-1``: keep its size).
@@ -679,13 +779,24 @@ class SessionOps:
         r: Tensor = await self._engine.op(_fftn, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def ifftn(self, x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+    async def ifftn(
+        self,
+        x: TensorLike,
+        /,
+        *,
+        s: Sequence[int] | None = None,
+        axes: Sequence[int] | None = None,
+        norm: str = "backward",
+        name: str | None = None,
+    ) -> Tensor:
         """Inverse of ``fftn`` (``numpy.fft.ifftn``)."""
         p_args, p_kwargs, p_nbytes = _ifftn.spec(x, s=s, axes=axes, norm=norm)
         r: Tensor = await self._engine.op(_ifftn, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def rfft(self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+    async def rfft(
+        self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward", name: str | None = None
+    ) -> Tensor:
         """Fourier transform of real ``x`` along ``axis``, the ``n // 2 + 1`` non-negative frequencies (``numpy.fft.rfft``).
 
         float32 gives complex64, float64 complex128.
@@ -694,37 +805,70 @@ class SessionOps:
         r: Tensor = await self._engine.op(_rfft, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def irfft(self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+    async def irfft(
+        self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward", name: str | None = None
+    ) -> Tensor:
         """Inverse of ``rfft``: a real signal of length ``n`` (default ``2 * (m - 1)``; ``numpy.fft.irfft``)."""
         p_args, p_kwargs, p_nbytes = _irfft.spec(x, n=n, axis=axis, norm=norm)
         r: Tensor = await self._engine.op(_irfft, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def rfftn(self, x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+    async def rfftn(
+        self,
+        x: TensorLike,
+        /,
+        *,
+        s: Sequence[int] | None = None,
+        axes: Sequence[int] | None = None,
+        norm: str = "backward",
+        name: str | None = None,
+    ) -> Tensor:
         """N-dimensional ``rfft`` of real ``x`` (the last axis halved; ``numpy.fft.rfftn``)."""
         p_args, p_kwargs, p_nbytes = _rfftn.spec(x, s=s, axes=axes, norm=norm)
         r: Tensor = await self._engine.op(_rfftn, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def irfftn(self, x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward', name: str | None = None) -> Tensor:
+    async def irfftn(
+        self,
+        x: TensorLike,
+        /,
+        *,
+        s: Sequence[int] | None = None,
+        axes: Sequence[int] | None = None,
+        norm: str = "backward",
+        name: str | None = None,
+    ) -> Tensor:
         """Inverse of ``rfftn``: a real result (``numpy.fft.irfftn``)."""
         p_args, p_kwargs, p_nbytes = _irfftn.spec(x, s=s, axes=axes, norm=norm)
         r: Tensor = await self._engine.op(_irfftn, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def hfft(self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+    async def hfft(
+        self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward", name: str | None = None
+    ) -> Tensor:
         """Fourier transform of a Hermitian-symmetric signal given by its first half: a real result (``numpy.fft.hfft``)."""
         p_args, p_kwargs, p_nbytes = _hfft.spec(x, n=n, axis=axis, norm=norm)
         r: Tensor = await self._engine.op(_hfft, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def ihfft(self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward', name: str | None = None) -> Tensor:
+    async def ihfft(
+        self, x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward", name: str | None = None
+    ) -> Tensor:
         """Inverse of ``hfft`` for real ``x``: the non-negative half of its spectrum (``numpy.fft.ihfft``)."""
         p_args, p_kwargs, p_nbytes = _ihfft.spec(x, n=n, axis=axis, norm=norm)
         r: Tensor = await self._engine.op(_ihfft, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def fftfreq(self, n: int, /, *, d: float = 1.0, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+    async def fftfreq(
+        self,
+        n: int,
+        /,
+        *,
+        d: float = 1.0,
+        dtype: DTypeLike | None = None,
+        device: str | None = None,
+        name: str | None = None,
+    ) -> Tensor:
         """The sample frequencies of an ``n``-point ``fft`` with sample spacing ``d`` (``numpy.fft.fftfreq``).
 
         ``dtype`` is a real floating-point dtype (default float64); ``device`` names a device.
@@ -733,19 +877,32 @@ class SessionOps:
         r: Tensor = await self._engine.op(_fftfreq, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def rfftfreq(self, n: int, /, *, d: float = 1.0, dtype: DTypeLike | None = None, device: str | None = None, name: str | None = None) -> Tensor:
+    async def rfftfreq(
+        self,
+        n: int,
+        /,
+        *,
+        d: float = 1.0,
+        dtype: DTypeLike | None = None,
+        device: str | None = None,
+        name: str | None = None,
+    ) -> Tensor:
         """The ``n // 2 + 1`` non-negative sample frequencies of an ``n``-point ``rfft`` (``numpy.fft.rfftfreq``)."""
         p_args, p_kwargs, p_nbytes = _rfftfreq.spec(n, d=d, dtype=dtype, device=device)
         r: Tensor = await self._engine.op(_rfftfreq, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def fftshift(self, x: TensorLike, /, *, axes: int | Sequence[int] | None = None, name: str | None = None) -> Tensor:
+    async def fftshift(
+        self, x: TensorLike, /, *, axes: int | Sequence[int] | None = None, name: str | None = None
+    ) -> Tensor:
         """The zero-frequency term moved to the centre of ``axes`` (all if ``None``; ``numpy.fft.fftshift``)."""
         p_args, p_kwargs, p_nbytes = _fftshift.spec(x, axes=axes)
         r: Tensor = await self._engine.op(_fftshift, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def ifftshift(self, x: TensorLike, /, *, axes: int | Sequence[int] | None = None, name: str | None = None) -> Tensor:
+    async def ifftshift(
+        self, x: TensorLike, /, *, axes: int | Sequence[int] | None = None, name: str | None = None
+    ) -> Tensor:
         """Inverse of ``fftshift`` (``numpy.fft.ifftshift``)."""
         p_args, p_kwargs, p_nbytes = _ifftshift.spec(x, axes=axes)
         r: Tensor = await self._engine.op(_ifftshift, p_args, p_kwargs, p_nbytes, name)
@@ -797,7 +954,7 @@ class SessionOps:
         r: Tensor = await self._engine.op(_eigvalsh, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def qr(self, x: TensorLike, /, *, mode: str = 'reduced', name: str | None = None) -> QRResult[Tensor]:
+    async def qr(self, x: TensorLike, /, *, mode: str = "reduced", name: str | None = None) -> QRResult[Tensor]:
         """``[Q, R]``, the QR decomposition of each matrix (``numpy.linalg.qr``); the standard's ``QRResult`` fields."""
         p_args, p_kwargs, p_nbytes = _qr.spec(x, mode=mode)
         r: QRResult[Tensor] = await self._engine.op(_qr, p_args, p_kwargs, p_nbytes, name)
@@ -851,7 +1008,9 @@ class SessionOps:
         r: Tensor = await self._engine.op(_matrix_power, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def matrix_norm(self, x: TensorLike, /, *, keepdims: bool = False, ord: float | str | None = 'fro', name: str | None = None) -> Tensor:
+    async def matrix_norm(
+        self, x: TensorLike, /, *, keepdims: bool = False, ord: float | str | None = "fro", name: str | None = None
+    ) -> Tensor:
         """Norm of each matrix (the last two axes): ``'fro'``, ``'nuc'``, ``1``, ``-1``, ``2``, ``-2``, ``inf``, ``-inf``.
 
         As ``numpy.linalg.norm(x, ord, axis=(-2, -1))``; the result is real.
@@ -860,7 +1019,16 @@ class SessionOps:
         r: Tensor = await self._engine.op(_matrix_norm, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def vector_norm(self, x: TensorLike, /, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = False, ord: float = 2, name: str | None = None) -> Tensor:
+    async def vector_norm(
+        self,
+        x: TensorLike,
+        /,
+        *,
+        axis: int | tuple[int, ...] | None = None,
+        keepdims: bool = False,
+        ord: float = 2,
+        name: str | None = None,
+    ) -> Tensor:
         """The ``ord``-norm of the vectors along ``axis`` (all axes as one vector if ``None``); the result is real.
 
         ``ord``: any real, ``inf`` (max abs), ``-inf`` (min abs), ``0`` (count of non-zeros).
@@ -870,7 +1038,9 @@ class SessionOps:
         r: Tensor = await self._engine.op(_vector_norm, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def trace(self, x: TensorLike, /, *, offset: int = 0, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+    async def trace(
+        self, x: TensorLike, /, *, offset: int = 0, dtype: DTypeLike | None = None, name: str | None = None
+    ) -> Tensor:
         """Sum of diagonal ``offset`` of each matrix (the last two axes), as ``numpy.trace(x, offset, -2, -1)``."""
         p_args, p_kwargs, p_nbytes = _trace.spec(x, offset=offset, dtype=dtype)
         r: Tensor = await self._engine.op(_trace, p_args, p_kwargs, p_nbytes, name)
@@ -900,19 +1070,31 @@ class SessionOps:
         r: Tensor = await self._engine.op(_flip, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def roll(self, x: TensorLike, /, shift: int | Sequence[int], *, axis: AxisLike = None, name: str | None = None) -> Tensor:
+    async def roll(
+        self, x: TensorLike, /, shift: int | Sequence[int], *, axis: AxisLike = None, name: str | None = None
+    ) -> Tensor:
         """Elements shifted by ``shift`` along ``axis``, wrapping around (of the flattened ``x`` if ``None``)."""
         p_args, p_kwargs, p_nbytes = _roll.spec(x, shift, axis=axis)
         r: Tensor = await self._engine.op(_roll, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def moveaxis(self, x: TensorLike, source: int | Sequence[int], destination: int | Sequence[int], /, *, name: str | None = None) -> Tensor:
+    async def moveaxis(
+        self,
+        x: TensorLike,
+        source: int | Sequence[int],
+        destination: int | Sequence[int],
+        /,
+        *,
+        name: str | None = None,
+    ) -> Tensor:
         """``x`` with the axes ``source`` moved to the positions ``destination`` (the others keep their order)."""
         p_args, p_kwargs, p_nbytes = _moveaxis.spec(x, source, destination)
         r: Tensor = await self._engine.op(_moveaxis, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def repeat(self, x: TensorLike, repeats: int | TensorLike, /, *, axis: int | None = None, name: str | None = None) -> Tensor:
+    async def repeat(
+        self, x: TensorLike, repeats: int | TensorLike, /, *, axis: int | None = None, name: str | None = None
+    ) -> Tensor:
         """Each element repeated ``repeats`` times (one count, or one per element along ``axis``).
 
         With ``axis=None`` the flattened ``x`` is repeated. A tensor of counts makes the
@@ -940,7 +1122,9 @@ class SessionOps:
         r: list[Tensor] = await self._engine.op(_broadcast_arrays, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def take_along_axis(self, x: TensorLike, indices: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
+    async def take_along_axis(
+        self, x: TensorLike, indices: TensorLike, /, *, axis: int = -1, name: str | None = None
+    ) -> Tensor:
         """Elements of ``x`` at ``indices`` along ``axis`` (``indices`` as ``argsort`` gives them), as numpy's."""
         p_args, p_kwargs, p_nbytes = _take_along_axis.spec(x, indices, axis=axis)
         r: Tensor = await self._engine.op(_take_along_axis, p_args, p_kwargs, p_nbytes, name)
@@ -1211,7 +1395,7 @@ class SessionOps:
         r: Tensor = await self._engine.op(_erf, (x,), None, None, name)
         return r
 
-    async def gelu(self, x: TensorLike, /, *, approximate: str = 'none', name: str | None = None) -> Tensor:
+    async def gelu(self, x: TensorLike, /, *, approximate: str = "none", name: str | None = None) -> Tensor:
         """Gaussian error linear unit ``x * Phi(x)`` (``torch.nn.functional.gelu``).
 
         ``approximate="tanh"`` gives PyTorch's ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``.
@@ -1228,7 +1412,9 @@ class SessionOps:
             r = await engine.op(_silu, (x,), None, None, name)
         return r
 
-    async def softplus(self, x: TensorLike, /, *, beta: float = 1.0, threshold: float = 20.0, name: str | None = None) -> Tensor:
+    async def softplus(
+        self, x: TensorLike, /, *, beta: float = 1.0, threshold: float = 20.0, name: str | None = None
+    ) -> Tensor:
         """``log(1 + exp(beta * x)) / beta``, or ``x`` where ``beta * x > threshold`` (``torch.nn.functional.softplus``).
 
         Computed as ``max(bx, 0) + log1p(exp(-|bx|))``: no overflow, exact in both tails.
@@ -1237,7 +1423,9 @@ class SessionOps:
         r: Tensor = await self._engine.op(_softplus, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def logsumexp(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+    async def logsumexp(
+        self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None
+    ) -> Tensor:
         """``log(sum(exp(x)))`` over ``axis``, without overflow (``scipy.special.logsumexp``).
 
         An empty or all ``-inf`` slice gives ``-inf``; an ``inf`` gives ``inf``.
@@ -1246,7 +1434,16 @@ class SessionOps:
         r: Tensor = await self._engine.op(_logsumexp, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def one_hot(self, x: TensorLike, /, num_classes: int, *, dtype: DTypeLike | None = None, axis: int = -1, name: str | None = None) -> Tensor:
+    async def one_hot(
+        self,
+        x: TensorLike,
+        /,
+        num_classes: int,
+        *,
+        dtype: DTypeLike | None = None,
+        axis: int = -1,
+        name: str | None = None,
+    ) -> Tensor:
         """Integer class indices as one-hot vectors on a new ``axis`` (``torch.nn.functional.one_hot``; ``np.eye(n)[x]``).
 
         ``dtype`` defaults to int64 (PyTorch's); an index outside ``[0, num_classes)`` is an
@@ -1256,7 +1453,17 @@ class SessionOps:
         r: Tensor = await self._engine.op(_one_hot, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def top_k(self, x: TensorLike, k: int, /, *, axis: int = -1, largest: bool = True, sorted: bool = True, name: str | None = None) -> TopKResult[Tensor]:
+    async def top_k(
+        self,
+        x: TensorLike,
+        k: int,
+        /,
+        *,
+        axis: int = -1,
+        largest: bool = True,
+        sorted: bool = True,
+        name: str | None = None,
+    ) -> TopKResult[Tensor]:
         """``[values, indices]`` of the ``k`` largest (or smallest) elements along ``axis`` (``torch.topk``).
 
         Sorted (largest first, or smallest first); ties keep index order; NaN counts as the
@@ -1266,7 +1473,9 @@ class SessionOps:
         r: TopKResult[Tensor] = await self._engine.op(_top_k, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def bincount(self, x: TensorLike, /, weights: TensorLike | None = None, *, minlength: int = 0, name: str | None = None) -> Tensor:
+    async def bincount(
+        self, x: TensorLike, /, weights: TensorLike | None = None, *, minlength: int = 0, name: str | None = None
+    ) -> Tensor:
         """Occurrences of each value ``0 .. max(x)`` in the 1-d non-negative integer ``x`` (``numpy.bincount``).
 
         With ``weights``, their sums instead of counts. The length, ``max(max(x) + 1,
@@ -1276,7 +1485,9 @@ class SessionOps:
         r: Tensor = await self._engine.op(_bincount, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def scatter_add(self, x: TensorLike, indices: TensorLike, updates: TensorLike, /, *, axis: int = 0, name: str | None = None) -> Tensor:
+    async def scatter_add(
+        self, x: TensorLike, indices: TensorLike, updates: TensorLike, /, *, axis: int = 0, name: str | None = None
+    ) -> Tensor:
         """A copy of ``x`` with ``updates`` added at ``indices`` along ``axis``, repeats accumulating.
 
         Functional index-add: ``torch.Tensor.index_add(axis, indices, updates)`` and
@@ -1288,7 +1499,16 @@ class SessionOps:
         r: Tensor = await self._engine.op(_scatter_add, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def pad(self, x: TensorLike, /, pad_width: int | Sequence[int] | Sequence[Sequence[int]], *, mode: str = 'constant', constant_values: float = 0, name: str | None = None) -> Tensor:
+    async def pad(
+        self,
+        x: TensorLike,
+        /,
+        pad_width: int | Sequence[int] | Sequence[Sequence[int]],
+        *,
+        mode: str = "constant",
+        constant_values: float = 0,
+        name: str | None = None,
+    ) -> Tensor:
         """``x`` padded by ``pad_width`` (``numpy.pad``): per axis ``(before, after)``, or one pair or width for all.
 
         ``mode``: ``"constant"`` (``constant_values``), ``"edge"``, ``"reflect"``,
@@ -1298,13 +1518,25 @@ class SessionOps:
         r: Tensor = await self._engine.op(_pad, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def median(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+    async def median(
+        self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None
+    ) -> Tensor:
         """Median over ``axis`` (``numpy.median``: the mean of the two middle values for an even count)."""
         p_args, p_kwargs, p_nbytes = _median.spec(x, axis=axis, keepdims=keepdims)
         r: Tensor = await self._engine.op(_median, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def quantile(self, x: TensorLike, q: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, method: str = 'linear', name: str | None = None) -> Tensor:
+    async def quantile(
+        self,
+        x: TensorLike,
+        q: TensorLike,
+        /,
+        *,
+        axis: AxisLike = None,
+        keepdims: bool = False,
+        method: str = "linear",
+        name: str | None = None,
+    ) -> Tensor:
         """The ``q``-th quantiles (``q`` in ``[0, 1]``, a number or 1-d) over ``axis`` (``numpy.quantile``).
 
         ``method``: ``"linear"``, ``"lower"``, ``"higher"``, ``"midpoint"`` or ``"nearest"``.
@@ -1314,7 +1546,17 @@ class SessionOps:
         r: Tensor = await self._engine.op(_quantile, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def layer_norm(self, x: TensorLike, normalized_shape: int | Sequence[int], /, weight: TensorLike | None = None, bias: TensorLike | None = None, *, eps: float = 1e-05, name: str | None = None) -> Tensor:
+    async def layer_norm(
+        self,
+        x: TensorLike,
+        normalized_shape: int | Sequence[int],
+        /,
+        weight: TensorLike | None = None,
+        bias: TensorLike | None = None,
+        *,
+        eps: float = 1e-05,
+        name: str | None = None,
+    ) -> Tensor:
         """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last dimensions (``torch.nn.functional.layer_norm``).
 
         ``normalized_shape`` names those dimensions (it must equal the end of ``x``'s shape);
@@ -1324,55 +1566,101 @@ class SessionOps:
         r: Tensor = await self._engine.op(_layer_norm, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def sum(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+    async def sum(
+        self,
+        x: TensorLike,
+        /,
+        *,
+        axis: AxisLike = None,
+        keepdims: bool = False,
+        dtype: DTypeLike | None = None,
+        name: str | None = None,
+    ) -> Tensor:
         """Sum over ``axis``."""
         p_args, p_kwargs, p_nbytes = _sum.spec(x, axis=axis, keepdims=keepdims, dtype=dtype)
         r: Tensor = await self._engine.op(_sum, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def prod(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, dtype: DTypeLike | None = None, name: str | None = None) -> Tensor:
+    async def prod(
+        self,
+        x: TensorLike,
+        /,
+        *,
+        axis: AxisLike = None,
+        keepdims: bool = False,
+        dtype: DTypeLike | None = None,
+        name: str | None = None,
+    ) -> Tensor:
         """Product over ``axis``."""
         p_args, p_kwargs, p_nbytes = _prod.spec(x, axis=axis, keepdims=keepdims, dtype=dtype)
         r: Tensor = await self._engine.op(_prod, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def mean(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+    async def mean(
+        self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None
+    ) -> Tensor:
         """Arithmetic mean over ``axis``."""
         p_args, p_kwargs, p_nbytes = _mean.spec(x, axis=axis, keepdims=keepdims)
         r: Tensor = await self._engine.op(_mean, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def max(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+    async def max(
+        self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None
+    ) -> Tensor:
         """Maximum over ``axis`` (an empty reduction raises InvalidArgumentError)."""
         p_args, p_kwargs, p_nbytes = _max.spec(x, axis=axis, keepdims=keepdims)
         r: Tensor = await self._engine.op(_max, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def min(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+    async def min(
+        self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None
+    ) -> Tensor:
         """Minimum over ``axis`` (an empty reduction raises InvalidArgumentError)."""
         p_args, p_kwargs, p_nbytes = _min.spec(x, axis=axis, keepdims=keepdims)
         r: Tensor = await self._engine.op(_min, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def std(self, x: TensorLike, /, *, axis: AxisLike = None, correction: float = 0.0, keepdims: bool = False, name: str | None = None) -> Tensor:
+    async def std(
+        self,
+        x: TensorLike,
+        /,
+        *,
+        axis: AxisLike = None,
+        correction: float = 0.0,
+        keepdims: bool = False,
+        name: str | None = None,
+    ) -> Tensor:
         """Standard deviation over ``axis`` (``correction=1`` for the sample estimate)."""
         p_args, p_kwargs, p_nbytes = _std.spec(x, axis=axis, correction=correction, keepdims=keepdims)
         r: Tensor = await self._engine.op(_std, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def var(self, x: TensorLike, /, *, axis: AxisLike = None, correction: float = 0.0, keepdims: bool = False, name: str | None = None) -> Tensor:
+    async def var(
+        self,
+        x: TensorLike,
+        /,
+        *,
+        axis: AxisLike = None,
+        correction: float = 0.0,
+        keepdims: bool = False,
+        name: str | None = None,
+    ) -> Tensor:
         """Variance over ``axis`` (``correction=1`` for the sample estimate)."""
         p_args, p_kwargs, p_nbytes = _var.spec(x, axis=axis, correction=correction, keepdims=keepdims)
         r: Tensor = await self._engine.op(_var, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def argmax(self, x: TensorLike, /, *, axis: int | None = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+    async def argmax(
+        self, x: TensorLike, /, *, axis: int | None = None, keepdims: bool = False, name: str | None = None
+    ) -> Tensor:
         """Index of the maximum along ``axis`` (of the flattened tensor if ``None``)."""
         p_args, p_kwargs, p_nbytes = _argmax.spec(x, axis=axis, keepdims=keepdims)
         r: Tensor = await self._engine.op(_argmax, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def argmin(self, x: TensorLike, /, *, axis: int | None = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+    async def argmin(
+        self, x: TensorLike, /, *, axis: int | None = None, keepdims: bool = False, name: str | None = None
+    ) -> Tensor:
         """Index of the minimum along ``axis`` (of the flattened tensor if ``None``)."""
         p_args, p_kwargs, p_nbytes = _argmin.spec(x, axis=axis, keepdims=keepdims)
         r: Tensor = await self._engine.op(_argmin, p_args, p_kwargs, p_nbytes, name)
@@ -1390,55 +1678,116 @@ class SessionOps:
         r: Tensor = await self._engine.op(_log_softmax, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def all(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+    async def all(
+        self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None
+    ) -> Tensor:
         """Whether every element along ``axis`` is true (non-zero; NaN counts as true; bool)."""
         p_args, p_kwargs, p_nbytes = _all.spec(x, axis=axis, keepdims=keepdims)
         r: Tensor = await self._engine.op(_all, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def any(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+    async def any(
+        self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None
+    ) -> Tensor:
         """Whether any element along ``axis`` is true (non-zero; NaN counts as true; bool)."""
         p_args, p_kwargs, p_nbytes = _any.spec(x, axis=axis, keepdims=keepdims)
         r: Tensor = await self._engine.op(_any, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def count_nonzero(self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
+    async def count_nonzero(
+        self, x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None
+    ) -> Tensor:
         """The number of non-zero elements along ``axis`` (int64)."""
         p_args, p_kwargs, p_nbytes = _count_nonzero.spec(x, axis=axis, keepdims=keepdims)
         r: Tensor = await self._engine.op(_count_nonzero, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def cumulative_sum(self, x: TensorLike, /, *, axis: int | None = None, dtype: DTypeLike | None = None, include_initial: bool = False, name: str | None = None) -> Tensor:
+    async def cumulative_sum(
+        self,
+        x: TensorLike,
+        /,
+        *,
+        axis: int | None = None,
+        dtype: DTypeLike | None = None,
+        include_initial: bool = False,
+        name: str | None = None,
+    ) -> Tensor:
         """Cumulative sum along ``axis`` (optional for 1-d ``x``); ``include_initial`` starts with a 0."""
         p_args, p_kwargs, p_nbytes = _cumulative_sum.spec(x, axis=axis, dtype=dtype, include_initial=include_initial)
         r: Tensor = await self._engine.op(_cumulative_sum, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def cumulative_prod(self, x: TensorLike, /, *, axis: int | None = None, dtype: DTypeLike | None = None, include_initial: bool = False, name: str | None = None) -> Tensor:
+    async def cumulative_prod(
+        self,
+        x: TensorLike,
+        /,
+        *,
+        axis: int | None = None,
+        dtype: DTypeLike | None = None,
+        include_initial: bool = False,
+        name: str | None = None,
+    ) -> Tensor:
         """Cumulative product along ``axis`` (optional for 1-d ``x``); ``include_initial`` starts with a 1."""
         p_args, p_kwargs, p_nbytes = _cumulative_prod.spec(x, axis=axis, dtype=dtype, include_initial=include_initial)
         r: Tensor = await self._engine.op(_cumulative_prod, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def diff(self, x: TensorLike, /, *, axis: int = -1, n: int = 1, prepend: TensorLike | None = None, append: TensorLike | None = None, name: str | None = None) -> Tensor:
+    async def diff(
+        self,
+        x: TensorLike,
+        /,
+        *,
+        axis: int = -1,
+        n: int = 1,
+        prepend: TensorLike | None = None,
+        append: TensorLike | None = None,
+        name: str | None = None,
+    ) -> Tensor:
         """The ``n``-th forward difference ``x[i + 1] - x[i]`` along ``axis``, after joining ``prepend``/``append``."""
         p_args, p_kwargs, p_nbytes = _diff.spec(x, axis=axis, n=n, prepend=prepend, append=append)
         r: Tensor = await self._engine.op(_diff, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def sort(self, x: TensorLike, /, *, axis: int = -1, descending: bool = False, stable: bool = True, name: str | None = None) -> Tensor:
+    async def sort(
+        self,
+        x: TensorLike,
+        /,
+        *,
+        axis: int = -1,
+        descending: bool = False,
+        stable: bool = True,
+        name: str | None = None,
+    ) -> Tensor:
         """``x`` sorted along ``axis`` (NaN last ascending, first descending; ``stable`` keeps ties in order)."""
         p_args, p_kwargs, p_nbytes = _sort.spec(x, axis=axis, descending=descending, stable=stable)
         r: Tensor = await self._engine.op(_sort, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def argsort(self, x: TensorLike, /, *, axis: int = -1, descending: bool = False, stable: bool = True, name: str | None = None) -> Tensor:
+    async def argsort(
+        self,
+        x: TensorLike,
+        /,
+        *,
+        axis: int = -1,
+        descending: bool = False,
+        stable: bool = True,
+        name: str | None = None,
+    ) -> Tensor:
         """The indices that sort ``x`` along ``axis`` (equal elements in their order when ``stable``)."""
         p_args, p_kwargs, p_nbytes = _argsort.spec(x, axis=axis, descending=descending, stable=stable)
         r: Tensor = await self._engine.op(_argsort, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def searchsorted(self, x1: TensorLike, x2: TensorLike, /, *, side: str = 'left', sorter: TensorLike | None = None, name: str | None = None) -> Tensor:
+    async def searchsorted(
+        self,
+        x1: TensorLike,
+        x2: TensorLike,
+        /,
+        *,
+        side: str = "left",
+        sorter: TensorLike | None = None,
+        name: str | None = None,
+    ) -> Tensor:
         """Indices at which ``x2``'s elements would be inserted into the sorted 1-d ``x1`` to keep it sorted.
 
         ``side="left"`` gives the first such index, ``"right"`` the last; ``sorter`` is the
@@ -1495,7 +1844,15 @@ class SessionOps:
         r: Tensor = await self._engine.op(_matmul, (x1, x2), None, None, name)
         return r
 
-    async def tensordot(self, x1: TensorLike, x2: TensorLike, /, *, axes: int | tuple[Sequence[int], Sequence[int]] = 2, name: str | None = None) -> Tensor:
+    async def tensordot(
+        self,
+        x1: TensorLike,
+        x2: TensorLike,
+        /,
+        *,
+        axes: int | tuple[Sequence[int], Sequence[int]] = 2,
+        name: str | None = None,
+    ) -> Tensor:
         """Sum of products over ``axes`` (the last ``axes`` of x1 and first of x2, or explicit lists)."""
         p_args, p_kwargs, p_nbytes = _tensordot.spec(x1, x2, axes=axes)
         r: Tensor = await self._engine.op(_tensordot, p_args, p_kwargs, p_nbytes, name)
@@ -1507,7 +1864,9 @@ class SessionOps:
         r: Tensor = await self._engine.op(_einsum, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def reshape(self, x: TensorLike, /, shape: ShapeLike, *, copy: bool | None = None, name: str | None = None) -> Tensor:
+    async def reshape(
+        self, x: TensorLike, /, shape: ShapeLike, *, copy: bool | None = None, name: str | None = None
+    ) -> Tensor:
         """The same elements in a new shape (one dimension may be -1).
 
         ``copy`` is the standard's keyword: tensors are immutable, so whether the result
@@ -1517,7 +1876,9 @@ class SessionOps:
         r: Tensor = await self._engine.op(_reshape, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def permute_dims(self, x: TensorLike, /, axes: Sequence[int] | None = None, *, name: str | None = None) -> Tensor:
+    async def permute_dims(
+        self, x: TensorLike, /, axes: Sequence[int] | None = None, *, name: str | None = None
+    ) -> Tensor:
         """Dimensions reordered by ``axes`` (a transpose; ``None`` reverses them)."""
         p_args, p_kwargs, p_nbytes = _permute_dims.spec(x, axes)
         r: Tensor = await self._engine.op(_permute_dims, p_args, p_kwargs, p_nbytes, name)
@@ -1547,7 +1908,9 @@ class SessionOps:
         r: Tensor = await self._engine.op(_stack, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def split(self, x: TensorLike, /, indices_or_sections: int | Sequence[int], *, axis: int = 0, name: str | None = None) -> list[Tensor]:
+    async def split(
+        self, x: TensorLike, /, indices_or_sections: int | Sequence[int], *, axis: int = 0, name: str | None = None
+    ) -> list[Tensor]:
         """``x`` cut along ``axis`` into equal sections, or at the given indices."""
         p_args, p_kwargs, p_nbytes = _split.spec(x, indices_or_sections, axis=axis)
         r: list[Tensor] = await self._engine.op(_split, p_args, p_kwargs, p_nbytes, name)
@@ -1559,7 +1922,16 @@ class SessionOps:
         r: Tensor = await self._engine.op(_broadcast_to, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def astype(self, x: TensorLike, dtype: DTypeLike, /, *, copy: bool = True, device: str | None = None, name: str | None = None) -> Tensor:
+    async def astype(
+        self,
+        x: TensorLike,
+        dtype: DTypeLike,
+        /,
+        *,
+        copy: bool = True,
+        device: str | None = None,
+        name: str | None = None,
+    ) -> Tensor:
         """``x`` converted to ``dtype`` (numpy's casting rules, ``unsafe`` as numpy's ``astype``).
 
         ``copy`` and ``device`` are the standard's keywords: the result is always a tensor of
@@ -1570,7 +1942,9 @@ class SessionOps:
         r: Tensor = await self._engine.op(_astype, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def take(self, x: TensorLike, indices: TensorLike, /, *, axis: int | None = None, name: str | None = None) -> Tensor:
+    async def take(
+        self, x: TensorLike, indices: TensorLike, /, *, axis: int | None = None, name: str | None = None
+    ) -> Tensor:
         """Elements of ``x`` at ``indices`` along ``axis`` (of the flattened ``x`` if ``None``)."""
         p_args, p_kwargs, p_nbytes = _take.spec(x, indices, axis=axis)
         r: Tensor = await self._engine.op(_take, p_args, p_kwargs, p_nbytes, name)
@@ -1594,7 +1968,15 @@ class SessionOps:
         r: Tensor = await self._engine.op(_vecdot, p_args, p_kwargs, p_nbytes, name)
         return r
 
-    async def asarray(self, value: TensorLike, dtype: DTypeLike | None = None, name: str | None = None, *, device: str | None = None, copy: bool | None = None) -> Tensor:
+    async def asarray(
+        self,
+        value: TensorLike,
+        dtype: DTypeLike | None = None,
+        name: str | None = None,
+        *,
+        device: str | None = None,
+        copy: bool | None = None,
+    ) -> Tensor:
         """A tensor holding a copy of ``value`` (nested lists, scalars, ndarrays, tensors).
 
         ``device`` and ``copy`` are the standard's keywords of ``asarray``: the tensor is
