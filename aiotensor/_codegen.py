@@ -244,7 +244,9 @@ def functional() -> str:
         pos = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         var = [p.name for p in sig.parameters.values() if p.kind is p.VAR_POSITIONAL]
         varkw = [p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD]
-        seen = "(" + ", ".join([*[p for p in pos if p != "name"], *[f"*{v}" for v in var]]) + ",)"
+        items = [*[p for p in pos if p != "name"], *[f"*{v}" for v in var]]
+        # (a trailing comma only where a 1-tuple needs it: ruff format would explode the rest)
+        seen = "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
         seen_kw = "{" + ", ".join(f'"{k}": {k}' for k in kw) + "}" if kw else "None"
         if varkw:
             seen_kw = varkw[0]

@@ -414,13 +414,7 @@ async def apply(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Tensor 
         KernelError: ``fn`` raised; the original exception is the ``__cause__``.
     """
     p_args, p_kwargs, p_nbytes = _apply.spec(fn, *args, **kwargs)
-    r: Tensor | tuple[Tensor, ...] = await engine_of(
-        (
-            fn,
-            *args,
-        ),
-        kwargs,
-    ).op(_apply, p_args, p_kwargs, p_nbytes, None)
+    r: Tensor | tuple[Tensor, ...] = await engine_of((fn, *args), kwargs).op(_apply, p_args, p_kwargs, p_nbytes, None)
     return r
 
 
@@ -444,13 +438,9 @@ async def constant(
             ``None`` numeric. ``copy=False``: a tensor owns its memory, so a copy is needed.
     """
     p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype, device=device, copy=copy)
-    r: Tensor = await engine_of(
-        (
-            value,
-            dtype,
-        ),
-        {"device": device, "copy": copy},
-    ).op(_constant, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((value, dtype), {"device": device, "copy": copy}).op(
+        _constant, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -459,13 +449,7 @@ async def zeros(
 ) -> Tensor:
     """A tensor of zeros (default dtype float64)."""
     p_args, p_kwargs, p_nbytes = _zeros.spec(shape, dtype, device=device)
-    r: Tensor = await engine_of(
-        (
-            shape,
-            dtype,
-        ),
-        {"device": device},
-    ).op(_zeros, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((shape, dtype), {"device": device}).op(_zeros, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -474,13 +458,7 @@ async def ones(
 ) -> Tensor:
     """A tensor of ones (default dtype float64)."""
     p_args, p_kwargs, p_nbytes = _ones.spec(shape, dtype, device=device)
-    r: Tensor = await engine_of(
-        (
-            shape,
-            dtype,
-        ),
-        {"device": device},
-    ).op(_ones, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((shape, dtype), {"device": device}).op(_ones, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -494,14 +472,9 @@ async def full(
 ) -> Tensor:
     """A tensor filled with ``fill_value`` (dtype inferred from it, as numpy does)."""
     p_args, p_kwargs, p_nbytes = _full.spec(shape, fill_value, dtype, device=device)
-    r: Tensor = await engine_of(
-        (
-            shape,
-            fill_value,
-            dtype,
-        ),
-        {"device": device},
-    ).op(_full, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((shape, fill_value, dtype), {"device": device}).op(
+        _full, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -510,13 +483,7 @@ async def zeros_like(
 ) -> Tensor:
     """Zeros with the shape (and, by default, the dtype) of ``x``."""
     p_args, p_kwargs, p_nbytes = _zeros_like.spec(x, dtype, device=device)
-    r: Tensor = await engine_of(
-        (
-            x,
-            dtype,
-        ),
-        {"device": device},
-    ).op(_zeros_like, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, dtype), {"device": device}).op(_zeros_like, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -525,13 +492,7 @@ async def ones_like(
 ) -> Tensor:
     """Ones with the shape (and, by default, the dtype) of ``x``."""
     p_args, p_kwargs, p_nbytes = _ones_like.spec(x, dtype, device=device)
-    r: Tensor = await engine_of(
-        (
-            x,
-            dtype,
-        ),
-        {"device": device},
-    ).op(_ones_like, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, dtype), {"device": device}).op(_ones_like, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -546,15 +507,9 @@ async def arange(
 ) -> Tensor:
     """Evenly spaced values in ``[start, stop)`` (``arange(n)`` counts from 0), as numpy's ``arange``."""
     p_args, p_kwargs, p_nbytes = _arange.spec(start, stop, step, dtype, device=device)
-    r: Tensor = await engine_of(
-        (
-            start,
-            stop,
-            step,
-            dtype,
-        ),
-        {"device": device},
-    ).op(_arange, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((start, stop, step, dtype), {"device": device}).op(
+        _arange, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -570,16 +525,9 @@ async def linspace(
 ) -> Tensor:
     """``num`` evenly spaced values from ``start`` to ``stop`` (without ``stop`` unless ``endpoint``)."""
     p_args, p_kwargs, p_nbytes = _linspace.spec(start, stop, num, endpoint, dtype, device=device)
-    r: Tensor = await engine_of(
-        (
-            start,
-            stop,
-            num,
-            endpoint,
-            dtype,
-        ),
-        {"device": device},
-    ).op(_linspace, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((start, stop, num, endpoint, dtype), {"device": device}).op(
+        _linspace, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -594,15 +542,9 @@ async def eye(
 ) -> Tensor:
     """A 2-d tensor with ones on diagonal ``k`` and zeros elsewhere."""
     p_args, p_kwargs, p_nbytes = _eye.spec(n_rows, n_cols, k, dtype, device=device)
-    r: Tensor = await engine_of(
-        (
-            n_rows,
-            n_cols,
-            k,
-            dtype,
-        ),
-        {"device": device},
-    ).op(_eye, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((n_rows, n_cols, k, dtype), {"device": device}).op(
+        _eye, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -616,16 +558,9 @@ async def random_uniform(
 ) -> Tensor:
     """Uniform values in ``[low, high)``; the same ``seed`` gives the same values."""
     p_args, p_kwargs, p_nbytes = _random_uniform.spec(shape, low, high, dtype, seed)
-    r: Tensor = await engine_of(
-        (
-            shape,
-            low,
-            high,
-            dtype,
-            seed,
-        ),
-        None,
-    ).op(_random_uniform, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((shape, low, high, dtype, seed), None).op(
+        _random_uniform, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -639,16 +574,9 @@ async def random_normal(
 ) -> Tensor:
     """Normal values of the given mean and standard deviation; the same ``seed`` gives the same values."""
     p_args, p_kwargs, p_nbytes = _random_normal.spec(shape, mean, stddev, dtype, seed)
-    r: Tensor = await engine_of(
-        (
-            shape,
-            mean,
-            stddev,
-            dtype,
-            seed,
-        ),
-        None,
-    ).op(_random_normal, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((shape, mean, stddev, dtype, seed), None).op(
+        _random_normal, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -661,13 +589,7 @@ async def empty(
     one freed before it (another request's data, in a service).
     """
     p_args, p_kwargs, p_nbytes = _empty.spec(shape, dtype, device=device)
-    r: Tensor = await engine_of(
-        (
-            shape,
-            dtype,
-        ),
-        {"device": device},
-    ).op(_empty, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((shape, dtype), {"device": device}).op(_empty, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -693,13 +615,9 @@ async def full_like(
 ) -> Tensor:
     """``fill_value`` in the shape (and, by default, the dtype) of ``x``."""
     p_args, p_kwargs, p_nbytes = _full_like.spec(x, fill_value, dtype=dtype, device=device)
-    r: Tensor = await engine_of(
-        (
-            x,
-            fill_value,
-        ),
-        {"dtype": dtype, "device": device},
-    ).op(_full_like, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, fill_value), {"dtype": dtype, "device": device}).op(
+        _full_like, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -742,13 +660,7 @@ async def meshgrid(*arrays: TensorLike, indexing: str = "xy", name: str | None =
 
 async def add(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 + x2``."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_add, (x1, x2), name)
     if r is None:
         r = await engine.op(_add, (x1, x2), None, None, name)
@@ -757,13 +669,7 @@ async def add(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> 
 
 async def subtract(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 - x2``."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_subtract, (x1, x2), name)
     if r is None:
         r = await engine.op(_subtract, (x1, x2), None, None, name)
@@ -772,13 +678,7 @@ async def subtract(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None
 
 async def multiply(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 * x2``."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_multiply, (x1, x2), name)
     if r is None:
         r = await engine.op(_multiply, (x1, x2), None, None, name)
@@ -787,13 +687,7 @@ async def multiply(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None
 
 async def divide(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 / x2`` (true division)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_divide, (x1, x2), name)
     if r is None:
         r = await engine.op(_divide, (x1, x2), None, None, name)
@@ -802,13 +696,7 @@ async def divide(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) 
 
 async def floor_divide(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 // x2``."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_floor_divide, (x1, x2), name)
     if r is None:
         r = await engine.op(_floor_divide, (x1, x2), None, None, name)
@@ -817,13 +705,7 @@ async def floor_divide(x1: TensorLike, x2: TensorLike, /, *, name: str | None = 
 
 async def remainder(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 % x2`` (sign of the divisor, as python)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_remainder, (x1, x2), name)
     if r is None:
         r = await engine.op(_remainder, (x1, x2), None, None, name)
@@ -832,13 +714,7 @@ async def remainder(x1: TensorLike, x2: TensorLike, /, *, name: str | None = Non
 
 async def pow(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 ** x2``."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_pow, (x1, x2), name)
     if r is None:
         r = await engine.op(_pow, (x1, x2), None, None, name)
@@ -847,13 +723,7 @@ async def pow(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> 
 
 async def maximum(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise maximum (NaN propagates)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_maximum, (x1, x2), name)
     if r is None:
         r = await engine.op(_maximum, (x1, x2), None, None, name)
@@ -862,13 +732,7 @@ async def maximum(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None)
 
 async def minimum(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise minimum (NaN propagates)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_minimum, (x1, x2), name)
     if r is None:
         r = await engine.op(_minimum, (x1, x2), None, None, name)
@@ -877,13 +741,7 @@ async def minimum(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None)
 
 async def equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 == x2`` (bool)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_equal, (x1, x2), name)
     if r is None:
         r = await engine.op(_equal, (x1, x2), None, None, name)
@@ -892,13 +750,7 @@ async def equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -
 
 async def not_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 != x2`` (bool)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_not_equal, (x1, x2), name)
     if r is None:
         r = await engine.op(_not_equal, (x1, x2), None, None, name)
@@ -907,13 +759,7 @@ async def not_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = Non
 
 async def less(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 < x2`` (bool)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_less, (x1, x2), name)
     if r is None:
         r = await engine.op(_less, (x1, x2), None, None, name)
@@ -922,13 +768,7 @@ async def less(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) ->
 
 async def less_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 <= x2`` (bool)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_less_equal, (x1, x2), name)
     if r is None:
         r = await engine.op(_less_equal, (x1, x2), None, None, name)
@@ -937,13 +777,7 @@ async def less_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = No
 
 async def greater(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 > x2`` (bool)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_greater, (x1, x2), name)
     if r is None:
         r = await engine.op(_greater, (x1, x2), None, None, name)
@@ -952,13 +786,7 @@ async def greater(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None)
 
 async def greater_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 >= x2`` (bool)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_greater_equal, (x1, x2), name)
     if r is None:
         r = await engine.op(_greater_equal, (x1, x2), None, None, name)
@@ -967,13 +795,7 @@ async def greater_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None =
 
 async def logical_and(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise logical and (bool)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_logical_and, (x1, x2), name)
     if r is None:
         r = await engine.op(_logical_and, (x1, x2), None, None, name)
@@ -982,13 +804,7 @@ async def logical_and(x1: TensorLike, x2: TensorLike, /, *, name: str | None = N
 
 async def logical_or(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise logical or (bool)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_logical_or, (x1, x2), name)
     if r is None:
         r = await engine.op(_logical_or, (x1, x2), None, None, name)
@@ -1160,13 +976,7 @@ async def isfinite(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 async def round(x: TensorLike, /, decimals: int = 0, *, name: str | None = None) -> Tensor:
     """Element-wise rounding to ``decimals`` places (halves to even, as numpy)."""
     p_args, p_kwargs, p_nbytes = _round.spec(x, decimals)
-    r: Tensor = await engine_of(
-        (
-            x,
-            decimals,
-        ),
-        None,
-    ).op(_round, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, decimals), None).op(_round, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1175,27 +985,13 @@ async def clip(
 ) -> Tensor:
     """Element-wise ``x`` limited to ``[min, max]`` (either bound may be ``None``)."""
     p_args, p_kwargs, p_nbytes = _clip.spec(x, min, max)
-    r: Tensor = await engine_of(
-        (
-            x,
-            min,
-            max,
-        ),
-        None,
-    ).op(_clip, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, min, max), None).op(_clip, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def where(condition: TensorLike, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1`` where ``condition`` is true, else ``x2``."""
-    engine = engine_of(
-        (
-            condition,
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((condition, x1, x2), None)
     r = engine.lean(_where, (condition, x1, x2), name)
     if r is None:
         r = await engine.op(_where, (condition, x1, x2), None, None, name)
@@ -1449,13 +1245,7 @@ async def solve(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -
     InvalidArgumentError.
     """
     p_args, p_kwargs, p_nbytes = _solve.spec(x1, x2)
-    r: Tensor = await engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    ).op(_solve, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x1, x2), None).op(_solve, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1483,13 +1273,7 @@ async def pinv(x: TensorLike, /, *, rtol: TensorLike | None = None, name: str | 
 async def matrix_power(x: TensorLike, n: int, /, *, name: str | None = None) -> Tensor:
     """Each square matrix raised to the integer power ``n`` (``numpy.linalg.matrix_power``; ``n < 0`` inverts)."""
     p_args, p_kwargs, p_nbytes = _matrix_power.spec(x, n)
-    r: Tensor = await engine_of(
-        (
-            x,
-            n,
-        ),
-        None,
-    ).op(_matrix_power, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, n), None).op(_matrix_power, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1547,26 +1331,14 @@ async def diagonal(x: TensorLike, /, *, offset: int = 0, name: str | None = None
 async def cross(x1: TensorLike, x2: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
     """Cross product of 3-element vectors along ``axis`` (negative, as the standard asks), as ``numpy.cross``."""
     p_args, p_kwargs, p_nbytes = _cross.spec(x1, x2, axis=axis)
-    r: Tensor = await engine_of(
-        (
-            x1,
-            x2,
-        ),
-        {"axis": axis},
-    ).op(_cross, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x1, x2), {"axis": axis}).op(_cross, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def outer(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Outer product of two 1-d tensors, ``x1[:, None] * x2[None, :]`` (``numpy.outer``)."""
     p_args, p_kwargs, p_nbytes = _outer.spec(x1, x2)
-    r: Tensor = await engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    ).op(_outer, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x1, x2), None).op(_outer, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1582,13 +1354,7 @@ async def roll(
 ) -> Tensor:
     """Elements shifted by ``shift`` along ``axis``, wrapping around (of the flattened ``x`` if ``None``)."""
     p_args, p_kwargs, p_nbytes = _roll.spec(x, shift, axis=axis)
-    r: Tensor = await engine_of(
-        (
-            x,
-            shift,
-        ),
-        {"axis": axis},
-    ).op(_roll, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, shift), {"axis": axis}).op(_roll, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1597,14 +1363,7 @@ async def moveaxis(
 ) -> Tensor:
     """``x`` with the axes ``source`` moved to the positions ``destination`` (the others keep their order)."""
     p_args, p_kwargs, p_nbytes = _moveaxis.spec(x, source, destination)
-    r: Tensor = await engine_of(
-        (
-            x,
-            source,
-            destination,
-        ),
-        None,
-    ).op(_moveaxis, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, source, destination), None).op(_moveaxis, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1617,26 +1376,14 @@ async def repeat(
     output's size depend on the data.
     """
     p_args, p_kwargs, p_nbytes = _repeat.spec(x, repeats, axis=axis)
-    r: Tensor = await engine_of(
-        (
-            x,
-            repeats,
-        ),
-        {"axis": axis},
-    ).op(_repeat, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, repeats), {"axis": axis}).op(_repeat, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def tile(x: TensorLike, repetitions: Sequence[int], /, *, name: str | None = None) -> Tensor:
     """``x`` repeated ``repetitions[i]`` times along each dimension (leading ones added as needed)."""
     p_args, p_kwargs, p_nbytes = _tile.spec(x, repetitions)
-    r: Tensor = await engine_of(
-        (
-            x,
-            repetitions,
-        ),
-        None,
-    ).op(_tile, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, repetitions), None).op(_tile, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1657,13 +1404,7 @@ async def broadcast_arrays(*arrays: TensorLike, name: str | None = None) -> list
 async def take_along_axis(x: TensorLike, indices: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
     """Elements of ``x`` at ``indices`` along ``axis`` (``indices`` as ``argsort`` gives them), as numpy's."""
     p_args, p_kwargs, p_nbytes = _take_along_axis.spec(x, indices, axis=axis)
-    r: Tensor = await engine_of(
-        (
-            x,
-            indices,
-        ),
-        {"axis": axis},
-    ).op(_take_along_axis, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, indices), {"axis": axis}).op(_take_along_axis, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1714,13 +1455,7 @@ async def atan(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def atan2(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise angle of the point ``(x2, x1)``, quadrant-aware (``numpy.arctan2``)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_atan2, (x1, x2), name)
     if r is None:
         r = await engine.op(_atan2, (x1, x2), None, None, name)
@@ -1792,13 +1527,7 @@ async def log10(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def logaddexp(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``log(exp(x1) + exp(x2))``, without overflow."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_logaddexp, (x1, x2), name)
     if r is None:
         r = await engine.op(_logaddexp, (x1, x2), None, None, name)
@@ -1807,13 +1536,7 @@ async def logaddexp(x1: TensorLike, x2: TensorLike, /, *, name: str | None = Non
 
 async def hypot(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``sqrt(x1 ** 2 + x2 ** 2)``, without overflow."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_hypot, (x1, x2), name)
     if r is None:
         r = await engine.op(_hypot, (x1, x2), None, None, name)
@@ -1822,13 +1545,7 @@ async def hypot(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -
 
 async def copysign(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``|x1|`` with the sign of ``x2`` (signed zeros and NaN signs included)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_copysign, (x1, x2), name)
     if r is None:
         r = await engine.op(_copysign, (x1, x2), None, None, name)
@@ -1837,13 +1554,7 @@ async def copysign(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None
 
 async def nextafter(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise next representable float after ``x1`` towards ``x2``."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_nextafter, (x1, x2), name)
     if r is None:
         r = await engine.op(_nextafter, (x1, x2), None, None, name)
@@ -1924,13 +1635,7 @@ async def imag(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def logical_xor(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise logical exclusive or (bool)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_logical_xor, (x1, x2), name)
     if r is None:
         r = await engine.op(_logical_xor, (x1, x2), None, None, name)
@@ -1939,13 +1644,7 @@ async def logical_xor(x1: TensorLike, x2: TensorLike, /, *, name: str | None = N
 
 async def bitwise_and(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise bitwise ``x1 & x2`` (integer or bool)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_bitwise_and, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_and, (x1, x2), None, None, name)
@@ -1954,13 +1653,7 @@ async def bitwise_and(x1: TensorLike, x2: TensorLike, /, *, name: str | None = N
 
 async def bitwise_or(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise bitwise ``x1 | x2`` (integer or bool)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_bitwise_or, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_or, (x1, x2), None, None, name)
@@ -1969,13 +1662,7 @@ async def bitwise_or(x1: TensorLike, x2: TensorLike, /, *, name: str | None = No
 
 async def bitwise_xor(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise bitwise ``x1 ^ x2`` (integer or bool)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_bitwise_xor, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_xor, (x1, x2), None, None, name)
@@ -1993,13 +1680,7 @@ async def bitwise_invert(x: TensorLike, /, *, name: str | None = None) -> Tensor
 
 async def bitwise_left_shift(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 << x2`` (integers; ``x2`` non-negative)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_bitwise_left_shift, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_left_shift, (x1, x2), None, None, name)
@@ -2008,13 +1689,7 @@ async def bitwise_left_shift(x1: TensorLike, x2: TensorLike, /, *, name: str | N
 
 async def bitwise_right_shift(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 >> x2``, arithmetic for signed integers (``x2`` non-negative)."""
-    engine = engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    )
+    engine = engine_of((x1, x2), None)
     r = engine.lean(_bitwise_right_shift, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_right_shift, (x1, x2), None, None, name)
@@ -2085,13 +1760,9 @@ async def one_hot(
     InvalidArgumentError.
     """
     p_args, p_kwargs, p_nbytes = _one_hot.spec(x, num_classes, dtype=dtype, axis=axis)
-    r: Tensor = await engine_of(
-        (
-            x,
-            num_classes,
-        ),
-        {"dtype": dtype, "axis": axis},
-    ).op(_one_hot, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, num_classes), {"dtype": dtype, "axis": axis}).op(
+        _one_hot, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -2104,13 +1775,9 @@ async def top_k(
     largest value. Indices are int64. ``sorted=False`` is accepted and gives the same order.
     """
     p_args, p_kwargs, p_nbytes = _top_k.spec(x, k, axis=axis, largest=largest, sorted=sorted)
-    r: TopKResult[Tensor] = await engine_of(
-        (
-            x,
-            k,
-        ),
-        {"axis": axis, "largest": largest, "sorted": sorted},
-    ).op(_top_k, p_args, p_kwargs, p_nbytes, name)
+    r: TopKResult[Tensor] = await engine_of((x, k), {"axis": axis, "largest": largest, "sorted": sorted}).op(
+        _top_k, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -2123,13 +1790,7 @@ async def bincount(
     minlength)``, depends on the data.
     """
     p_args, p_kwargs, p_nbytes = _bincount.spec(x, weights, minlength=minlength)
-    r: Tensor = await engine_of(
-        (
-            x,
-            weights,
-        ),
-        {"minlength": minlength},
-    ).op(_bincount, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, weights), {"minlength": minlength}).op(_bincount, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -2144,14 +1805,9 @@ async def scatter_add(
     with ``updates``'.
     """
     p_args, p_kwargs, p_nbytes = _scatter_add.spec(x, indices, updates, axis=axis)
-    r: Tensor = await engine_of(
-        (
-            x,
-            indices,
-            updates,
-        ),
-        {"axis": axis},
-    ).op(_scatter_add, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, indices, updates), {"axis": axis}).op(
+        _scatter_add, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -2170,13 +1826,9 @@ async def pad(
     ``"symmetric"`` or ``"wrap"``.
     """
     p_args, p_kwargs, p_nbytes = _pad.spec(x, pad_width, mode=mode, constant_values=constant_values)
-    r: Tensor = await engine_of(
-        (
-            x,
-            pad_width,
-        ),
-        {"mode": mode, "constant_values": constant_values},
-    ).op(_pad, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, pad_width), {"mode": mode, "constant_values": constant_values}).op(
+        _pad, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -2205,13 +1857,9 @@ async def quantile(
     An array ``q`` puts its axis first in the result.
     """
     p_args, p_kwargs, p_nbytes = _quantile.spec(x, q, axis=axis, keepdims=keepdims, method=method)
-    r: Tensor = await engine_of(
-        (
-            x,
-            q,
-        ),
-        {"axis": axis, "keepdims": keepdims, "method": method},
-    ).op(_quantile, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, q), {"axis": axis, "keepdims": keepdims, "method": method}).op(
+        _quantile, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -2231,15 +1879,9 @@ async def layer_norm(
     the variance is the biased one, as PyTorch's.
     """
     p_args, p_kwargs, p_nbytes = _layer_norm.spec(x, normalized_shape, weight, bias, eps=eps)
-    r: Tensor = await engine_of(
-        (
-            x,
-            normalized_shape,
-            weight,
-            bias,
-        ),
-        {"eps": eps},
-    ).op(_layer_norm, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, normalized_shape, weight, bias), {"eps": eps}).op(
+        _layer_norm, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -2464,13 +2106,9 @@ async def searchsorted(
     ``argsort`` of an unsorted ``x1``.
     """
     p_args, p_kwargs, p_nbytes = _searchsorted.spec(x1, x2, side=side, sorter=sorter)
-    r: Tensor = await engine_of(
-        (
-            x1,
-            x2,
-        ),
-        {"side": side, "sorter": sorter},
-    ).op(_searchsorted, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x1, x2), {"side": side, "sorter": sorter}).op(
+        _searchsorted, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -2518,25 +2156,13 @@ async def unique_values(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 async def isin(x1: TensorLike, x2: TensorLike, /, *, invert: bool = False, name: str | None = None) -> Tensor:
     """Element-wise whether each element of ``x1`` is in ``x2`` (not in it with ``invert``; bool)."""
     p_args, p_kwargs, p_nbytes = _isin.spec(x1, x2, invert=invert)
-    r: Tensor = await engine_of(
-        (
-            x1,
-            x2,
-        ),
-        {"invert": invert},
-    ).op(_isin, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x1, x2), {"invert": invert}).op(_isin, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def matmul(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Matrix product ``x1 @ x2``, batched over leading dimensions."""
-    r: Tensor = await engine_of(
-        (
-            x1,
-            x2,
-        ),
-        None,
-    ).op(_matmul, (x1, x2), None, None, name)
+    r: Tensor = await engine_of((x1, x2), None).op(_matmul, (x1, x2), None, None, name)
     return r
 
 
@@ -2545,26 +2171,14 @@ async def tensordot(
 ) -> Tensor:
     """Sum of products over ``axes`` (the last ``axes`` of x1 and first of x2, or explicit lists)."""
     p_args, p_kwargs, p_nbytes = _tensordot.spec(x1, x2, axes=axes)
-    r: Tensor = await engine_of(
-        (
-            x1,
-            x2,
-        ),
-        {"axes": axes},
-    ).op(_tensordot, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x1, x2), {"axes": axes}).op(_tensordot, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def einsum(subscripts: str, /, *operands: TensorLike, name: str | None = None) -> Tensor:
     """Einstein summation, e.g. ``einsum("ij,jk->ik", a, b)`` (contraction order optimized)."""
     p_args, p_kwargs, p_nbytes = _einsum.spec(subscripts, *operands)
-    r: Tensor = await engine_of(
-        (
-            subscripts,
-            *operands,
-        ),
-        None,
-    ).op(_einsum, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((subscripts, *operands), None).op(_einsum, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -2575,52 +2189,28 @@ async def reshape(x: TensorLike, /, shape: ShapeLike, *, copy: bool | None = Non
     shares memory with ``x`` cannot be observed, and every value of it is accepted.
     """
     p_args, p_kwargs, p_nbytes = _reshape.spec(x, shape, copy=copy)
-    r: Tensor = await engine_of(
-        (
-            x,
-            shape,
-        ),
-        {"copy": copy},
-    ).op(_reshape, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, shape), {"copy": copy}).op(_reshape, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def permute_dims(x: TensorLike, /, axes: Sequence[int] | None = None, *, name: str | None = None) -> Tensor:
     """Dimensions reordered by ``axes`` (a transpose; ``None`` reverses them)."""
     p_args, p_kwargs, p_nbytes = _permute_dims.spec(x, axes)
-    r: Tensor = await engine_of(
-        (
-            x,
-            axes,
-        ),
-        None,
-    ).op(_permute_dims, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, axes), None).op(_permute_dims, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def expand_dims(x: TensorLike, /, axis: int | Sequence[int] = 0, *, name: str | None = None) -> Tensor:
     """A new dimension of size 1 at ``axis``."""
     p_args, p_kwargs, p_nbytes = _expand_dims.spec(x, axis)
-    r: Tensor = await engine_of(
-        (
-            x,
-            axis,
-        ),
-        None,
-    ).op(_expand_dims, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, axis), None).op(_expand_dims, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def squeeze(x: TensorLike, /, axis: AxisLike = None, *, name: str | None = None) -> Tensor:
     """Dimensions of size 1 removed (only ``axis`` if given)."""
     p_args, p_kwargs, p_nbytes = _squeeze.spec(x, axis)
-    r: Tensor = await engine_of(
-        (
-            x,
-            axis,
-        ),
-        None,
-    ).op(_squeeze, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, axis), None).op(_squeeze, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -2643,26 +2233,16 @@ async def split(
 ) -> list[Tensor]:
     """``x`` cut along ``axis`` into equal sections, or at the given indices."""
     p_args, p_kwargs, p_nbytes = _split.spec(x, indices_or_sections, axis=axis)
-    r: list[Tensor] = await engine_of(
-        (
-            x,
-            indices_or_sections,
-        ),
-        {"axis": axis},
-    ).op(_split, p_args, p_kwargs, p_nbytes, name)
+    r: list[Tensor] = await engine_of((x, indices_or_sections), {"axis": axis}).op(
+        _split, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
 async def broadcast_to(x: TensorLike, /, shape: ShapeLike, *, name: str | None = None) -> Tensor:
     """``x`` broadcast to ``shape`` (materialized: the result owns its memory)."""
     p_args, p_kwargs, p_nbytes = _broadcast_to.spec(x, shape)
-    r: Tensor = await engine_of(
-        (
-            x,
-            shape,
-        ),
-        None,
-    ).op(_broadcast_to, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, shape), None).op(_broadcast_to, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -2676,39 +2256,23 @@ async def astype(
     the session places the op on (``device`` must be ``None`` or a device name).
     """
     p_args, p_kwargs, p_nbytes = _astype.spec(x, dtype, copy=copy, device=device)
-    r: Tensor = await engine_of(
-        (
-            x,
-            dtype,
-        ),
-        {"copy": copy, "device": device},
-    ).op(_astype, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, dtype), {"copy": copy, "device": device}).op(
+        _astype, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
 async def take(x: TensorLike, indices: TensorLike, /, *, axis: int | None = None, name: str | None = None) -> Tensor:
     """Elements of ``x`` at ``indices`` along ``axis`` (of the flattened ``x`` if ``None``)."""
     p_args, p_kwargs, p_nbytes = _take.spec(x, indices, axis=axis)
-    r: Tensor = await engine_of(
-        (
-            x,
-            indices,
-        ),
-        {"axis": axis},
-    ).op(_take, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, indices), {"axis": axis}).op(_take, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def getitem(x: TensorLike, key: Any, /, *, name: str | None = None) -> Tensor:
     """``x[key]`` with numpy indexing (slices, ints, ``None``, ellipsis, int or bool arrays/tensors)."""
     p_args, p_kwargs, p_nbytes = _getitem.spec(x, key)
-    r: Tensor = await engine_of(
-        (
-            x,
-            key,
-        ),
-        None,
-    ).op(_getitem, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, key), None).op(_getitem, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -2722,13 +2286,7 @@ async def matrix_transpose(x: TensorLike, /, *, name: str | None = None) -> Tens
 async def vecdot(x1: TensorLike, x2: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
     """Dot products of vectors along ``axis`` (``x1`` conjugated), broadcast over the other dimensions."""
     p_args, p_kwargs, p_nbytes = _vecdot.spec(x1, x2, axis=axis)
-    r: Tensor = await engine_of(
-        (
-            x1,
-            x2,
-        ),
-        {"axis": axis},
-    ).op(_vecdot, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x1, x2), {"axis": axis}).op(_vecdot, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -2752,13 +2310,9 @@ async def asarray(
             ``None`` numeric. ``copy=False``: a tensor owns its memory, so a copy is needed.
     """
     p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype, device=device, copy=copy)
-    r: Tensor = await engine_of(
-        (
-            value,
-            dtype,
-        ),
-        {"device": device, "copy": copy},
-    ).op(_constant, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((value, dtype), {"device": device, "copy": copy}).op(
+        _constant, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
