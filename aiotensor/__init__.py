@@ -35,8 +35,8 @@ from ._function import FusedFunction as FusedFunction
 from ._function import FusedOps as FusedOps
 from ._function import FusedValue as FusedValue
 from ._function import function as function
-from ._functional import *  # noqa: F403 -- the op functions; their names are listed in _functional.__all__
-from ._functional import __all__ as _op_names
+from ._generated_functional import *  # noqa: F403 -- the op functions, listed in _generated_functional.__all__
+from ._generated_functional import __all__ as _op_names
 from ._interactive import InteractiveSession as InteractiveSession
 from ._kernels import BufferInfo as BufferInfo
 from ._kernels import KernelResult as KernelResult

@@ -1,7 +1,7 @@
 """AsyncEagerSession: a facade holding its engine, registry, cleanup policy and backend.
 
 The op path, lifecycle state and fetches live in :class:`~aiotensor._engine.Engine`;
-the op methods are generated from the op table (``_session_ops.py``). This module keeps
+the op methods are generated from the op table (``_generated_session_ops.py``). This module keeps
 the public surface: construction, ``async with``, ``close``, ``run``, devices,
 defaults and ``stats``.
 """
@@ -25,9 +25,9 @@ from ._engine import Engine, State
 from ._errors import InvalidArgumentError
 from ._expr import Expr
 from ._function import FusedFunction
+from ._generated_session_ops import SessionOps
 from ._pool import WorkerPool
 from ._registry import Registry, SessionStats
-from ._session_ops import SessionOps
 from ._structure import flatten, unflatten
 from ._tensor import Tensor
 

@@ -163,7 +163,7 @@ def _kernel_program(shape: tuple[int, ...]) -> tuple[Any, Any]:
     return asyncio.run(build())
 
 
-def _time(fn: Callable[[], Any], n: int) -> float:
+def _time(fn: Callable[..., Any], n: int) -> float:
     start = time.perf_counter()
     for _ in range(n):
         fn()
@@ -211,8 +211,8 @@ def calibrate(rounds: int, only_split: bool = False) -> None:
                     _time(lambda v=value, p=whole: p.fresh()(v), calls) / base,
                 )
             )
-        blocks, one = (statistics.median(p[i] for p in pairs) for i in (0, 1))
-        print(f"{n}x{n}: blocks {blocks:.2f}, one pass {one:.2f}")
+        blocks, one_pass = (statistics.median(p[i] for p in pairs) for i in (0, 1))
+        print(f"{n}x{n}: blocks {blocks:.2f}, one pass {one_pass:.2f}")
     _blocked.BLOCK_FROM_ITEMS = threshold
     print("split over the pool's workers vs one worker, in blocks: ratio (median over rounds)")
     split_from = _blocked.SPLIT_MIN_BYTES

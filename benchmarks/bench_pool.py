@@ -45,8 +45,7 @@ OWN_NORMAL = "aiotensor op, own pool, worker_priority='normal'"
 OLD = "aiotensor op, concurrent.futures (executor=)"
 BARE = "WorkerPool.run(np.add) (the bare hop)"
 PRIORITIES: tuple[at.SessionConfig, ...] = tuple(
-    at.SessionConfig(max_workers=CORES, worker_priority=p)  # type: ignore[arg-type]
-    for p in ("low", "idle", "normal")
+    at.SessionConfig(max_workers=CORES, worker_priority=p) for p in ("low", "idle", "normal")
 )
 
 # A round's measure: () -> (wall µs per op, loop-thread CPU µs per op).
@@ -231,10 +230,10 @@ def run(report: Report, *, hop_n: int | None = None, side: int | None = None) ->
                   low_p99.median <= 1.0 and ratio(seq, low_secs) >= 0.97)  # fmt: skip
     sides = (512, 1024) if quick else (1024, 2048)
     adds = run_on("asyncio", _large_add(report.rounds, 5 if quick else 20, sides))
-    for n, results in adds.items():
-        base = results["numpy on the loop thread"]
+    for n, stats in adds.items():
+        base = stats["numpy on the loop thread"]
         t = report.table(f"float32 add {n}x{n} (asyncio, {CORES} cores)", "µs/op", ratio_label="x numpy")
-        for label, stat in results.items():
+        for label, stat in stats.items():
             t.add(label, stat, ratio(stat, base))
 
 

@@ -11,12 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import pytest
 
 import aiotensor as at
+
+
+class Tolerance(TypedDict):
+    """Comparison tolerances, spread into :func:`check_op` or ``np.testing.assert_allclose``."""
+
+    rtol: float
+    atol: NotRequired[float]
+
 
 #: Errors numpy raises for bad arguments; our ops must turn each into InvalidArgumentError.
 NUMPY_ARG_ERRORS = (TypeError, ValueError, IndexError)
@@ -138,7 +146,7 @@ def nothing_allocated(s: at.AsyncEagerSession) -> Iterator[None]:
 
 
 async def assert_invalid(
-    s: at.AsyncEagerSession, call: Callable[[], Awaitable[Any]], op: str, *fragments: str
+    s: at.AsyncEagerSession, call: Callable[..., Awaitable[Any]], op: str, *fragments: str
 ) -> at.InvalidArgumentError:
     """``call()`` raises InvalidArgumentError naming ``op`` and each fragment, allocating nothing."""
     with nothing_allocated(s), pytest.raises(at.InvalidArgumentError) as info:

@@ -112,6 +112,7 @@ class Handlers:
 
     async def slow(self, s: at.AsyncEagerSession) -> dict[str, Any]:
         y = await s.apply(_sleep_kernel, await s.ones(2))
+        assert isinstance(y, at.Tensor)  # one kernel output: one tensor
         return {"y": (await y.numpy()).tolist()}
 
     def health(self) -> dict[str, Any]:

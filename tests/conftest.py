@@ -13,7 +13,7 @@ import aiotensor as at
 try:
     import uvloop
 except ImportError:  # pragma: no cover - uvloop is a test extra; skip its runs without it
-    uvloop = None
+    uvloop = None  # type: ignore[assignment]
 
 STRATEGIES = list(at.ResourceCleanupStrategy)
 

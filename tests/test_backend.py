@@ -125,8 +125,13 @@ async def test_a_cancelled_large_fetch_drops_its_copy_if_it_has_not_started() ->
     pool = WorkerPool(1)
     backend = at.LocalBackend(pool)
     started, release = threading.Event(), threading.Event()
+
+    def occupy() -> None:  # occupies the only worker
+        started.set()
+        release.wait(5)
+
     try:
-        pool.spawn(lambda: (started.set(), release.wait(5)))  # occupies the only worker
+        pool.spawn(occupy)
         assert await asyncio.to_thread(started.wait, 5)
         big = np.zeros(1 << 18)  # 2 MiB: copied on the pool
         fetching = asyncio.ensure_future(backend.fetch([big]))

@@ -16,6 +16,8 @@ import pytest
 
 import aiotensor as at
 
+from ._results import one
+
 
 def _deep(n: int) -> list[Any]:
     x: list[Any] = [1.0]
@@ -102,17 +104,17 @@ BAD_CALLS: list[tuple[str, Bad, type[at.AioTensorError], str]] = [
     ("concat-tensor", lambda s, t: s.concat(t), at.InvalidArgumentError, "sequence"),  # type: ignore[arg-type]
     # bad dtypes
     ("dtype-unknown", lambda s, t: s.zeros(3, dtype="foo"), at.InvalidArgumentError, "not a dtype"),
-    ("dtype-int", lambda s, t: s.zeros(3, dtype=12345), at.InvalidArgumentError, "not a dtype"),
+    ("dtype-int", lambda s, t: s.zeros(3, dtype=12345), at.InvalidArgumentError, "not a dtype"),  # type: ignore[arg-type]
     ("dtype-object", lambda s, t: s.zeros(3, dtype=object), at.InvalidArgumentError, "not numeric"),
     ("dtype-str", lambda s, t: s.ones(3, dtype="U3"), at.InvalidArgumentError, "not numeric"),
     ("dtype-struct", lambda s, t: s.zeros(3, dtype=[("a", int)]), at.InvalidArgumentError, "not numeric"),
     # regression: np.dtype("i4,,") raises SyntaxError, which escaped as a raw SyntaxError
     ("dtype-syntax", lambda s, t: s.zeros(3, dtype="i4,,"), at.InvalidArgumentError, "not a dtype"),
     ("dtype-syntax-astype", lambda s, t: s.astype(t, "f8,("), at.InvalidArgumentError, "not a dtype"),
-    ("dtype-bad-offsets", lambda s, t: s.zeros(3, dtype=_BAD_OFFSETS), at.InvalidArgumentError, "not a dtype"),
+    ("dtype-bad-offsets", lambda s, t: s.zeros(3, dtype=_BAD_OFFSETS), at.InvalidArgumentError, "not a dtype"),  # type: ignore[arg-type]
     ("dtype-datetime", lambda s, t: s.zeros(3, dtype="M8"), at.InvalidArgumentError, "not numeric"),
     ("astype-str", lambda s, t: s.astype(t, "U"), at.InvalidArgumentError, "not numeric"),
-    ("astype-None", lambda s, t: s.astype(t, None), at.InvalidArgumentError, "astype"),
+    ("astype-None", lambda s, t: s.astype(t, None), at.InvalidArgumentError, "astype"),  # type: ignore[arg-type]
     ("ones_like-str", lambda s, t: s.ones_like(t, dtype="U"), at.InvalidArgumentError, "not numeric"),
     ("uniform-int", lambda s, t: s.random_uniform(3, dtype=np.int32), at.InvalidArgumentError, "float dtype"),
     ("uniform-seed", lambda s, t: s.random_uniform(3, seed=-1), at.InvalidArgumentError, "random_uniform"),
@@ -127,7 +129,7 @@ BAD_CALLS: list[tuple[str, Bad, type[at.AioTensorError], str]] = [
     # regression: an ndarray subclass became the buffer (numpy() gave a MaskedArray hiding data)
     (
         "apply-masked",
-        lambda s, t: s.apply(lambda: np.ma.array([1.0, 2.0], mask=[0, 1])),
+        lambda s, t: s.apply(lambda: np.ma.array([1.0, 2.0], mask=[0, 1])),  # type: ignore[arg-type]
         at.InvalidArgumentError,
         "Mask",
     ),
@@ -216,7 +218,7 @@ async def test_session_used_from_another_thread_and_loop(session: at.AsyncEagerS
     def other_thread() -> None:
         for call in (lambda: session.add(t, t), t.numpy, lambda: session.zeros(2), session.close):
             try:
-                asyncio.run(call())  # type: ignore[arg-type]
+                asyncio.run(call())
             except BaseException as exc:  # collected for the assertions below
                 errors.append(exc)
 
@@ -333,7 +335,7 @@ async def test_apply_result_subclasses_become_plain_arrays(session: at.AsyncEage
     np.testing.assert_array_equal(await total.numpy(), [3.0, 7.0])
     mapped = np.memmap(tmp_path / "a.bin", dtype=np.float64, mode="w+", shape=(3,))
     mapped[:] = [1.0, 2.0, 3.0]
-    t = await session.apply(lambda: mapped)
+    t = one(await session.apply(lambda: mapped))
     assert type(np.asarray(t).base) is not np.memmap
     mapped[0] = 9.0
     np.testing.assert_array_equal(await t.numpy(), [1.0, 2.0, 3.0])

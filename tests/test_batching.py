@@ -17,6 +17,7 @@ import pytest
 
 import aiotensor as at
 
+from ._results import one
 from .conftest import settle
 
 IN, HIDDEN, OUT = 8, 32, 4
@@ -405,17 +406,17 @@ async def test_an_expression_as_x_or_param_is_evaluated_first(s: at.AsyncEagerSe
     w = await weights(s)
     t = await s.constant(rows(2))
     f = at.batched(mlp)
-    want = await (await f(await (t * 2.0), *w)).numpy()
+    want = await one(await f(await (t * 2.0), *w)).numpy()
     await settle(s)
     live = s.stats().live_tensors
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got = await f(t * 2.0, *w)
+        got = one(await f(t * 2.0, *w))
         np.testing.assert_array_equal(await got.numpy(), want)
-        got2 = await f(t * 2.0, w[0] * 1.0, *w[1:])
+        got2 = one(await f(t * 2.0, w[0] * 1.0, *w[1:]))
         np.testing.assert_array_equal(await got2.numpy(), want)
         g = at.batched(lambda ops, x, ws: mlp(ops, x, *ws))
-        got3 = await g(t * 2.0, [w[0] * 1.0, *w[1:]])  # one level into a list, as ops look
+        got3 = one(await g(t * 2.0, [w[0] * 1.0, *w[1:]]))  # one level into a list, as ops look
         np.testing.assert_array_equal(await got3.numpy(), want)
         gc.collect()
     assert got.session is s
@@ -452,7 +453,7 @@ async def test_a_kernel_error_fails_every_caller_of_its_batch_with_the_error_of_
     for r in results:
         assert type(r) is type(single.value)
         assert str(r) == str(single.value)  # six rows stacked: the same message
-        assert type(r.__cause__) is ZeroDivisionError  # type: ignore[union-attr]
+        assert type(r.__cause__) is ZeroDivisionError
     assert results[0] is not results[1]  # each caller raises its own object
     ok = await f(rows(2), w)  # the function still works
     np.testing.assert_allclose(np.asarray(ok), rows(2) @ W1, rtol=1e-5)
@@ -694,7 +695,7 @@ async def test_hundreds_of_callers_each_get_exactly_their_rows(strategy: at.Reso
         await request.__aenter__()
         xs: list[Any] = []
         for i in range(n):
-            x = rows(int(rng.integers(1, 40)), seed=i)
+            x: np.ndarray | at.Tensor = rows(int(rng.integers(1, 40)), seed=i)
             kind = rng.random()
             if kind < 0.05:
                 x = rows(2, width=IN + 1)  # invalid: refused before its batch forms

@@ -163,7 +163,7 @@ def test_web_benchmark_without_wrk_skips_and_says_how_to_install(
 ) -> None:
     from benchmarks import bench_web
 
-    monkeypatch.setattr(bench_web.shutil, "which", lambda name: None)
+    monkeypatch.setattr("benchmarks.bench_web.shutil.which", lambda name: None)
     snippet = tmp_path / "web.md"
     assert bench_web.main(["--quick", "--markdown", str(snippet)]) == 0
     out = capsys.readouterr().out

@@ -93,7 +93,7 @@ async def _outcome(make: Callable[[], Expr]) -> tuple[Any, ...]:
     return (*got, [(w.category, str(w.message)) for w in caught])
 
 
-async def _both(blocking: Callable[[bool], None], make: Callable[[], Expr]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+async def _both(blocking: Callable[[bool], None], make: Callable[..., Expr]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     blocking(True)
     blocked = await _outcome(make)
     blocking(False)
@@ -323,7 +323,7 @@ async def test_the_blocked_program_pickles(s: at.AsyncEagerSession, blocking: Ca
     program, _, _ = _compile.compiled(e, _is_tensor, "numpy", Expr)
     assert [st[0].name for st in program.steps] == ["blocked"]
     again = pickle.loads(pickle.dumps(program))
-    arr = s._engine.peek(x)  # type: ignore[attr-defined]
+    arr = s._engine.peek(x)
     assert again(arr).tobytes() == program.fresh()(arr).tobytes()
     await e  # (evaluated: no warning)
     e = x.std(axis=0) + 1.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -65,11 +66,12 @@ async def test_ops_after_a_run_of_inline_ops_still_let_other_tasks_run(s: at.Asy
     x = await s.constant([1.0])
     inc = s.function(lambda ops, v: ops.add(v, 1.0))
     await inc(x)  # the first call of a shape runs on the pool (and suspends); later ones inline
-    step = {
+    steps: dict[str, Callable[[at.Tensor], Awaitable[Any]]] = {
         "op": lambda v: s.add(v, 1.0),  # the lean path
         "fused": inc,  # Engine.call_inline
         "expression": lambda v: _awaited((v * 1.0) + 1.0),  # a program of two steps, inline
-    }[kind]
+    }
+    step = steps[kind]
     task = asyncio.create_task(other())
     # Small ops run inline; once they have held the loop for the budget, the next yields
     # once. Each counts at least HOLD_PER_OP_S, so this many spend it on any machine.
@@ -100,7 +102,7 @@ async def test_a_loop_of_failing_inline_ops_still_lets_other_tasks_run(s: at.Asy
 
     fused = s.function(checked)
     await fused(a, False)  # the first call of these shapes runs on the pool; later ones inline
-    calls = {
+    calls: dict[str, Callable[[], Awaitable[Any]]] = {
         "lean": lambda: s.floor(z),  # same shapes: the lean path, whose kernel refuses complex
         "general": lambda: s.add(a, b),  # shapes differ: the general path, inline
         "fused": lambda: fused(a, True),
@@ -156,6 +158,7 @@ async def test_lean_and_general_paths_agree(
     strategy: at.ResourceCleanupStrategy, op: str, args: tuple[Any, ...]
 ) -> None:
     results = []
+    make: Callable[[], at.AsyncEagerSession]
     for make in (lambda: at.AsyncEagerSession(cleanup=strategy), _general):
         async with make() as s:
             assert s._engine._lean is (make is not _general)
@@ -225,7 +228,7 @@ def _no_pool(s: at.AsyncEagerSession) -> list[Any]:
     # The kernels the session submitted (its backend is a RecordingBackend: _session_for).
     backend = s.backend
     assert isinstance(backend, RecordingBackend)
-    return backend.submitted  # type: ignore[return-value]
+    return backend.submitted
 
 
 def _every_step_a_slice(monkeypatch: pytest.MonkeyPatch, *, yields: bool = True) -> None:
@@ -395,13 +398,13 @@ async def test_an_expression_that_runs_inline_needs_no_coroutine_and_the_others_
     # Expr.__await__ gets an inline program's result at once from Engine.evaluate_expr; a
     # session that is not lean, or a program over the inline threshold, awaits the
     # general path (_run_program), on the program compiled once.
-    from aiotensor import _engine
+    from aiotensor import _compile, _engine
     from aiotensor._engine import Engine
 
     general: list[Any] = []
     original = Engine._run_program
     compiles: list[Any] = []
-    compiled = _engine.compiled
+    compiled = _compile.compiled
 
     async def counted(self: Engine, *args: Any) -> Any:
         general.append(args)

@@ -15,6 +15,7 @@ import pytest
 
 import aiotensor as at
 
+from ._results import one
 from ._tracking import check_accounting, check_all_released, tracked_session
 
 TASKS = 10_000
@@ -35,7 +36,7 @@ async def test_ten_thousand_concurrent_tasks_on_one_session(strategy: at.Resourc
             a = await s.constant([float(i), 1.0, -1.0])
             b = await s.multiply(a, base)  # inline-sized: runs on the loop
             if i % 10 == 0:
-                b = await s.apply(_affine, b, 2.0)  # user kernel: always on the pool
+                b = one(await s.apply(_affine, b, 2.0))  # user kernel: always on the pool
                 expected = (np.array([i, 1.0, -1.0]) * np.arange(3.0)) * 2.0 + 1.0
             else:
                 expected = np.array([i, 1.0, -1.0]) * np.arange(3.0)

@@ -37,7 +37,7 @@ import aiotensor as at
 try:
     import uvloop
 except ImportError:  # pragma: no cover - a test extra
-    uvloop = None
+    uvloop = None  # type: ignore[assignment]
 
 from ._tracking import check_accounting, check_all_released, tracked_session
 
@@ -314,7 +314,7 @@ _needs_uvloop = pytest.mark.skipif(uvloop is None, reason="uvloop is not install
 def _case(machine: type[SessionMachine], loop: str) -> Any:
     # A leaf class per loop: hypothesis refuses settings applied to a class twice.
     leaf = type(f"{machine.__name__}On{loop.capitalize()}", (machine,), {"loop": loop})
-    case = (SETTINGS if loop == "asyncio" else UVLOOP_SETTINGS)(leaf).TestCase
+    case = (SETTINGS if loop == "asyncio" else UVLOOP_SETTINGS)(leaf).TestCase  # type: ignore[attr-defined]
     marked = pytest.mark.slow(case)
     return _needs_uvloop(marked) if loop == "uvloop" else marked
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
@@ -12,6 +12,7 @@ import pytest
 import aiotensor as at
 
 from ._opcheck import nothing_allocated
+from ._results import one
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ async def test_single_array_result(s: at.AsyncEagerSession) -> None:
         assert result.name.startswith("apply(cumsum)")
         np.testing.assert_array_equal(await result.numpy(), np.cumsum(x, axis=1), strict=True)
         assert not np.asarray(result).flags.writeable
-    scalar = await s.apply(np.sum, t)  # a numpy scalar becomes a 0-d tensor
+    scalar = one(await s.apply(np.sum, t))  # a numpy scalar becomes a 0-d tensor
     assert scalar.shape == ()
     assert scalar.dtype == np.float64
     assert float(await scalar.numpy()) == 15.0
@@ -63,7 +64,7 @@ async def test_arguments_arrive_as_read_only_arrays(s: at.AsyncEagerSession) -> 
         return first * scale + pair[1].sum() + extra[0]
 
     plain = np.array([10.0, 20.0])
-    result = await s.apply(kernel, a, [a, b], 2.0, extra=b, plain=plain)
+    result = one(await s.apply(kernel, a, [a, b], 2.0, extra=b, plain=plain))
     np.testing.assert_array_equal(await result.numpy(), [2.0 + 7 + 3, 4.0 + 7 + 4])
     for key in ("first", "extra"):
         assert type(seen[key]) is np.ndarray, key
@@ -77,8 +78,8 @@ async def test_arguments_arrive_as_read_only_arrays(s: at.AsyncEagerSession) -> 
 
 async def test_returning_an_input_or_a_view_gives_an_independent_tensor(s: at.AsyncEagerSession) -> None:
     t = await s.constant(np.arange(6.0))
-    same = await s.apply(lambda a: a, t)
-    strided = await s.apply(lambda a: a[::2], t)
+    same = one(await s.apply(lambda a: a, t))
+    strided = one(await s.apply(lambda a: a[::2], t))
     assert same.name != t.name
     np.testing.assert_array_equal(await same.numpy(), np.arange(6.0))
     np.testing.assert_array_equal(await strided.numpy(), [0.0, 2.0, 4.0])
@@ -102,7 +103,12 @@ async def test_writing_to_an_input_is_a_kernel_error(sc: at.AsyncEagerSession) -
         xs[1][...] = 0
         return xs[0]
 
-    for fn, args, kwargs in [(scribble, (t,), {}), (scribble_kw, (), {"into": t}), (scribble_listed, ([t, t],), {})]:
+    cases: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = [
+        (scribble, (t,), {}),
+        (scribble_kw, (), {"into": t}),
+        (scribble_listed, ([t, t],), {}),
+    ]
+    for fn, args, kwargs in cases:
         with nothing_allocated(sc), pytest.raises(at.KernelError, match="read-only") as info:
             await sc.apply(fn, *args, **kwargs)
         assert isinstance(info.value.__cause__, ValueError)
@@ -151,7 +157,7 @@ async def test_wrong_return_type_is_invalid_argument(sc: at.AsyncEagerSession, l
     with nothing_allocated(sc), pytest.raises(at.InvalidArgumentError, match=r"apply\(<lambda>\)") as info:
         await sc.apply(fn, t)
     assert "float64[2]" in str(info.value)
-    assert (await (await sc.apply(np.negative, t)).numpy()).tolist() == [-1.0, -2.0]  # still usable
+    assert (await one(await sc.apply(np.negative, t)).numpy()).tolist() == [-1.0, -2.0]  # still usable
 
 
 async def test_apply_arguments_and_sessions(s: at.AsyncEagerSession) -> None:
@@ -160,7 +166,7 @@ async def test_apply_arguments_and_sessions(s: at.AsyncEagerSession) -> None:
     with pytest.raises(at.NoSessionError):
         await at.apply(np.ones, 3)
     with s.as_default():
-        made = await at.apply(np.ones, (2, 2))  # no tensor argument: the default session
+        made = one(await at.apply(np.ones, (2, 2)))  # no tensor argument: the default session
     assert made.session is s
     np.testing.assert_array_equal(await made.numpy(), np.ones((2, 2)))
     async with at.AsyncEagerSession() as other:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import aiotensor as at
 
-from ._opcheck import assert_invalid, assert_same, check_op, running_session
+from ._opcheck import Tolerance, assert_invalid, assert_same, check_op, running_session
 
 _rng = np.random.default_rng(14)
 ONE_D = ["fft", "ifft", "rfft", "irfft", "hfft", "ihfft"]
@@ -50,7 +50,7 @@ def signal(*shape: int, dtype: Any) -> np.ndarray:
     return np.asarray(x).astype(dtype)
 
 
-def tol(dtype: Any) -> dict[str, float]:
+def tol(dtype: Any) -> Tolerance:
     """Tolerances for a transform of this input dtype."""
     single = np.dtype(dtype) in (np.float32, np.complex64)
     return {"rtol": 1e-4, "atol": 1e-4} if single else {"rtol": 1e-10, "atol": 1e-10}
@@ -139,7 +139,8 @@ async def test_frequencies(s: at.AsyncEagerSession, name: str) -> None:
     await check_op(
         s, name, lambda n, device: numpy_ref(n), 4, device="cpu", rtol=0
     )  # the reference's devices are its own
-    for bad in [{"dtype": np.int64}, {"dtype": np.complex64}]:
+    bads: list[dict[str, Any]] = [{"dtype": np.int64}, {"dtype": np.complex64}]
+    for bad in bads:
         with pytest.raises(at.InvalidArgumentError, match="real floating-point"):
             await getattr(s, name)(4, **bad)
     with pytest.raises(at.InvalidArgumentError, match="at least 1"):
@@ -163,8 +164,8 @@ async def test_bad_arguments(sc: at.AsyncEagerSession) -> None:
     x = await sc.constant(signal(4, dtype=np.complex128))
     await assert_invalid(sc, lambda: sc.fft(x, norm="none"), "fft", "norm must be")
     await assert_invalid(sc, lambda: sc.ifft(x, n=0), "ifft", "at least 1")
-    await assert_invalid(sc, lambda: sc.hfft(x, n=2.5), "hfft", "n must be an int")
-    await assert_invalid(sc, lambda: sc.fftn(x, s=4), "fftn", "sequence of ints")
+    await assert_invalid(sc, lambda: sc.hfft(x, n=2.5), "hfft", "n must be an int")  # type: ignore[arg-type]
+    await assert_invalid(sc, lambda: sc.fftn(x, s=4), "fftn", "sequence of ints")  # type: ignore[arg-type]
     await assert_invalid(sc, lambda: sc.fftn(x, s=(0,)), "fftn", "at least 1")
     await assert_invalid(sc, lambda: sc.ifftn(x, s=(2, 2), axes=(0,)), "ifftn", "same length")
     await assert_invalid(sc, lambda: sc.fft(np.asarray(1j)), "fft", "0-d")

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 import aiotensor as at
 from aiotensor._ops._linalg import RESULTS, EighResult, QRResult, SlogdetResult, SVDResult
 
-from ._opcheck import assert_invalid, assert_same, check_op, running_session
+from ._opcheck import Tolerance, assert_invalid, assert_same, check_op, running_session
+from ._results import one
 
 _rng = np.random.default_rng(28)
 FLOATS = [np.float32, np.float64]
@@ -32,7 +33,7 @@ def strict(name: str) -> Callable[..., Any]:
 
     def ref(*args: Any, **kwargs: Any) -> Any:
         conv = [xps.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
-        kw = {k: xps.asarray(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
+        kw: dict[str, Any] = {k: xps.asarray(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
         if kw.get("dtype") is not None:
             kw["dtype"] = getattr(xps, np.dtype(kw["dtype"]).name)
         out = fn(*conv, **kw)
@@ -57,7 +58,7 @@ def spd(*shape: int, dtype: Any = np.float64) -> np.ndarray:
     return np.asarray(a @ np.conj(np.swapaxes(a, -1, -2)) + n * np.eye(n)).astype(dtype)
 
 
-def tol(dtype: Any) -> dict[str, float]:
+def tol(dtype: Any) -> Tolerance:
     """Tolerances for a linear-algebra result of this dtype (the standard leaves them to the library)."""
     single = np.dtype(dtype) in (np.float32, np.complex64)
     return {"rtol": 2e-4, "atol": 2e-4} if single else {"rtol": 1e-10, "atol": 1e-10}
@@ -178,7 +179,12 @@ async def test_svdvals_pinv_matrix_rank(s: at.AsyncEagerSession) -> None:
     await check_op(s, "matrix_rank", strict("matrix_rank"), low, exact=True)
     await check_op(s, "matrix_rank", strict("matrix_rank"), low, rtol=0.5, exact=True)
     await check_op(
-        s, "matrix_rank", strict("matrix_rank"), np.stack([low, low]), rtol=np.array([1e-9, 0.9]), exact=True
+        s,
+        "matrix_rank",
+        strict("matrix_rank"),
+        np.stack([low, low]),
+        rtol=np.array([1e-9, 0.9]),  # type: ignore[arg-type]
+        exact=True,
     )
     await check_op(s, "pinv", strict("pinv"), low, rtol=1e-3)
     # empty matrices have rank 0 (the reference's max over no singular values raises)
@@ -196,7 +202,7 @@ async def test_matrix_power(s: at.AsyncEagerSession) -> None:
     await check_op(s, "matrix_power", ref, rand(2, 3), 2)
     await check_op(s, "matrix_power", ref, np.eye(2, dtype=np.int64), 2)
     with pytest.raises(at.InvalidArgumentError, match="n must be an int"):
-        await s.matrix_power(np.eye(2), 1.5)
+        await s.matrix_power(np.eye(2), 1.5)  # type: ignore[arg-type]
 
 
 async def test_matrix_norm(s: at.AsyncEagerSession) -> None:
@@ -272,7 +278,7 @@ async def test_linalg_in_expressions_and_fused_functions(s: at.AsyncEagerSession
         w, v = ops.eigh(a)
         return ops.det(ops.inv(a)) + 0 * ops.sum(w) + 0 * ops.sum(v)
 
-    np.testing.assert_allclose(await (await f(x)).numpy(), 1 / np.linalg.det(await x.numpy()), rtol=1e-12)
+    np.testing.assert_allclose(await one(await f(x)).numpy(), 1 / np.linalg.det(await x.numpy()), rtol=1e-12)
 
 
 async def test_factorization_cost_estimate() -> None:
@@ -418,7 +424,7 @@ def test_solve_cross_outer_differential(runner: Any, data: Any) -> None:
     if name == "solve":
         x1 = rand(*b1, m, m, dtype=np.float64) + 4 * np.eye(m)
         shape2 = (m,) if data.draw(st.booleans(), label="vector") else (*b2, m, data.draw(st.integers(1, 3)))
-        args = (x1, rand(*shape2))
+        args: tuple[np.ndarray, ...] = (x1, rand(*shape2))
     elif name == "cross":
         args = (rand(*b1, 3), rand(*b2[-len(b1) :] if b1 else b2, 3))
         if data.draw(st.booleans(), label="wrong length"):

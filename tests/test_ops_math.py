@@ -160,7 +160,8 @@ async def test_special_values_by_hand(s: at.AsyncEagerSession) -> None:
     # The standard's special cases, written out (so they are not only numpy against numpy).
     async def get(name: str, *args: Any) -> np.ndarray:
         with np.errstate(all="ignore"):  # (numpy warns on some special values)
-            return await (await getattr(s, name)(*[np.asarray(a) for a in args])).numpy()
+            got: np.ndarray = await (await getattr(s, name)(*[np.asarray(a) for a in args])).numpy()
+            return got
 
     assert np.signbit(await get("copysign", [1.0, 0.0], [-0.0, -np.nan])).tolist() == [True, True]
     assert (await get("signbit", [-0.0, 0.0, -np.inf, np.nan])).tolist() == [True, False, True, False]

@@ -15,7 +15,8 @@ import pytest
 import aiotensor as at
 from aiotensor._ops._erf import SMALL
 
-from ._opcheck import assert_invalid, check_op
+from ._opcheck import Tolerance, assert_invalid, check_op
+from ._results import one
 
 _rng = np.random.default_rng(31)
 FLOATS = [np.float32, np.float64]
@@ -84,7 +85,7 @@ def test_erf_against_math_erf_element_by_element() -> None:
 async def test_erf_op(s: at.AsyncEagerSession) -> None:
     for dt in (*FLOATS, np.int32, np.bool_):
         for n in (5, SMALL + 100):  # both evaluation paths
-            x = (_rng.normal(scale=2, size=n) * (3 if dt in (np.int32, np.bool_) else 1)).astype(dt)
+            x: np.ndarray = (_rng.normal(scale=2, size=n) * (3 if dt in (np.int32, np.bool_) else 1)).astype(dt)
             await check_op(s, "erf", math_erf, x, rtol=1e-15 if dt != np.float32 else 1e-7)
     await check_op(s, "erf", math_erf, np.array([[np.inf, -np.inf], [np.nan, -0.0]]))
     await check_op(s, "erf", math_erf, np.zeros((0, 3)))
@@ -110,7 +111,7 @@ def _gelu(x: Any, approximate: str = "none") -> Any:
 async def test_gelu_silu_softplus(s: at.AsyncEagerSession) -> None:
     for dt in (*FLOATS, np.int64):
         x = (_rng.normal(scale=3, size=(4, 300))).astype(dt)
-        r = {"rtol": 1e-5, "atol": 1e-6} if dt == np.float32 else {"rtol": 1e-12, "atol": 1e-300}
+        r: Tolerance = {"rtol": 1e-5, "atol": 1e-6} if dt == np.float32 else {"rtol": 1e-12, "atol": 1e-300}
         await check_op(s, "gelu", _gelu, x, **r)
         await check_op(s, "gelu", _gelu, x, approximate="tanh", **r)
         await check_op(
@@ -159,7 +160,7 @@ def _logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
 async def test_logsumexp(s: at.AsyncEagerSession) -> None:
     for dt in (*FLOATS, np.int32):
         x = (_rng.normal(scale=3, size=(3, 4, 5)) * 10).astype(dt)
-        r = {"rtol": 1e-5} if dt == np.float32 else {"rtol": 1e-12}
+        r: Tolerance = {"rtol": 1e-5} if dt == np.float32 else {"rtol": 1e-12}
         for axis in (None, 0, -1, (0, 2)):
             for keepdims in (False, True):
                 await check_op(s, "logsumexp", _logsumexp, x, axis=axis, keepdims=keepdims, **r)
@@ -286,12 +287,12 @@ async def test_pad(s: at.AsyncEagerSession) -> None:
     with pytest.raises(at.InvalidArgumentError, match="mode must be"):
         await s.pad(x, 1, mode="mean")
     with pytest.raises(at.InvalidArgumentError, match="pad_width"):
-        await s.pad(x, "1")
+        await s.pad(x, "1")  # type: ignore[arg-type]
 
 
 async def test_median_quantile(s: at.AsyncEagerSession) -> None:
     for dt in (*FLOATS, np.int64, np.bool_):
-        x = _rng.integers(-9, 9, size=(4, 5, 6)).astype(dt)
+        x: np.ndarray = _rng.integers(-9, 9, size=(4, 5, 6)).astype(dt)
         for axis in (None, 0, -1, (0, 2)):
             for keepdims in (False, True):
                 await check_op(s, "median", np.median, x, axis=axis, keepdims=keepdims, rtol=1e-6)
@@ -324,7 +325,7 @@ async def test_layer_norm(s: at.AsyncEagerSession) -> None:
     for dt in FLOATS:
         x = (_rng.normal(size=(2, 3, 8)) * 4 + 1).astype(dt)
         w, b = _rng.normal(size=8).astype(dt), _rng.normal(size=8).astype(dt)
-        r = {"rtol": 1e-4, "atol": 1e-5} if dt == np.float32 else {"rtol": 1e-12, "atol": 1e-12}
+        r: Tolerance = {"rtol": 1e-4, "atol": 1e-5} if dt == np.float32 else {"rtol": 1e-12, "atol": 1e-12}
         await check_op(s, "layer_norm", _layer_norm, x, 8, **r)
         await check_op(s, "layer_norm", _layer_norm, x, (3, 8), **r)
         await check_op(s, "layer_norm", _layer_norm, x, [8], w, b, eps=1e-3, **r)
@@ -346,7 +347,7 @@ async def test_nn_ops_compose_in_expressions_and_fused_functions(s: at.AsyncEage
         values, _ = ops.top_k(ops.layer_norm(a, 6), 2)
         return ops.one_hot(ops.argmax(ops.silu(values), axis=1), 2)
 
-    out = await (await head(x)).numpy()
+    out = await one(await head(x)).numpy()
     assert out.shape == (4, 2)
     assert out.dtype == np.int64
     np.testing.assert_array_equal(out[:, 0], 1)  # the largest value comes first

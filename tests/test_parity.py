@@ -257,6 +257,7 @@ async def test_large_elementwise_ops_split_on_the_pool_match_numpy() -> None:
             if not d.elementwise:
                 continue
             n = d.data
+            tensors: tuple[at.Tensor, ...]
             if d.name in _UNIT_DOMAIN:  # defined on (-1, 1): the sample scaled into it
                 inputs, tensors = (unit,), (u,)
             elif d.name == "acosh":  # defined on [1, inf)

@@ -20,6 +20,8 @@ import pytest
 import aiotensor as at
 from aiotensor._pool import Pending, WorkerPool, default_pool, inbox_wakeups
 
+from ._results import one
+
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="none")
 
 
@@ -247,7 +249,7 @@ async def test_completions_of_a_batch_wake_the_loop_once(pool: WorkerPool) -> No
             calls.append(args[0])
             return original(*args, **kwargs)
 
-        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign, assignment]
     try:
         pendings = [pool.run(kernel, i) for i in range(32)]
         assert finished.wait(5)  # the loop is blocked while all 32 complete
@@ -265,9 +267,14 @@ async def test_spawn_runs_in_the_spawners_context_and_logs_errors(
 ) -> None:
     seen: list[str] = []
     done = threading.Event()
+
+    def note() -> None:
+        seen.append(request_id.get())
+        done.set()
+
     token = request_id.set("spawned")
     try:
-        pool.spawn(lambda: (seen.append(request_id.get()), done.set()))
+        pool.spawn(note)
     finally:
         request_id.reset(token)
     assert await asyncio.to_thread(done.wait, 5)
@@ -331,7 +338,7 @@ async def test_shutdown_cancels_queued_awaited_jobs_without_cancelling_their_awa
 async def test_a_session_that_owns_its_pool_shuts_it_down_at_close() -> None:
     async with at.AsyncEagerSession(config=at.SessionConfig(max_workers=2)) as s:
         x = await s.constant([1.0, 2.0])
-        t = await s.apply(np.negative, x)
+        t = one(await s.apply(np.negative, x))
         np.testing.assert_array_equal(await t.numpy(), [-1.0, -2.0])
         pool = s.backend.executor  # type: ignore[attr-defined]
         assert isinstance(pool, WorkerPool)
@@ -432,7 +439,7 @@ async def test_a_pool_nobody_references_stops_its_workers() -> None:
     import gc
 
     pool = WorkerPool(2)
-    assert await asyncio.gather(pool.run(int, "1"), pool.run(int, "2")) == [1, 2]
+    assert await asyncio.gather(pool.run(int, "1"), pool.run(int, "2")) == [1, 2]  # type: ignore[comparison-overlap]
     threads = pool.threads
     assert threads
     ref = weakref.ref(pool)

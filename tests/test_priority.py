@@ -19,6 +19,8 @@ from aiotensor import _priority
 from aiotensor._pool import WorkerPool
 from aiotensor._priority import LOW_NICE, Saved, lower, read, restore
 
+from ._results import one
+
 T = TypeVar("T")
 
 linux_only = pytest.mark.skipif(not _priority.supported(), reason="per-thread priorities are Linux-only")
@@ -139,10 +141,10 @@ async def test_sessions_run_kernels_at_their_configured_priority() -> None:
         return np.array([os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid)])
 
     async with at.AsyncEagerSession(config=at.SessionConfig(max_workers=1, worker_priority="idle")) as s:
-        got = await (await s.apply(policy_and_nice, np.zeros(1))).numpy()
+        got = await one(await s.apply(policy_and_nice, np.zeros(1))).numpy()
         assert got[0] == os.SCHED_IDLE
     async with at.AsyncEagerSession() as s:  # the default: "low", on the shared pool
-        got = await (await s.apply(policy_and_nice, np.zeros(1))).numpy()
+        got = await one(await s.apply(policy_and_nice, np.zeros(1))).numpy()
         assert got[1] >= LOW_NICE
 
 

@@ -68,7 +68,12 @@ def test_a_failing_release_is_logged_and_the_accounting_stands(caplog: pytest.Lo
 def test_drops_from_many_threads_are_all_queued() -> None:
     reg, _ = _registry()
     rids = [reg.add(i, 1) for i in range(2000)]
-    threads = [threading.Thread(target=lambda part=rids[i::4]: [reg.notify_dropped(r) for r in part]) for i in range(4)]
+
+    def drop(part: list[int]) -> None:
+        for r in part:
+            reg.notify_dropped(r)
+
+    threads = [threading.Thread(target=drop, args=(rids[i::4],)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:

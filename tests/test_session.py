@@ -132,7 +132,7 @@ async def test_run_keeps_the_structure(s: at.AsyncEagerSession) -> None:
 
 async def test_as_default_is_per_context() -> None:
     async with at.AsyncEagerSession() as s1, at.AsyncEagerSession() as s2:
-        seen: dict[str, at.AsyncEagerSession | None] = {}
+        seen: dict[str, object] = {}
         barrier = asyncio.Event()
 
         async def use(name: str, s: at.AsyncEagerSession) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor import _split
+from aiotensor import _chunked, _split
 from aiotensor._opdef import OPS
 
 UFUNC_OPS = sorted(name for name, d in OPS.items() if d.ufunc)
@@ -21,7 +21,7 @@ UNARY = {name for name in UFUNC_OPS if OPS[name].data == 1}
 def splits(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """Every split op's ufunc name and worker count (the threshold lowered to 4 KiB)."""
     seen: list[tuple[str, int]] = []
-    real = _split.chunked_ufunc
+    real = _chunked.chunked_ufunc
 
     def spy(ufunc: np.ufunc, *args: Any, workers: int, **kwargs: Any) -> Any:
         seen.append((ufunc.__name__, workers))
@@ -125,7 +125,7 @@ async def test_floating_point_errors_follow_the_callers_errstate_in_every_chunk(
 
 async def test_a_real_size_add_is_split_at_the_measured_threshold(s2: at.AsyncEagerSession, monkeypatch: Any) -> None:
     seen: list[int] = []
-    real = _split.chunked_ufunc
+    real = _chunked.chunked_ufunc
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         seen.append(kwargs["out"].nbytes)

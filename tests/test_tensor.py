@@ -85,7 +85,7 @@ async def test_repr_shows_metadata_and_a_few_values(s: at.AsyncEagerSession) -> 
 
 async def test_numpy_ufuncs_defer_to_tensor_operators(s: at.AsyncEagerSession) -> None:
     t = await s.constant([1.0, 2.0])
-    result = await (np.array([10.0, 20.0]) + t)  # numpy hands over to Tensor.__radd__
+    result = await (np.array([10.0, 20.0]) + t)  # type: ignore[misc]  # numpy hands over to Tensor.__radd__
     assert isinstance(result, at.Tensor)
     np.testing.assert_array_equal(await result.numpy(), [11.0, 22.0])
 
@@ -166,7 +166,7 @@ async def test_tensors_are_immutable_and_name_the_functional_update(s: at.AsyncE
     x = await s.constant([1.0, 2.0])
     with pytest.raises(TypeError, match=r"xp\.where"):
         x[0] = 5.0
-    y = x
+    y: at.Tensor | at.Expr = x
     y += 1.0  # rebinds y to an expression; x is unchanged
     assert isinstance(y, at.Expr)
     np.testing.assert_array_equal(await x.numpy(), [1.0, 2.0])

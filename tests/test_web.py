@@ -14,7 +14,7 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -67,7 +67,7 @@ class Connection:
     """Hand-made ASGI ``receive``/``send`` for one request: the test decides when the client leaves."""
 
     def __init__(self, body: bytes | None) -> None:
-        self.messages: list[dict[str, Any]] = []
+        self.messages: list[MutableMapping[str, Any]] = []
         self.gone = asyncio.Event()
         self.body = body
         self.receives = 0
@@ -96,7 +96,7 @@ class Connection:
         await self.gone.wait()
         return {"type": "http.disconnect"}
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: MutableMapping[str, Any]) -> None:
         self.messages.append(message)
 
 

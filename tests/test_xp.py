@@ -187,7 +187,7 @@ async def test_creation_functions_evaluate_in_the_given_session(s: at.AsyncEager
 async def test_like_functions_and_casts(s: at.AsyncEagerSession) -> None:
     v = np.arange(6, dtype=np.int16).reshape(2, 3)
     x = await s.constant(v)
-    for expr, expected in [
+    cases: list[tuple[at.Expr, np.ndarray]] = [
         (xp.zeros_like(x), np.zeros_like(v)),
         (xp.ones_like(x, dtype=xp.float32), np.ones_like(v, dtype=np.float32)),
         (xp.empty_like(x), np.zeros_like(v)),
@@ -198,7 +198,8 @@ async def test_like_functions_and_casts(s: at.AsyncEagerSession) -> None:
         (xp.asarray(x, dtype=xp.int64), v.astype(np.int64)),
         (xp.positive(x), v),
         (xp.matrix_transpose(x), v.T),
-    ]:
+    ]
+    for expr, expected in cases:
         got = await s.run(expr)
         assert got.dtype == expected.dtype
         np.testing.assert_array_equal(got, expected)

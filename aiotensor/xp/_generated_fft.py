@@ -18,7 +18,22 @@ if TYPE_CHECKING:
     from .._expr import Expr
     from .._types import AxisLike, DTypeLike, ShapeLike, TensorLike
 
-__all__ = ["fft", "fftfreq", "fftn", "fftshift", "hfft", "ifft", "ifftn", "ifftshift", "ihfft", "irfft", "irfftn", "rfft", "rfftfreq", "rfftn"]
+__all__ = [
+    "fft",
+    "fftfreq",
+    "fftn",
+    "fftshift",
+    "hfft",
+    "ifft",
+    "ifftn",
+    "ifftshift",
+    "ihfft",
+    "irfft",
+    "irfftn",
+    "rfft",
+    "rfftfreq",
+    "rfftn",
+]
 
 _fft = OPS["fft"]
 _fftfreq = OPS["fftfreq"]
@@ -36,7 +51,7 @@ _rfftfreq = OPS["rfftfreq"]
 _rfftn = OPS["rfftn"]
 
 
-def fft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward') -> Expr:
+def fft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward") -> Expr:
     """One-dimensional discrete Fourier transform of complex ``x`` along ``axis`` (``numpy.fft.fft``).
 
     Lazy: an expression, evaluated when awaited (see ``fft``).
@@ -56,7 +71,9 @@ def fftfreq(n: int, /, *, d: float = 1.0, dtype: DTypeLike | None = None, device
     return node(_fftfreq, (n,), {"d": d, "dtype": dtype, "device": device})
 
 
-def fftn(x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward') -> Expr:
+def fftn(
+    x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = "backward"
+) -> Expr:
     """N-dimensional discrete Fourier transform of complex ``x`` over ``axes`` (all if ``None``; ``numpy.fft.fftn``).
 
     Lazy: an expression, evaluated when awaited (see ``fftn``).
@@ -74,7 +91,7 @@ def fftshift(x: TensorLike, /, *, axes: int | Sequence[int] | None = None) -> Ex
     return node(_fftshift, (x,), {"axes": axes})
 
 
-def hfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward') -> Expr:
+def hfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward") -> Expr:
     """Fourier transform of a Hermitian-symmetric signal given by its first half: a real result (``numpy.fft.hfft``).
 
     Lazy: an expression, evaluated when awaited (see ``hfft``).
@@ -82,7 +99,7 @@ def hfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 
     return node(_hfft, (x,), {"n": n, "axis": axis, "norm": norm})
 
 
-def ifft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward') -> Expr:
+def ifft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward") -> Expr:
     """Inverse of ``fft`` along ``axis`` (``numpy.fft.ifft``).
 
     Lazy: an expression, evaluated when awaited (see ``ifft``).
@@ -90,7 +107,9 @@ def ifft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 
     return node(_ifft, (x,), {"n": n, "axis": axis, "norm": norm})
 
 
-def ifftn(x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward') -> Expr:
+def ifftn(
+    x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = "backward"
+) -> Expr:
     """Inverse of ``fftn`` (``numpy.fft.ifftn``).
 
     Lazy: an expression, evaluated when awaited (see ``ifftn``).
@@ -106,7 +125,7 @@ def ifftshift(x: TensorLike, /, *, axes: int | Sequence[int] | None = None) -> E
     return node(_ifftshift, (x,), {"axes": axes})
 
 
-def ihfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward') -> Expr:
+def ihfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward") -> Expr:
     """Inverse of ``hfft`` for real ``x``: the non-negative half of its spectrum (``numpy.fft.ihfft``).
 
     Lazy: an expression, evaluated when awaited (see ``ihfft``).
@@ -114,7 +133,7 @@ def ihfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str =
     return node(_ihfft, (x,), {"n": n, "axis": axis, "norm": norm})
 
 
-def irfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward') -> Expr:
+def irfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward") -> Expr:
     """Inverse of ``rfft``: a real signal of length ``n`` (default ``2 * (m - 1)``; ``numpy.fft.irfft``).
 
     Lazy: an expression, evaluated when awaited (see ``irfft``).
@@ -122,7 +141,9 @@ def irfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str =
     return node(_irfft, (x,), {"n": n, "axis": axis, "norm": norm})
 
 
-def irfftn(x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward') -> Expr:
+def irfftn(
+    x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = "backward"
+) -> Expr:
     """Inverse of ``rfftn``: a real result (``numpy.fft.irfftn``).
 
     Lazy: an expression, evaluated when awaited (see ``irfftn``).
@@ -130,7 +151,7 @@ def irfftn(x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[i
     return node(_irfftn, (x,), {"s": s, "axes": axes, "norm": norm})
 
 
-def rfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = 'backward') -> Expr:
+def rfft(x: TensorLike, /, *, n: int | None = None, axis: int = -1, norm: str = "backward") -> Expr:
     """Fourier transform of real ``x`` along ``axis``, the ``n // 2 + 1`` non-negative frequencies (``numpy.fft.rfft``).
 
     Lazy: an expression, evaluated when awaited (see ``rfft``).
@@ -148,7 +169,9 @@ def rfftfreq(n: int, /, *, d: float = 1.0, dtype: DTypeLike | None = None, devic
     return node(_rfftfreq, (n,), {"d": d, "dtype": dtype, "device": device})
 
 
-def rfftn(x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = 'backward') -> Expr:
+def rfftn(
+    x: TensorLike, /, *, s: Sequence[int] | None = None, axes: Sequence[int] | None = None, norm: str = "backward"
+) -> Expr:
     """N-dimensional ``rfft`` of real ``x`` (the last axis halved; ``numpy.fft.rfftn``).
 
     Lazy: an expression, evaluated when awaited (see ``rfftn``).

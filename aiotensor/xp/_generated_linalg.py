@@ -18,7 +18,23 @@ if TYPE_CHECKING:
     from .._expr import Expr
     from .._types import AxisLike, DTypeLike, ShapeLike, TensorLike
 
-__all__ = ["cholesky", "cross", "det", "diagonal", "eigvalsh", "inv", "matrix_norm", "matrix_power", "matrix_rank", "outer", "pinv", "solve", "svdvals", "trace", "vector_norm"]
+__all__ = [
+    "cholesky",
+    "cross",
+    "det",
+    "diagonal",
+    "eigvalsh",
+    "inv",
+    "matrix_norm",
+    "matrix_power",
+    "matrix_rank",
+    "outer",
+    "pinv",
+    "solve",
+    "svdvals",
+    "trace",
+    "vector_norm",
+]
 
 _cholesky = OPS["cholesky"]
 _cross = OPS["cross"]
@@ -87,7 +103,7 @@ def inv(x: TensorLike, /) -> Expr:
     return node(_inv, (x,), None)
 
 
-def matrix_norm(x: TensorLike, /, *, keepdims: bool = False, ord: float | str | None = 'fro') -> Expr:
+def matrix_norm(x: TensorLike, /, *, keepdims: bool = False, ord: float | str | None = "fro") -> Expr:
     """Norm of each matrix (the last two axes): ``'fro'``, ``'nuc'``, ``1``, ``-1``, ``2``, ``-2``, ``inf``, ``-inf``.
 
     Lazy: an expression, evaluated when awaited (see ``matrix_norm``).
@@ -162,7 +178,9 @@ def trace(x: TensorLike, /, *, offset: int = 0, dtype: DTypeLike | None = None) 
     return node(_trace, (x,), {"offset": offset, "dtype": dtype})
 
 
-def vector_norm(x: TensorLike, /, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = False, ord: float = 2) -> Expr:
+def vector_norm(
+    x: TensorLike, /, *, axis: int | tuple[int, ...] | None = None, keepdims: bool = False, ord: float = 2
+) -> Expr:
     """The ``ord``-norm of the vectors along ``axis`` (all axes as one vector if ``None``); the result is real.
 
     Lazy: an expression, evaluated when awaited (see ``vector_norm``).

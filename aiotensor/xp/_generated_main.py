@@ -18,7 +18,115 @@ if TYPE_CHECKING:
     from .._expr import Expr
     from .._types import AxisLike, DTypeLike, ShapeLike, TensorLike
 
-__all__ = ["abs", "acos", "acosh", "add", "all", "any", "argmax", "argmin", "argsort", "asin", "asinh", "atan", "atan2", "atanh", "bitwise_and", "bitwise_invert", "bitwise_left_shift", "bitwise_or", "bitwise_right_shift", "bitwise_xor", "broadcast_to", "ceil", "clip", "concat", "conj", "copysign", "cos", "cosh", "count_nonzero", "cumulative_prod", "cumulative_sum", "diff", "divide", "equal", "exp", "expand_dims", "expm1", "flip", "floor", "floor_divide", "greater", "greater_equal", "hypot", "imag", "isfinite", "isin", "isinf", "isnan", "less", "less_equal", "log", "log1p", "log2", "log10", "logaddexp", "logical_and", "logical_not", "logical_or", "logical_xor", "matmul", "max", "maximum", "mean", "min", "minimum", "moveaxis", "multiply", "negative", "nextafter", "nonzero", "not_equal", "permute_dims", "pow", "prod", "real", "reciprocal", "remainder", "repeat", "reshape", "roll", "round", "searchsorted", "sign", "signbit", "sin", "sinh", "sort", "sqrt", "square", "squeeze", "stack", "std", "subtract", "sum", "take", "take_along_axis", "tan", "tanh", "tensordot", "tile", "tril", "triu", "trunc", "unique_values", "var", "vecdot", "where"]
+__all__ = [
+    "abs",
+    "acos",
+    "acosh",
+    "add",
+    "all",
+    "any",
+    "argmax",
+    "argmin",
+    "argsort",
+    "asin",
+    "asinh",
+    "atan",
+    "atan2",
+    "atanh",
+    "bitwise_and",
+    "bitwise_invert",
+    "bitwise_left_shift",
+    "bitwise_or",
+    "bitwise_right_shift",
+    "bitwise_xor",
+    "broadcast_to",
+    "ceil",
+    "clip",
+    "concat",
+    "conj",
+    "copysign",
+    "cos",
+    "cosh",
+    "count_nonzero",
+    "cumulative_prod",
+    "cumulative_sum",
+    "diff",
+    "divide",
+    "equal",
+    "exp",
+    "expand_dims",
+    "expm1",
+    "flip",
+    "floor",
+    "floor_divide",
+    "greater",
+    "greater_equal",
+    "hypot",
+    "imag",
+    "isfinite",
+    "isin",
+    "isinf",
+    "isnan",
+    "less",
+    "less_equal",
+    "log",
+    "log1p",
+    "log2",
+    "log10",
+    "logaddexp",
+    "logical_and",
+    "logical_not",
+    "logical_or",
+    "logical_xor",
+    "matmul",
+    "max",
+    "maximum",
+    "mean",
+    "min",
+    "minimum",
+    "moveaxis",
+    "multiply",
+    "negative",
+    "nextafter",
+    "nonzero",
+    "not_equal",
+    "permute_dims",
+    "pow",
+    "prod",
+    "real",
+    "reciprocal",
+    "remainder",
+    "repeat",
+    "reshape",
+    "roll",
+    "round",
+    "searchsorted",
+    "sign",
+    "signbit",
+    "sin",
+    "sinh",
+    "sort",
+    "sqrt",
+    "square",
+    "squeeze",
+    "stack",
+    "std",
+    "subtract",
+    "sum",
+    "take",
+    "take_along_axis",
+    "tan",
+    "tanh",
+    "tensordot",
+    "tile",
+    "tril",
+    "triu",
+    "trunc",
+    "unique_values",
+    "var",
+    "vecdot",
+    "where",
+]
 
 _abs = OPS["abs"]
 _acos = OPS["acos"]
@@ -361,7 +469,9 @@ def count_nonzero(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = F
     return node(_count_nonzero, (x,), {"axis": axis, "keepdims": keepdims})
 
 
-def cumulative_prod(x: TensorLike, /, *, axis: int | None = None, dtype: DTypeLike | None = None, include_initial: bool = False) -> Expr:
+def cumulative_prod(
+    x: TensorLike, /, *, axis: int | None = None, dtype: DTypeLike | None = None, include_initial: bool = False
+) -> Expr:
     """Cumulative product along ``axis`` (optional for 1-d ``x``); ``include_initial`` starts with a 1.
 
     Lazy: an expression, evaluated when awaited (see ``cumulative_prod``).
@@ -369,7 +479,9 @@ def cumulative_prod(x: TensorLike, /, *, axis: int | None = None, dtype: DTypeLi
     return node(_cumulative_prod, (x,), {"axis": axis, "dtype": dtype, "include_initial": include_initial})
 
 
-def cumulative_sum(x: TensorLike, /, *, axis: int | None = None, dtype: DTypeLike | None = None, include_initial: bool = False) -> Expr:
+def cumulative_sum(
+    x: TensorLike, /, *, axis: int | None = None, dtype: DTypeLike | None = None, include_initial: bool = False
+) -> Expr:
     """Cumulative sum along ``axis`` (optional for 1-d ``x``); ``include_initial`` starts with a 0.
 
     Lazy: an expression, evaluated when awaited (see ``cumulative_sum``).
@@ -377,7 +489,9 @@ def cumulative_sum(x: TensorLike, /, *, axis: int | None = None, dtype: DTypeLik
     return node(_cumulative_sum, (x,), {"axis": axis, "dtype": dtype, "include_initial": include_initial})
 
 
-def diff(x: TensorLike, /, *, axis: int = -1, n: int = 1, prepend: TensorLike | None = None, append: TensorLike | None = None) -> Expr:
+def diff(
+    x: TensorLike, /, *, axis: int = -1, n: int = 1, prepend: TensorLike | None = None, append: TensorLike | None = None
+) -> Expr:
     """The ``n``-th forward difference ``x[i + 1] - x[i]`` along ``axis``, after joining ``prepend``/``append``.
 
     Lazy: an expression, evaluated when awaited (see ``diff``).
@@ -783,7 +897,7 @@ def round(x: TensorLike, /, decimals: int = 0) -> Expr:
     return node(_round, (x, decimals), None)
 
 
-def searchsorted(x1: TensorLike, x2: TensorLike, /, *, side: str = 'left', sorter: TensorLike | None = None) -> Expr:
+def searchsorted(x1: TensorLike, x2: TensorLike, /, *, side: str = "left", sorter: TensorLike | None = None) -> Expr:
     """Indices at which ``x2``'s elements would be inserted into the sorted 1-d ``x1`` to keep it sorted.
 
     Lazy: an expression, evaluated when awaited (see ``searchsorted``).
