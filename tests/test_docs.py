@@ -131,7 +131,8 @@ def test_every_python_block_of_the_quickstart_is_run() -> None:
 def section_of(page: Path, code: str) -> str:
     """The ``##`` heading ``code`` is under on ``page``."""
     text = page.read_text()
-    return re.findall(r"^## (.+)$", text[: text.index(code)], re.M)[-1]
+    headings: list[str] = re.findall(r"^## (.+)$", text[: text.index(code)], re.M)
+    return headings[-1]
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,8 @@ def _numpy_kmeans(points: np.ndarray, k: int) -> tuple[np.ndarray, float]:
     """The example's algorithm in numpy: (centres, inertia)."""
 
     def dist(c: np.ndarray) -> np.ndarray:
-        return ((points[:, None, :] - c[None, :, :]) ** 2).sum(axis=2)
+        d: np.ndarray = ((points[:, None, :] - c[None, :, :]) ** 2).sum(axis=2)
+        return d
 
     centres = points[:1]
     for _ in range(k - 1):
