@@ -663,6 +663,12 @@ async def test_xp_multi_output_and_data_dependent_shapes_as_locally(backend: Das
         want = await _xp_results(local, x_np)
     async with at.AsyncEagerSession(backend=backend) as s:
         got = await _xp_results(s, x_np)
+        x = await s.constant(x_np)
+        masked = await x[x > 0]
+        assert masked.shape == (int((x_np > 0).sum()),)  # known once it ran, on a worker
+        on_workers(masked, s)
+        with s.as_default():  # an expression of no tensor: the default session, on the cluster
+            on_workers(await xp.zeros(3), s)
     for name in want:
         _same(got[name], want[name], name)
     assert isinstance(got["unique_all"], xp.UniqueAllResult)
@@ -694,3 +700,14 @@ async def test_a_large_array_inside_an_expression_is_scattered(backend: DaskBack
         whole = await ((await s.constant(big)) + big)
         on_workers(whole, s)
         assert await (await s.sum(whole)).numpy() == 2 * big.sum()
+
+
+async def test_fused_and_batched_functions_refuse_the_cluster_clearly(backend: DaskBackend) -> None:
+    # They run the user's function on this process's values: local backends only (see
+    # docs/distributed.md); every op they would call runs on the cluster by itself.
+    async with at.AsyncEagerSession(backend=backend) as s:
+        x = await s.ones((2, 3))
+        with pytest.raises(at.InvalidArgumentError, match="fused functions run on local backends only"):
+            await s.function(lambda ops, a: ops.exp(a))(x)
+        with pytest.raises(at.InvalidArgumentError, match="batched functions run on local backends only"):
+            await at.batched(lambda ops, a: ops.exp(a))(x)
