@@ -584,10 +584,11 @@ def _dask_cases() -> list[Case]:
     return [*first.values(), *bad.values()]
 
 
-async def _dask_case(s: at.AsyncEagerSession, case: Case, refused: set[str]) -> list[str]:
-    """Run one case through :data:`DASK_PATHS` in ``s``; the failures, as labels."""
+async def _dask_case(s: at.AsyncEagerSession, local: at.AsyncEagerSession, case: Case, refused: set[str]) -> list[str]:
+    """Run one case through :data:`DASK_PATHS` in ``s`` (bad input: in ``local`` too); the failures."""
     want = _want(case)
     failures: list[str] = []
+    here = _Paths(local, case).all()
     for path, run in _Paths(s, case).all().items():
         if path not in DASK_PATHS:
             continue
@@ -598,8 +599,12 @@ async def _dask_case(s: at.AsyncEagerSession, case: Case, refused: set[str]) -> 
                     await run()
                 refused.add(case[0])
             elif isinstance(want, type):
-                with pytest.raises(at.InvalidArgumentError):
+                with pytest.raises(at.InvalidArgumentError) as remote:
                     await run()
+                with pytest.raises(at.InvalidArgumentError) as locally:
+                    await here[path]()
+                # the same class (IndexOutOfRangeError is an IndexError too) and message
+                assert (type(remote.value), str(remote.value)) == (type(locally.value), str(locally.value))
             else:
                 result = await run()
                 on_workers(result, s)
@@ -621,9 +626,9 @@ async def test_every_op_of_the_table_runs_on_the_cluster_as_locally(backend: Das
 
     async def one(case: Case) -> list[str]:
         async with lanes:
-            return await _dask_case(s, case, refused)
+            return await _dask_case(s, local, case, refused)
 
-    async with at.AsyncEagerSession(backend=backend) as s:
+    async with at.AsyncEagerSession(backend=backend) as s, at.AsyncEagerSession() as local:
         failures = [f for found in await asyncio.gather(*map(one, cases)) for f in found]
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures)
     assert refused == set(NOT_ON_DASK)
