@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import operator
 import os
 import re
 import signal
@@ -687,7 +688,9 @@ async def test_xp_multi_output_and_data_dependent_shapes_as_locally(backend: Das
 async def test_concrete_values_of_a_remote_tensor_say_to_await(backend: DaskBackend) -> None:
     async with at.AsyncEagerSession(backend=backend) as s:
         t = await s.constant(np.float64(1.5))
-        for convert in (float, bool, int, complex, lambda v: v.item(), lambda v: v.tolist()):
+        converts: list[Callable[[Any], Any]] = [float, bool, int, complex, operator.index]
+        converts += [lambda v: v.item(), lambda v: v.tolist(), lambda v: v.__dlpack__()]
+        for convert in converts:
             with pytest.raises(TypeError, match=r"remote backend: await it first"):
                 convert(t)
         assert float(await t.numpy()) == 1.5
