@@ -558,9 +558,9 @@ async def test_a_bad_axis_raises_invalid_argument_on_every_path(backend: DaskBac
 # -- parity: the op table on the cluster -------------------------------------------------
 #: Ops of the table that cannot run on the Dask backend, and why (the test checks both ways).
 NOT_ON_DASK: dict[str, str] = {}
-#: The parity matrix's paths run here: fused and batched functions run on local backends
-#: only (they refuse a Dask session with InvalidArgumentError), apply is the reference.
-DASK_PATHS = ("method", "function", "expression", "eval", "run", "op given an expression")
+#: The parity matrix's paths run here: batched functions run on local backends only
+#: (they refuse a Dask session with InvalidArgumentError), apply is the reference.
+DASK_PATHS = ("method", "function", "expression", "eval", "run", "op given an expression", "fused")
 
 
 def on_workers(result: Any, s: at.AsyncEagerSession) -> None:
@@ -710,12 +710,27 @@ async def test_a_large_array_inside_an_expression_is_scattered(backend: DaskBack
         assert await (await s.sum(whole)).numpy() == 2 * big.sum()
 
 
-async def test_fused_and_batched_functions_refuse_the_cluster_clearly(backend: DaskBackend) -> None:
-    # They run the user's function on this process's values: local backends only (see
-    # docs/distributed.md); every op they would call runs on the cluster by itself.
+async def test_a_fused_function_is_one_task_and_a_batched_one_refuses_the_cluster(
+    backend: DaskBackend, client: Client
+) -> None:
     async with at.AsyncEagerSession(backend=backend) as s:
-        x = await s.ones((2, 3))
-        with pytest.raises(at.InvalidArgumentError, match="fused functions run on local backends only"):
-            await s.function(lambda ops, a: ops.exp(a))(x)
+        x = await s.constant(np.arange(6.0).reshape(2, 3))
+        w = await s.constant(np.ones((3, 2)))
+
+        def layer(ops: Any, x: Any, w: Any) -> Any:
+            h = ops.relu(x @ w - 4.0)
+            return h, ops.sum(h, axis=1)
+
+        h, total = await s.function(layer)(x, w)
+        on_workers([h, total], s)
+        want = np.maximum(np.arange(6.0).reshape(2, 3) @ np.ones((3, 2)) - 4.0, 0.0)
+        np.testing.assert_array_equal(await h.numpy(), want)
+        np.testing.assert_array_equal(await total.numpy(), want.sum(axis=1))
+        # a tensor the function captures instead of taking it lives in the session here
+        with pytest.raises(at.InvalidArgumentError, match="pass it as an argument"):
+            await s.function(lambda ops, a: ops.add(a, w))(x)
+        with pytest.raises(at.InvalidArgumentError, match="sum"):  # the op's own error, from the worker
+            await s.function(lambda ops, a: ops.sum(a, axis=5))(x)
+        # They stack concurrent callers' rows in this process.
         with pytest.raises(at.InvalidArgumentError, match="batched functions run on local backends only"):
             await at.batched(lambda ops, a: ops.exp(a))(x)
