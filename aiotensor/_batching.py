@@ -203,6 +203,9 @@ class BatchedFunction:
             await engine.open()
         if engine._loop is not loop:
             raise engine._wrong_loop()
+        if not engine.backend.in_process:
+            # Before reading x's rows: a remote tensor's buffer is a handle, not rows.
+            raise InvalidArgumentError(f"{self._label}: batched functions run on local backends only")
         arr = self._rows(x, engine)
         key = (loop, runner, *map(id, params), arr.shape[1:], arr.dtype)
         caller = _Caller(arr, engine, loop.create_future())

@@ -29,10 +29,11 @@ them. Only the values the function returns escape, as tensors owned by the sessi
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -484,14 +485,31 @@ class FusedFunction:
             for t in made:
                 engine.discard(t)
 
+    async def _call_remote(
+        self, engine: Engine, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Tensor | tuple[Tensor, ...]:
+        # A backend out of this process (Dask): the whole call is one task, the function
+        # running where its inputs are, with ops of its own there.
+        op = self._op
+        try:
+            bufs = tuple([_buffers(engine, a, op) for a in args])
+            kw = {k: _buffers(engine, v, op) for k, v in kwargs.items()}
+        except _ExprArgument:
+            return await self._call_on_values(engine, args, kwargs)
+        captured = _captured_tensor(self._fn)
+        if captured is not None:
+            _WorkerEngine().buffer(captured, op)  # raises: it cannot travel to the worker
+        kernel = _OnWorker(self._fn)
+        tensors, multi = await engine.call(op, kernel, bufs, kw, args, user=True, budget=Budget("a fused function"))
+        return tuple(tensors) if multi else tensors[0]
+
     async def __call__(self, *args: Any, **kwargs: Any) -> Tensor | tuple[Tensor, ...]:
         engine = self._bound
         if engine is None:
             engine = engine_of(args, kwargs)
         op = self._op
         if not engine.backend.in_process:
-            # The run's bookkeeping (and captured tensors) live in this process.
-            raise InvalidArgumentError(f"{op}: fused functions run on local backends only")
+            return await self._call_remote(engine, args, kwargs)
         bufs = None
         if not kwargs:
             # The common call, on live tensors of the engine's own session: their buffers and
@@ -534,6 +552,43 @@ class FusedFunction:
         estimate = math.inf if ops._estimate is None else ops._estimate
         self._placement.record(key, est, estimate, ops._elapsed, engine._inline_us)
         return tuple(tensors) if multi else tensors[0]
+
+
+class _WorkerEngine:
+    """What a fused function's ops see of the session on a remote worker: numpy, no tensors."""
+
+    _xp = np
+
+    def buffer(self, x: Tensor, op: str) -> Any:
+        raise InvalidArgumentError(
+            f"{op}: tensor {x.name!r} is not an argument of the call: on a remote backend a fused"
+            " function reads only the tensors it is given (pass it as an argument)"
+        )
+
+
+def _captured_tensor(fn: Callable[..., Any]) -> Tensor | None:
+    # A tensor the function reads from its closure or module (weights, typically).
+    try:
+        found = inspect.getclosurevars(fn)
+    except TypeError:  # not a Python function (a callable object): the worker tells
+        return None
+    for value in (*found.nonlocals.values(), *found.globals.values()):
+        if type(value) is Tensor:
+            return value
+    return None
+
+
+class _OnWorker:
+    """A fused function's call as one kernel a remote backend runs (picklable: the function by value)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn  # (backends name the task after ``fn``)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        ops = FusedOps(cast("Engine", _WorkerEngine()), Budget("a fused function"), False, self.fn)
+        return ops._kernel(*args, **kwargs)
 
 
 class _ExprArgument(Exception):

@@ -226,6 +226,7 @@ def kernel_error(op: str, args: tuple[Any, ...], exc: BaseException, user: bool)
     awaited = forgotten_await(op, args)
     if awaited is not None:
         exc = awaited
+    exc = _readable(exc)
     error = _map(op, args, exc, user)
     error.__cause__ = error.__cause__ or _original(exc)
     return error
@@ -251,6 +252,24 @@ def _map(op: str, args: tuple[Any, ...], exc: BaseException, user: bool) -> AioT
     if isinstance(exc, BadOutputError) or (not user and isinstance(exc, _ARG_ERRORS)):
         return InvalidArgumentError(f"{where}: {text}", op=op, inputs=input_specs(args))
     return KernelError(f"{where} failed: {type(exc).__name__}: {text}")
+
+
+def _readable(exc: BaseException) -> BaseException:
+    # An exception rebuilt by another process's deserializer may lack what its __str__
+    # reads: Dask's copy of numpy's AxisError has its args (5, 2, None) but no .axis, so
+    # it neither reads as "out of bounds" (the IndexOutOfRangeError a local run raises)
+    # nor prints in a traceback. Made again from its args, it is the original.
+    try:
+        str(exc)
+        return exc
+    except Exception:
+        pass
+    try:
+        again = type(exc)(*exc.args)
+        str(again)
+    except Exception:
+        return exc
+    return again.with_traceback(exc.__traceback__)
 
 
 def _text(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import operator
 import os
 import re
 import signal
@@ -26,9 +27,13 @@ import pytest_asyncio
 from distributed import Client, LocalCluster
 
 import aiotensor as at
+from aiotensor import xp
+from aiotensor._opdef import OPS  # the op table: which ops must run on the cluster
 from aiotensor.distributed import DaskBackend
 
+from ._parity_cases import EXCLUDED, PARITY_CASES, Case
 from ._results import one
+from .test_parity import _check, _ids, _numpy, _Paths, _ulps, _want
 
 pytestmark = pytest.mark.asyncio(loop_scope="module", loop_factories=["asyncio"])
 
@@ -553,3 +558,184 @@ async def test_a_bad_axis_raises_invalid_argument_on_every_path(backend: DaskBac
         ):
             with pytest.raises(at.InvalidArgumentError):
                 await call()
+
+
+# -- parity: the op table on the cluster -------------------------------------------------
+#: Ops of the table that cannot run on the Dask backend, and why (the test checks both ways).
+NOT_ON_DASK: dict[str, str] = {}
+#: The parity matrix's paths run here: batched functions run on local backends only
+#: (they refuse a Dask session with InvalidArgumentError), apply is the reference.
+DASK_PATHS = ("method", "function", "expression", "eval", "run", "op given an expression", "fused")
+
+
+def on_workers(result: Any, s: at.AsyncEagerSession) -> None:
+    """Check that every tensor of an op's result is a future on the cluster, not a local array."""
+    if isinstance(result, at.Tensor):
+        assert backend_key_of(result, s).startswith(PREFIX)
+    elif isinstance(result, list | tuple):
+        for r in result:
+            on_workers(r, s)
+
+
+def _dask_cases() -> list[Case]:
+    """The parity matrix's first case of every op, and its first bad-input case."""
+    first: dict[str, Case] = {}
+    bad: dict[str, Case] = {}
+    for case in PARITY_CASES:
+        name = case[0]
+        if isinstance(_want(case), type):
+            bad.setdefault(name, case)
+        else:
+            first.setdefault(name, case)
+    return [*first.values(), *bad.values()]
+
+
+async def _dask_case(s: at.AsyncEagerSession, local: at.AsyncEagerSession, case: Case, refused: set[str]) -> list[str]:
+    """Run one case through :data:`DASK_PATHS` in ``s`` (bad input: in ``local`` too); the failures."""
+    want = _want(case)
+    failures: list[str] = []
+    here = _Paths(local, case).all()
+    for path, run in _Paths(s, case).all().items():
+        if path not in DASK_PATHS:
+            continue
+        label = f"{_ids(case)} via {path} on dask"
+        try:
+            if case[0] in NOT_ON_DASK:
+                with pytest.raises(at.InvalidArgumentError, match="Dask"):
+                    await run()
+                refused.add(case[0])
+            elif isinstance(want, type):
+                with pytest.raises(at.InvalidArgumentError) as remote:
+                    await run()
+                with pytest.raises(at.InvalidArgumentError) as locally:
+                    await here[path]()
+                # the same class (IndexOutOfRangeError is an IndexError too) and message
+                assert (type(remote.value), str(remote.value)) == (type(locally.value), str(locally.value))
+            else:
+                result = await run()
+                on_workers(result, s)
+                _check(await _numpy(result), want, label, _ulps(case, path))
+        except BaseException as exc:  # collected: one report for every op
+            if not isinstance(exc, Exception | pytest.fail.Exception):
+                raise
+            failures.append(f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
+    return failures
+
+
+async def test_every_op_of_the_table_runs_on_the_cluster_as_locally(backend: DaskBackend) -> None:
+    # The parity matrix's Dask column: the same cases, references and tolerances.
+    cases = _dask_cases()
+    assert {c[0] for c in cases} | set(EXCLUDED) == set(OPS)  # every op with a case
+    assert sum(isinstance(_want(c), type) for c in cases) > 50  # and bad input for most
+    refused: set[str] = set()
+    lanes = asyncio.Semaphore(8)  # cases in parallel: each op costs a Dask round trip
+
+    async def one(case: Case) -> list[str]:
+        async with lanes:
+            return await _dask_case(s, local, case, refused)
+
+    async with at.AsyncEagerSession(backend=backend) as s, at.AsyncEagerSession() as local:
+        failures = [f for found in await asyncio.gather(*map(one, cases)) for f in found]
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures)
+    assert refused == set(NOT_ON_DASK)
+
+
+async def _xp_results(s: at.AsyncEagerSession, x_np: np.ndarray[Any, Any]) -> dict[str, Any]:
+    """Multi-output and data-dependent-shape xp expressions, evaluated in ``s``."""
+    x = await s.constant(x_np)
+    sq = await s.constant(x_np[:3, :3])
+    return {
+        "unique_all": await s.run(xp.unique_all(x)),
+        "svd": await s.run(xp.linalg.svd(sq)),
+        "nonzero": await s.run(xp.nonzero(x > 0)),
+        "mask": await (await (x[x > 0] * 2.0)).numpy(),  # a shape known only when it runs
+        "mask_shape": (x[x > 0] * 2.0).shape,
+        "split": await s.run(await s.split(x, 2, axis=1)),
+        "unique_values": await (await xp.sort(xp.unique_values(x))).numpy(),
+    }
+
+
+def _same(got: Any, want: Any, where: str) -> None:
+    assert type(got) is type(want), f"{where}: {type(got).__name__}, locally {type(want).__name__}"
+    if isinstance(want, list | tuple):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            _same(g, w, f"{where}[{i}]")
+    elif isinstance(want, np.ndarray):
+        assert (got.dtype, got.shape) == (want.dtype, want.shape), where
+        np.testing.assert_array_equal(got, want, err_msg=where, strict=True)
+    else:
+        assert got == want, where
+
+
+async def test_xp_multi_output_and_data_dependent_shapes_as_locally(backend: DaskBackend) -> None:
+    x_np = np.array([[1.5, -2.0, 0.0, 3.0], [1.5, 4.0, -1.0, 0.0], [2.0, 0.5, 3.0, -3.0]])
+    async with at.AsyncEagerSession() as local:
+        want = await _xp_results(local, x_np)
+    async with at.AsyncEagerSession(backend=backend) as s:
+        got = await _xp_results(s, x_np)
+        x = await s.constant(x_np)
+        masked = await x[x > 0]
+        assert masked.shape == (int((x_np > 0).sum()),)  # known once it ran, on a worker
+        on_workers(masked, s)
+        with s.as_default():  # an expression of no tensor: the default session, on the cluster
+            on_workers(await xp.zeros(3), s)
+    for name in want:
+        _same(got[name], want[name], name)
+    assert isinstance(got["unique_all"], xp.UniqueAllResult)
+    assert isinstance(got["svd"], xp.linalg.SVDResult)
+    assert isinstance(got["split"], list)
+    assert len(got["split"]) == 2
+    np.testing.assert_array_equal(got["mask"], x_np[x_np > 0] * 2.0)
+    assert got["mask_shape"] == (None,)
+
+
+async def test_concrete_values_of_a_remote_tensor_say_to_await(backend: DaskBackend) -> None:
+    async with at.AsyncEagerSession(backend=backend) as s:
+        t = await s.constant(np.float64(1.5))
+        converts: list[Callable[[Any], Any]] = [float, bool, int, complex, operator.index]
+        converts += [lambda v: v.item(), lambda v: v.tolist(), lambda v: v.__dlpack__()]
+        for convert in converts:
+            with pytest.raises(TypeError, match=r"remote backend: await it first"):
+                convert(t)
+        assert float(await t.numpy()) == 1.5
+
+
+async def test_a_large_array_inside_an_expression_is_scattered(backend: DaskBackend) -> None:
+    # An expression keeps its ndarray operands in its program, not in the task's
+    # arguments: the program was embedded in the graph (Dask's "Sending large graph"
+    # warning, an error in this suite) instead of being scattered like a large constant.
+    big = np.arange(2_000_000.0)  # 16 MB
+    async with at.AsyncEagerSession(backend=backend) as s:
+        y = await s.constant(big[:6].copy())
+        head = await (xp.asarray(big)[:6] + y)
+        np.testing.assert_array_equal(await head.numpy(), big[:6] * 2)
+        whole = await ((await s.constant(big)) + big)
+        on_workers(whole, s)
+        assert await (await s.sum(whole)).numpy() == 2 * big.sum()
+
+
+async def test_a_fused_function_is_one_task_and_a_batched_one_refuses_the_cluster(
+    backend: DaskBackend, client: Client
+) -> None:
+    async with at.AsyncEagerSession(backend=backend) as s:
+        x = await s.constant(np.arange(6.0).reshape(2, 3))
+        w = await s.constant(np.ones((3, 2)))
+
+        def layer(ops: Any, x: Any, w: Any) -> Any:
+            h = ops.relu(x @ w - 4.0)
+            return h, ops.sum(h, axis=1)
+
+        h, total = await s.function(layer)(x, w)
+        on_workers([h, total], s)
+        want = np.maximum(np.arange(6.0).reshape(2, 3) @ np.ones((3, 2)) - 4.0, 0.0)
+        np.testing.assert_array_equal(await h.numpy(), want)
+        np.testing.assert_array_equal(await total.numpy(), want.sum(axis=1))
+        # a tensor the function captures instead of taking it lives in the session here
+        with pytest.raises(at.InvalidArgumentError, match="pass it as an argument"):
+            await s.function(lambda ops, a: ops.add(a, w))(x)
+        with pytest.raises(at.InvalidArgumentError, match="sum"):  # the op's own error, from the worker
+            await s.function(lambda ops, a: ops.sum(a, axis=5))(x)
+        # They stack concurrent callers' rows in this process.
+        with pytest.raises(at.InvalidArgumentError, match="batched functions run on local backends only"):
+            await at.batched(lambda ops, a: ops.exp(a))(x)

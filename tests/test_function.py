@@ -237,13 +237,17 @@ class RemoteLike(at.Backend):
         pass
 
 
-async def test_fused_functions_need_a_local_backend() -> None:
+async def test_fused_functions_run_as_one_kernel_on_a_backend_out_of_process() -> None:
+    # (Dask: tests/test_distributed.py.) The call is one kernel of the backend, the
+    # function given its input buffers; a tensor it captures cannot go with it.
     async with at.AsyncEagerSession(backend=RemoteLike()) as s:
-        x = await s.constant([1.0])
-        with pytest.raises(at.InvalidArgumentError, match="local backends only"):
-            await s.function(lambda ops, x: x)(x)
-        y = await s.add(x, 1.0)  # ordinary ops still work (on the pool: never inline there)
-        np.testing.assert_array_equal(await y.numpy(), [2.0])
+        x = await s.constant([1.0, -2.0])
+        y = one(await s.function(lambda ops, x: ops.relu(x * 2.0) + 1.0)(x))
+        np.testing.assert_array_equal(await y.numpy(), [3.0, 1.0])
+        with pytest.raises(at.InvalidArgumentError, match=r"tensor 'constant:\d+' is not an argument of the call"):
+            await s.function(lambda ops, a: a + x)(y)
+        z = await s.add(x, 1.0)  # ordinary ops still work (on the pool: never inline there)
+        np.testing.assert_array_equal(await z.numpy(), [2.0, -1.0])
 
 
 async def test_cheap_fused_calls_run_inline_after_the_first_and_slow_ones_go_back_to_the_pool() -> None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from .._errors import BackendError
 from .._kernels import BufferInfo, KernelResult
+from .._program import Program
 from ._remote import Meta, describe, run_remote
 
 if TYPE_CHECKING:
@@ -33,7 +34,15 @@ def _has_large_array(value: Any) -> bool:
         return value.nbytes > SCATTER_BYTES
     if type(value) in (list, tuple):
         return any(_has_large_array(v) for v in value)
+    if type(value) is dict:
+        return any(_has_large_array(v) for v in value.values())
     return False
+
+
+def _has_large_constant(fn: Callable[..., Any]) -> bool:
+    # An expression's program holds its ndarray operands (``x + big``, ``xp.asarray(big)``)
+    # in its steps, not in the task's arguments: the program itself must be scattered.
+    return isinstance(fn, Program) and _has_large_array(fn.steps)
 
 
 def _set_done(done: asyncio.Future[None]) -> None:
@@ -64,7 +73,7 @@ class DaskPending:
         self._done: asyncio.Future[None] = loop.create_future()
         self._owned: list[Any] = []  # futures to release if the caller goes away
         self._future: Any = None
-        if not _has_large_array((args, tuple(kwargs.values()))):
+        if not (_has_large_array((args, kwargs)) or _has_large_constant(fn)):
             self._submit()  # start now; large inputs are scattered first, in __await__
 
     def _submit(self) -> None:
@@ -96,15 +105,20 @@ class DaskPending:
     async def _scatter_large(self) -> None:
         client = self._backend._dask
 
+        async def put_one(value: Any) -> Any:
+            future = await client.scatter(value, hash=False, workers=self._workers)
+            self._owned.append(future)
+            return future
+
         async def put(value: Any) -> Any:
             if isinstance(value, np.ndarray) and value.nbytes > SCATTER_BYTES:
-                future = await client.scatter(value, hash=False, workers=self._workers)
-                self._owned.append(future)
-                return future
+                return await put_one(value)
             if type(value) in (list, tuple):
                 return type(value)([await put(v) for v in value])
             return value
 
+        if _has_large_constant(self._fn):
+            self._fn = await put_one(self._fn)
         self._args = await put(self._args)
         self._kwargs = {k: await put(v) for k, v in self._kwargs.items()}
 
