@@ -95,6 +95,8 @@ async def main() -> None:
             threads_per_worker=1,
             host="127.0.0.1",
             dashboard_address=None,
+            # (the scheduler's /health and /metrics: any free port, not 8787, which may be taken)
+            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
             asynchronous=True,
         ) as cluster,
         Client(cluster, asynchronous=True) as client,

@@ -301,7 +301,14 @@ async def test_expressions_on_the_dask_backend_are_one_task() -> None:
 
     async with (
         LocalCluster(
-            n_workers=1, threads_per_worker=1, processes=False, asynchronous=True, dashboard_address=None
+            n_workers=1,
+            threads_per_worker=1,
+            processes=False,
+            asynchronous=True,
+            dashboard_address=None,
+            # The scheduler serves /health and /metrics on 8787 even without a dashboard;
+            # another process may hold that port (as in test_distributed).
+            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
         ) as c,
         Client(c, asynchronous=True) as client,
     ):
