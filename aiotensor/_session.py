@@ -25,7 +25,7 @@ from ._devices import canonical_device
 from ._engine import Engine, State
 from ._errors import InvalidArgumentError
 from ._expr import Expr
-from ._function import FusedFunction
+from ._fusion._function import FusedFunction
 from ._generated_session_ops import SessionOps
 from ._registry import Registry, SessionStats
 from ._structure import flatten, unflatten
