@@ -9,15 +9,12 @@ event loop stays responsive; buffers of dropped handles are freed by one of thre
 import importlib.metadata as _metadata
 
 from . import xp as xp  # the Array API namespace (a module: not in __all__)
-from ._backend import Backend as Backend
-from ._backend import InlineExecutor as InlineExecutor
-from ._backend import LocalBackend as LocalBackend
-from ._backend import PendingKernel as PendingKernel
-from ._batching import BatchedFunction as BatchedFunction
-from ._batching import BatchStats as BatchStats
-from ._batching import batched as batched
-from ._blas import blas_threads as blas_threads
-from ._blas import set_blas_threads as set_blas_threads
+from ._backends._base import Backend as Backend
+from ._backends._base import InlineExecutor as InlineExecutor
+from ._backends._base import LocalBackend as LocalBackend
+from ._backends._base import PendingKernel as PendingKernel
+from ._backends._blas import blas_threads as blas_threads
+from ._backends._blas import set_blas_threads as set_blas_threads
 from ._config import ResourceCleanupStrategy as ResourceCleanupStrategy
 from ._config import SessionConfig as SessionConfig
 from ._errors import AioTensorError as AioTensorError
@@ -31,10 +28,13 @@ from ._errors import ResourceExhaustedError as ResourceExhaustedError
 from ._errors import SessionClosedError as SessionClosedError
 from ._errors import WrongEventLoopError as WrongEventLoopError
 from ._expr import Expr as Expr
-from ._function import FusedFunction as FusedFunction
-from ._function import FusedOps as FusedOps
-from ._function import FusedValue as FusedValue
-from ._function import function as function
+from ._fusion._batching import BatchedFunction as BatchedFunction
+from ._fusion._batching import BatchStats as BatchStats
+from ._fusion._batching import batched as batched
+from ._fusion._function import FusedFunction as FusedFunction
+from ._fusion._function import FusedOps as FusedOps
+from ._fusion._function import FusedValue as FusedValue
+from ._fusion._function import function as function
 from ._generated_functional import *  # noqa: F403 -- the op functions, listed in _generated_functional.__all__
 from ._generated_functional import __all__ as _op_names
 from ._interactive import InteractiveSession as InteractiveSession

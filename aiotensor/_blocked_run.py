@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from ._chunked import Spawn, _Blocks
+from ._backends._chunked import Spawn, _Blocks
 from ._errors import AioTensorError
 from ._kernels import NUMERIC_KINDS, kernel_error
 from ._opdef import OpDef

@@ -241,9 +241,9 @@ def collect_info() -> dict[str, Any]:
     """What ``aiotensor info`` reports: versions, devices, pool size and priority, BLAS threads."""
     import numpy
 
-    from ._backend import DEFAULT_PRIORITY, default_executor
+    from ._backends._base import DEFAULT_PRIORITY, default_executor
+    from ._backends._priority import describe
     from ._blocked_run import settings as blocked_settings
-    from ._priority import describe
 
     pool = default_executor()
     return {

@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from ._backends._priority import Priority, validate
 from ._errors import InvalidArgumentError
 from ._memory import check_wait
-from ._priority import Priority, validate
 
 __all__ = ["ResourceCleanupStrategy", "SessionConfig"]
 

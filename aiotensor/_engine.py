@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from . import _defaults, _fpwarn
-from ._allocator import out_for
-from ._backend import Backend
+from ._backends._allocator import out_for
+from ._backends._base import Backend
 from ._blocked_run import result_buffer
 from ._compile import NEED_KEY, compile_program, compiled, program_cost, program_need
 from ._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS, OVERHEAD_NS, PER_BYTE, SLICED_MAX, estimate_us

@@ -16,7 +16,7 @@ import warnings
 import weakref
 
 from . import _defaults
-from ._backend import Backend
+from ._backends._base import Backend
 from ._config import ResourceCleanupStrategy, SessionConfig
 from ._session import AsyncEagerSession
 

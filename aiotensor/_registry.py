@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._allocator import BufferCache
+from ._backends._allocator import BufferCache
 from ._errors import ResourceExhaustedError
 from ._memory import MemoryGate
 

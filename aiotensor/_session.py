@@ -16,17 +16,17 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Self, cast
 
 from . import _defaults
-from ._allocator import BufferCache, malloc_trim
-from ._backend import Backend, LocalBackend
+from ._backends._allocator import BufferCache, malloc_trim
+from ._backends._base import Backend, LocalBackend
+from ._backends._pool import WorkerPool
 from ._cleanup import make_policy
 from ._config import ResourceCleanupStrategy, SessionConfig
 from ._devices import canonical_device
 from ._engine import Engine, State
 from ._errors import InvalidArgumentError
 from ._expr import Expr
-from ._function import FusedFunction
+from ._fusion._function import FusedFunction
 from ._generated_session_ops import SessionOps
-from ._pool import WorkerPool
 from ._registry import Registry, SessionStats
 from ._structure import flatten, unflatten
 from ._tensor import Tensor

@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from ._backend import LocalBackend, PendingKernel
+from ._backends._base import LocalBackend, PendingKernel
 from ._config import ResourceCleanupStrategy
 from ._registry import SessionStats
 from ._session import AsyncEagerSession

@@ -173,7 +173,7 @@ def _time(fn: Callable[..., Any], n: int) -> float:
 def calibrate(rounds: int, only_split: bool = False) -> None:
     """Print the chain's time per block size (one thread), and split vs one thread on the pool."""
     from aiotensor import _blocked_run as _blocked
-    from aiotensor._backend import default_executor
+    from aiotensor._backends._base import default_executor
 
     settle_allocator()
     pool = default_executor()

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 import aiotensor as at
-from aiotensor._blas import gate_slots
+from aiotensor._backends._blas import gate_slots
 
 from ._harness import Report, Stat, ratio, run_on
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 import aiotensor as at
-from aiotensor._pool import WorkerPool
+from aiotensor._backends._pool import WorkerPool
 
 from ._harness import Report, Stat, loop_factories, ratio, run_on
 

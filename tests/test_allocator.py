@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor import _allocator
-from aiotensor._allocator import (
+from aiotensor._backends import _allocator
+from aiotensor._backends._allocator import (
     BufferCache,
     bind_ufunc,
     is_exported,

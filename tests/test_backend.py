@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor._backend import default_executor
+from aiotensor._backends._base import default_executor
+from aiotensor._backends._pool import WorkerPool
 from aiotensor._kernels import KernelResult
-from aiotensor._pool import WorkerPool
 
 
 def test_the_default_pool_is_one_per_process_and_sized_to_the_cores() -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor import _batch_kernel as bk
+from aiotensor._fusion import _batch_kernel as bk
 from aiotensor._program import Budget
 
 BIG = (128, 256)  # float32: 128 KiB, over MIN_BYTES

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor import _blas
+from aiotensor._backends import _blas
 from aiotensor.testing import RecordingBackend
 
 CORES = os.cpu_count() or 1

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aiotensor._chunked import (
+from aiotensor._backends._chunked import (
     CHUNK_MIN_BYTES,
     chunk_bounds,
     chunked_ufunc,

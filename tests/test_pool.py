@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor._pool import Pending, WorkerPool, default_pool, inbox_wakeups
+from aiotensor._backends._pool import Pending, WorkerPool, default_pool, inbox_wakeups
 
 from ._results import one
 
@@ -364,7 +364,7 @@ _FORK_SCRIPT = textwrap.dedent(
     import asyncio, os, sys
     import numpy as np
     import aiotensor as at
-    from aiotensor._pool import WorkerPool
+    from aiotensor._backends._pool import WorkerPool
 
     own = WorkerPool(2)
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor import _priority
-from aiotensor._pool import WorkerPool
-from aiotensor._priority import LOW_NICE, Saved, lower, read, restore
+from aiotensor._backends import _priority
+from aiotensor._backends._pool import WorkerPool
+from aiotensor._backends._priority import LOW_NICE, Saved, lower, read, restore
 
 from ._results import one
 
@@ -167,8 +167,8 @@ _BLAS_SCRIPT = textwrap.dedent(
     """
     import json, os
     import numpy as np
-    from aiotensor import _priority
-    from aiotensor._pool import WorkerPool
+    from aiotensor._backends import _priority
+    from aiotensor._backends._pool import WorkerPool
 
     np.ones((64, 64)) @ np.ones((64, 64))
     helpers = _priority._blas_helpers()
@@ -204,7 +204,7 @@ _FORK_BLAS_SCRIPT = textwrap.dedent(
     import asyncio, json, os
     import numpy as np
     import aiotensor as at
-    from aiotensor import _priority
+    from aiotensor._backends import _priority
 
     a = np.ones((512, 512), np.float32)
     nice = lambda: [os.getpriority(os.PRIO_PROCESS, t) for t in _priority._blas_helpers()]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor import _chunked, _split
+from aiotensor._backends import _chunked, _split
 from aiotensor._opdef import OPS
 
 UFUNC_OPS = sorted(name for name, d in OPS.items() if d.ufunc)

@@ -19,7 +19,7 @@ from typing import Any, Self
 
 from distributed import Client
 
-from .._backend import Backend, PendingKernel
+from .._backends._base import Backend, PendingKernel
 from .._devices import CPU0
 from .._errors import BackendError, InvalidArgumentError, WrongEventLoopError
 from .._types import NDArray

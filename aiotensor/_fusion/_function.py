@@ -37,19 +37,19 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ._cost import estimate_us
-from ._engine import Engine, engine_of, session_engine
-from ._errors import InvalidArgumentError
-from ._expr import Expr
-from ._kernels import SEQUENCES, as_numeric, kernel_error, read_only_view, unshared
-from ._opdef import ALIASES, BINARY_OPERATORS, COMPARISON_OPERATORS, INTERNAL_OPS, OPS, UNARY_OPERATORS, OpDef
+from .._cost import estimate_us
+from .._engine import Engine, engine_of, session_engine
+from .._errors import InvalidArgumentError
+from .._expr import Expr
+from .._kernels import SEQUENCES, as_numeric, kernel_error, read_only_view, unshared
+from .._opdef import ALIASES, BINARY_OPERATORS, COMPARISON_OPERATORS, INTERNAL_OPS, OPS, UNARY_OPERATORS, OpDef
+from .._program import Budget
+from .._tensor import Tensor
 from ._placement import Placement
-from ._program import Budget
-from ._tensor import Tensor
 
 if TYPE_CHECKING:
-    from ._protocols import SessionLike
-    from ._types import NDArray
+    from .._protocols import SessionLike
+    from .._types import NDArray
 
 __all__ = ["FusedFunction", "FusedOps", "FusedValue", "function", "unknown_op"]
 

@@ -1,4 +1,4 @@
-"""The jobs of :class:`~aiotensor._pool.WorkerPool`, and how their results get back to the loop.
+"""The jobs of :class:`~aiotensor._backends._pool.WorkerPool`, and how their results get back to the loop.
 
 - :class:`Pending` / ``Job``: an awaited call. It runs ``fn(*args)`` in the copy of
   the submitter's context taken at submission. A one-element list is its token:
@@ -193,7 +193,7 @@ class Job:
 
 
 class Pending:
-    """A call on the pool: ``await`` it for its result (see :class:`~aiotensor._backend.PendingKernel`)."""
+    """A call on the pool: ``await`` it for its result (see :class:`~aiotensor._backends._base.PendingKernel`)."""
 
     __slots__ = ("_future", "_job")
 

@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from ._types import NDArray
-from ._ufuncs import ufunc_result
+from .._types import NDArray
+from .._ufuncs import ufunc_result
 
 __all__ = [
     "BLOCK_BYTES",

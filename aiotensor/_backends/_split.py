@@ -5,7 +5,7 @@ is set: one ufunc over its data arguments; no keyword argument but the ``out=`` 
 buffer the session recycles) in :class:`Split` when one of its inputs is large. On
 the worker, :class:`Split` learns the output's shape and dtype
 (``_ufuncs.ufunc_result``) and, from :data:`MIN_BYTES` of output on, runs
-:func:`~aiotensor._chunked.chunked_ufunc` with the pool's ``spawn``; below it, the
+:func:`~aiotensor._backends._chunked.chunked_ufunc` with the pool's ``spawn``; below it, the
 one ufunc call it always was. The result is element for element numpy's own.
 """
 
@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from .._kernels import as_numeric
+from .._types import NDArray
+from .._ufuncs import ufunc_result
 from ._chunked import CHUNK_MIN_BYTES, Spawn, chunked_ufunc, should_chunk
-from ._kernels import as_numeric
-from ._types import NDArray
-from ._ufuncs import ufunc_result
 
 __all__ = ["Split", "large_enough"]
 

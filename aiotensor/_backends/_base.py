@@ -17,13 +17,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .._devices import CPU0
+from .._kernels import KernelResult, run_kernel
+from .._types import NDArray
 from ._blas import Gated
-from ._devices import CPU0
-from ._kernels import KernelResult, run_kernel
 from ._pool import Failed, WorkerPool, default_pool
 from ._priority import Priority, blas_threads_stale, refresh_blas_threads
 from ._split import Split, large_enough
-from ._types import NDArray
 
 __all__ = ["DEFAULT_PRIORITY", "Backend", "InlineExecutor", "LocalBackend", "PendingKernel", "default_executor"]
 

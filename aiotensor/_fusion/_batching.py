@@ -8,8 +8,8 @@ timer), so every call that was ready joins, then closes the group. A group of on
 its kernel in the leader's own task, exactly as a fused call would; a larger one is cut
 into batches of up to ``max_batch_size`` rows, each run by a task of its own so that no
 caller's cancellation can stop it. A batch runs ``fn`` once on the stacked rows, as a
-fused function runs (:mod:`aiotensor._function`: one kernel, on the pool or inline as
-its cost says), and its kernel (:mod:`aiotensor._batch_kernel`) splits every output
+fused function runs (:mod:`aiotensor._fusion._function`: one kernel, on the pool or inline as
+its cost says), and its kernel (:mod:`aiotensor._fusion._batch_kernel`) splits every output
 into each caller's rows.
 
 Sessions: the batch runs in the session that owns the params (the most derived session
@@ -37,20 +37,20 @@ from typing import TYPE_CHECKING, Any, cast, overload
 
 import numpy as np
 
-from . import _defaults
+from .. import _defaults
+from .._engine import Engine, State, engine_of, session_engine
+from .._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
+from .._expr import Expr, Operand
+from .._kernels import NUMERIC_KINDS, KernelResult, info, numeric_array
+from .._program import Budget
+from .._tensor import Tensor
 from ._batch_kernel import BatchKernel
-from ._engine import Engine, State, engine_of, session_engine
-from ._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
-from ._expr import Expr, Operand
 from ._function import FusedOps, _buffers
-from ._kernels import NUMERIC_KINDS, KernelResult, info, numeric_array
 from ._placement import Placement
-from ._program import Budget
-from ._tensor import Tensor
 
 if TYPE_CHECKING:
-    from ._protocols import EngineLike
-    from ._types import NDArray
+    from .._protocols import EngineLike
+    from .._types import NDArray
 
 __all__ = ["DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MAX_CONCURRENT_BATCHES", "BatchStats", "BatchedFunction", "batched"]
 

@@ -44,16 +44,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ._errors import InvalidArgumentError
+from .._errors import InvalidArgumentError
+from .._kernels import SEQUENCES
+from .._opdef import OPS, OpDef
+from .._ops._elementwise import relu_into
+from .._program import Budget
 from ._function import FusedOps, FusedValue, _MadeValue, _result, _wrap_arg, unknown_op
-from ._kernels import SEQUENCES
-from ._opdef import OPS, OpDef
-from ._ops._elementwise import relu_into
-from ._program import Budget
 
 if TYPE_CHECKING:
-    from ._engine import Engine
-    from ._types import NDArray
+    from .._engine import Engine
+    from .._types import NDArray
 
 __all__ = ["CAP", "MIN_BYTES", "BatchKernel", "RecyclingOps", "take"]
 

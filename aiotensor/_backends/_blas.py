@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import InvalidArgumentError
+from .._errors import InvalidArgumentError
 
 __all__ = ["BLAS_OPS", "Gated", "blas_threads", "gate_slots", "set_blas_threads"]
 

@@ -11,7 +11,7 @@ on a plain asyncio future settled on the loop thread. The jobs and their semanti
 
 The pool is also a ``concurrent.futures.Executor`` (``submit``/``shutdown``), so code
 that was given the old pool keeps working. Workers start on demand up to
-``max_workers`` and run at the pool's :data:`~aiotensor._priority.Priority`. They are
+``max_workers`` and run at the pool's :data:`~aiotensor._backends._priority.Priority`. They are
 daemon threads that hold what they share with the pool, not the pool: a pool nobody
 references is collected and its workers stop, as ThreadPoolExecutor's do. After a
 ``fork`` the child's pools start over with no thread and an empty queue.
