@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import re
 import shlex
@@ -233,8 +235,6 @@ def test_session_methods_named_in_the_issue_are_documented() -> None:
 
 @pytest.mark.parametrize("page", sorted((DOCS / "api").glob("*.md")), ids=lambda p: p.name)
 def test_every_api_directive_names_something_that_exists(page: Path) -> None:
-    import importlib
-
     for target in re.findall(r"^::: ([\w.]+)", page.read_text(), re.M):
         module, _, attr = target.rpartition(".")
         try:
@@ -243,3 +243,16 @@ def test_every_api_directive_names_something_that_exists(page: Path) -> None:
         except ImportError:
             pass
         assert hasattr(importlib.import_module(module), attr), target
+
+
+def test_the_sites_hook_hides_the_rest_markers_docstrings_put_before_code() -> None:
+    # Docstrings introduce code with reST's "::" (for help()); mkdocstrings renders the
+    # indented block as code already, and the marker as a paragraph of its own.
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "mkdocs_hooks.py")
+    assert spec is not None
+    assert spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    code = '<div class="highlight"><pre><code>x = await s.constant(1.0)\n</code></pre></div>'
+    page = f"<p>The rows.</p>\n<p>::</p>\n{code}\n<p>Used bare or with options::</p>\n{code}"
+    assert hooks.on_page_content(page) == f"<p>The rows.</p>\n{code}\n<p>Used bare or with options:</p>\n{code}"
