@@ -256,3 +256,18 @@ def test_the_sites_hook_hides_the_rest_markers_docstrings_put_before_code() -> N
     code = '<div class="highlight"><pre><code>x = await s.constant(1.0)\n</code></pre></div>'
     page = f"<p>The rows.</p>\n<p>::</p>\n{code}\n<p>Used bare or with options::</p>\n{code}"
     assert hooks.on_page_content(page) == f"<p>The rows.</p>\n{code}\n<p>Used bare or with options:</p>\n{code}"
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        DOCS / "performance.md",
+        ROOT / "benchmarks" / "commentary.md",
+        *sorted((ROOT / "benchmarks" / "results").glob("*.md")),
+    ],
+    ids=lambda p: p.name,
+)
+def test_the_measured_pages_speak_of_goals_without_tracker_words(page: Path) -> None:
+    # The performance page is written for users: its goals are not "the targets".
+    text = page.read_text()
+    assert not re.findall(r"\bissues?\b|\bissue[- ]\d|\bmoonshot\b|\btargets?\b", text, re.I)
