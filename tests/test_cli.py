@@ -67,6 +67,7 @@ def test_demo_command_prints_the_table_and_draws_the_plot(tmp_path: Path) -> Non
         assert strategy.name in out
     assert "5/5" in out  # the finished progress bars, printed once on a non-tty
     assert "after close" in out
+    assert "live at end: after a 10 ms idle moment, with the input and the last result held." in out  # 2 buffers
     assert "Traceback" not in proc.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a non-tty gets no cursor movement or colour codes
