@@ -225,6 +225,19 @@ def test_every_public_name_has_an_api_entry() -> None:
     assert missing == [], f"add these to a page under docs/api/: {missing}"
     missing_web = [name for name in web.__all__ if f"aiotensor.web.{name}" not in targets]
     assert missing_web == [], f"add these to docs/api/web.md: {missing_web}"
+    distributed = pytest.importorskip("aiotensor.distributed")
+    missing_dask = [name for name in distributed.__all__ if f"aiotensor.distributed.{name}" not in targets]
+    assert missing_dask == [], f"add these to docs/api/backends.md: {missing_dask}"
+
+
+def test_the_xp_page_names_the_data_types_and_constants() -> None:
+    # `::: aiotensor.xp` renders the functions; dtype objects and constants have no docstring.
+    from aiotensor import xp
+
+    page = (DOCS / "api" / "xp.md").read_text()
+    objects = [name for name in xp.__all__ if not callable(getattr(xp, name)) and name not in ("fft", "linalg")]
+    assert "float32" in objects
+    assert [name for name in objects if f"`{name}`" not in page] == []
 
 
 def test_session_methods_named_in_the_issue_are_documented() -> None:
