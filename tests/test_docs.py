@@ -195,6 +195,24 @@ async def test_the_guides_requests_to_the_example_answer_as_printed() -> None:
     assert await check_answers(create_app(), requests) == 3
 
 
+async def test_the_guides_stats_of_the_example_have_the_examples_keys() -> None:
+    from examples.web_service.app import create_app
+
+    after = GUIDE.read_text().split("`/stats` is built from", 1)[1]
+    block = after.split("```json\n", 1)[1].split("```", 1)[0]
+    shown = dict(re.findall(r'^  "(\w+)": (.*?)(?=^  "|^\})', block, re.M | re.S))
+    app = create_app()
+    transport = httpx.ASGITransport(app)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        stats = (await c.get("/stats")).json()
+    assert list(shown) == list(stats)
+    for key, body in shown.items():
+        if isinstance(stats[key], dict):
+            keys = set(re.findall(r'"(\w+)": ', body))
+            assert keys <= set(stats[key]), key
+            assert "..." in body or keys == set(stats[key]), key
+
+
 def test_the_guide_shows_no_answer_the_example_does_not_give() -> None:
     # The answer the guide once showed for a wrong width ("op": "matmul") is not what
     # the example says: the rows are refused by read_rows, before any op.
