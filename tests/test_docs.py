@@ -302,3 +302,13 @@ def test_the_measured_pages_speak_of_goals_without_tracker_words(page: Path) -> 
     # The performance page is written for users: its goals are not "the targets".
     text = page.read_text()
     assert not re.findall(r"\bissues?\b|\bissue[- ]\d|\bmoonshot\b|\btargets?\b", text, re.I)
+
+
+def test_the_reliability_page_counts_the_parity_cases() -> None:
+    from ._parity_cases import PARITY_CASES
+
+    page = (DOCS / "reliability.md").read_text()
+    match = re.search(r"(\d+) for the (\d+) ops with a case", page)
+    assert match is not None
+    ops = {name for name, _, _, _ in PARITY_CASES}
+    assert (int(match[1]), int(match[2])) == (len(PARITY_CASES), len(ops)), "update the Parity section"
