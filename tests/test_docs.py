@@ -312,3 +312,16 @@ def test_the_reliability_page_counts_the_parity_cases() -> None:
     assert match is not None
     ops = {name for name, _, _, _ in PARITY_CASES}
     assert (int(match[1]), int(match[2])) == (len(PARITY_CASES), len(ops)), "update the Parity section"
+
+
+def test_the_quickstart_names_what_each_extra_installs() -> None:
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    text = " ".join((DOCS / "quickstart.md").read_text().split())
+    listed = dict(re.findall(r"`\[(\w+)\]` \(([^)]*)\)", text))
+    assert set(listed) >= {"demo", "web", "bench"}
+    for extra, names in listed.items():
+        said = {{"dask": "distributed"}.get(n.strip().lower(), n.strip().lower()) for n in names.split(",")}
+        installed = {re.split(r"[<>=;\[ ]", dep, maxsplit=1)[0].lower() for dep in extras[extra]}
+        assert said == installed, extra
