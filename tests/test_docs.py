@@ -325,3 +325,14 @@ def test_the_quickstart_names_what_each_extra_installs() -> None:
         said = {{"dask": "distributed"}.get(n.strip().lower(), n.strip().lower()) for n in names.split(",")}
         installed = {re.split(r"[<>=;\[ ]", dep, maxsplit=1)[0].lower() for dep in extras[extra]}
         assert said == installed, extra
+
+
+def test_the_landing_page_names_every_library_an_extra_brings() -> None:
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    table = (DOCS / "index.md").read_text().split("## Libraries it stands on", 1)[1].lower()
+    for extra in ("demo", "web", "bench", "distributed"):
+        for dep in extras[extra]:
+            name = re.split(r"[<>=;\[ ]", dep, maxsplit=1)[0].lower()
+            assert name in table, f"{name} ({extra})"
