@@ -301,7 +301,8 @@ def test_the_sites_hook_hides_the_rest_markers_docstrings_put_before_code() -> N
 def test_the_measured_pages_speak_of_goals_without_tracker_words(page: Path) -> None:
     # The performance page is written for users: its goals are not "the targets".
     text = page.read_text()
-    assert not re.findall(r"\bissues?\b|\bissue[- ]\d|\bmoonshot\b|\btargets?\b", text, re.I)
+    words = r"\bissues?\b|\bissue[- ]\d|\bmoonshot\b|\btargets?\b|\bagents?\b|\bthis round\b"
+    assert not re.findall(words, text, re.I)
 
 
 def test_the_reliability_page_counts_the_parity_cases() -> None:
