@@ -141,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="stop a strategy that holds more than this (default: half of this machine's memory)",
     )
-    info = sub.add_parser("info", help="versions, devices, pool size and BLAS threads")
+    info = sub.add_parser("info", help="versions, devices, pool size, BLAS threads, where kernels run")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
     return parser
 
@@ -238,12 +238,13 @@ def _blas() -> list[dict[str, Any]] | str:
 
 
 def collect_info() -> dict[str, Any]:
-    """What ``aiotensor info`` reports: versions, devices, pool size and priority, BLAS threads."""
+    """What ``aiotensor info`` reports: versions, devices, pool size and priority, BLAS threads, placement constants."""
     import numpy
 
     from ._backends._base import DEFAULT_PRIORITY, default_executor
     from ._backends._priority import describe
     from ._blocked_run import settings as blocked_settings
+    from ._loopload import BUSY_ABOVE, BUSY_INLINE_US, IDLE_BELOW
 
     pool = default_executor()
     return {
@@ -261,6 +262,14 @@ def collect_info() -> dict[str, Any]:
         "blas": _blas(),
         "physical_memory": PHYSICAL_MEMORY,
         "blocked": blocked_settings(),  # element-wise runs in blocks (measured: docs/performance.md)
+        # Where a cheap kernel runs: on the loop up to the first estimate, up to the second
+        # while the loop's thread is saturated (busy-loop placement, at.loop_load()).
+        "inline": {
+            "inline_threshold_us": SessionConfig().inline_threshold_us,
+            "busy_inline_us": BUSY_INLINE_US,
+            "busy_above": BUSY_ABOVE,
+            "idle_below": IDLE_BELOW,
+        },
     }
 
 
@@ -284,8 +293,10 @@ def _info(args: argparse.Namespace) -> int:
         "worker priority": info["worker_priority"],
         "BLAS": blas,
         "memory": f"{info['physical_memory']:,} bytes" if info["physical_memory"] else "unknown",
-        "blocked runs": "{block_items} items a block, runs from {min_items} items,"
-        " blocks from {block_from_items} items, split from {split_min_bytes:,} bytes".format(**info["blocked"]),
+        "blocked runs": "element-wise runs in one step from {min_items:,} items, in blocks of {block_items:,}"
+        " from {block_from_items:,}, shared by the workers from {split_min_bytes:,} bytes".format(**info["blocked"]),
+        "inline kernels": "estimated up to {inline_threshold_us:g} µs run on the loop; up to {busy_inline_us:g} µs"
+        " while its thread is busy (over {busy_above:.0%}, until under {idle_below:.0%})".format(**info["inline"]),
     }
     width = max(map(len, rows))
     for key, value in rows.items():

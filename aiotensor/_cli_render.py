@@ -31,7 +31,7 @@ class DemoResult:
     Attributes:
         strategy: The cleanup strategy.
         peak_bytes: The most bytes the session held at once.
-        final_bytes: Bytes held after the loop and an idle moment, only the last result kept.
+        final_bytes: Bytes held after the loop and an idle moment, the input and the last result referenced.
         closed_bytes: Bytes held after close (always 0).
         live_per_iteration: Bytes held at the end of each iteration.
         seconds: Wall time of the whole run, session open to close.
@@ -91,7 +91,7 @@ def rich_report(
         )
     console.print(table)
     console.print(
-        "live at end: after the loop and a 10 ms idle moment, only the last result held.\n"
+        "live at end: after a 10 ms idle moment, with the input and the last result held.\n"
         "ON_SAFE_POINTS frees the last dropped intermediate at its next op;\n"
         "ON_SESSION_CLOSE holds every intermediate (n x m buffers) until close."
     )

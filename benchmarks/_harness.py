@@ -104,7 +104,7 @@ class Target:
     number: int
     text: str
     measured: str
-    met: bool | None  # None: not measured in this run (e.g. quick mode)
+    met: bool | None  # None: measured, but not judged in this run (quick mode: too few rounds)
 
 
 @dataclass(slots=True)

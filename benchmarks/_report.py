@@ -13,7 +13,7 @@ import aiotensor as at
 
 from ._harness import Report, Table
 
-VERDICT = {True: "yes", False: "**no**", None: "not measured"}
+VERDICT = {True: "yes", False: "**no**", None: "not judged (--quick)"}
 #: What the goals table shows, said once above it (console and page).
 GOALS_NOTE = (
     "Each row: what is measured and against which baseline, timed in the same run, with the goal set for the"

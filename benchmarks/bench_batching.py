@@ -247,7 +247,7 @@ def _report(report: Report, loop_name: str, measured: dict[str, Any], max_batch_
     lone_ratio = p50s[BATCHED] / p50s[FUSED]
     lone_met = "met" if lone_ratio <= 1.25 else "not met"
     against = report.table(
-        f"{loop_name} loop: batched against the hand-written batcher (targets: >= 0.9x;"
+        f"{loop_name} loop: batched against the hand-written batcher (goals: >= 0.9x;"
         f" one client alone, batched p50 <= 1.25x fused: {lone_ratio:.2f}x, {lone_met})",
         "requests/s",
         ratio_label="x hand-written",

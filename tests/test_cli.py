@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor._cli import main, run_demo
+from aiotensor._cli import collect_info, main, run_demo
 
 SIZE = 256
 TENSOR = SIZE * 4  # float32
@@ -67,6 +67,7 @@ def test_demo_command_prints_the_table_and_draws_the_plot(tmp_path: Path) -> Non
         assert strategy.name in out
     assert "5/5" in out  # the finished progress bars, printed once on a non-tty
     assert "after close" in out
+    assert "live at end: after a 10 ms idle moment, with the input and the last result held." in out  # 2 buffers
     assert "Traceback" not in proc.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a non-tty gets no cursor movement or colour codes
@@ -153,6 +154,11 @@ def test_info_reports_versions_devices_pool_and_blas() -> None:
     assert info["worker_priority"].startswith("low (")  # SessionConfig's default, as the platform applies it
     assert isinstance(info["blas"], list)  # threadpoolctl is a test extra
     assert all(b["threads"] >= 1 for b in info["blas"])
+    assert info["blocked"]["block_items"] > 0  # the blocked-evaluation constants
+    inline = info["inline"]  # where a cheap kernel runs, idle loop and busy loop
+    assert inline["inline_threshold_us"] == at.SessionConfig().inline_threshold_us
+    assert 0 < inline["busy_inline_us"] <= inline["inline_threshold_us"]
+    assert 0 < inline["idle_below"] < inline["busy_above"] < 1
 
 
 def test_info_text_and_without_threadpoolctl(
@@ -166,6 +172,13 @@ def test_info_text_and_without_threadpoolctl(
     assert lines["devices"].strip() == "/cpu:0"
     assert lines["worker priority"].strip().startswith("low (")
     assert "threadpoolctl is not installed" in lines["BLAS"]
+    info = collect_info()
+    assert f"in blocks of {info['blocked']['block_items']:,} " in lines["blocked runs"]
+    busy = info["inline"]
+    assert (
+        f"{busy['busy_inline_us']:g} µs while its thread is busy (over {busy['busy_above']:.0%}"
+        in lines["inline kernels"]
+    )
 
 
 def test_importing_aiotensor_imports_neither_rich_nor_matplotlib() -> None:

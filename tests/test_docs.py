@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import re
 import shlex
@@ -193,6 +195,24 @@ async def test_the_guides_requests_to_the_example_answer_as_printed() -> None:
     assert await check_answers(create_app(), requests) == 3
 
 
+async def test_the_guides_stats_of_the_example_have_the_examples_keys() -> None:
+    from examples.web_service.app import create_app
+
+    after = GUIDE.read_text().split("`/stats` is built from", 1)[1]
+    block = after.split("```json\n", 1)[1].split("```", 1)[0]
+    shown = dict(re.findall(r'^  "(\w+)": (.*?)(?=^  "|^\})', block, re.M | re.S))
+    app = create_app()
+    transport = httpx.ASGITransport(app)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        stats = (await c.get("/stats")).json()
+    assert list(shown) == list(stats)
+    for key, body in shown.items():
+        if isinstance(stats[key], dict):
+            keys = set(re.findall(r'"(\w+)": ', body))
+            assert keys <= set(stats[key]), key
+            assert "..." in body or keys == set(stats[key]), key
+
+
 def test_the_guide_shows_no_answer_the_example_does_not_give() -> None:
     # The answer the guide once showed for a wrong width ("op": "matmul") is not what
     # the example says: the rows are refused by read_rows, before any op.
@@ -223,6 +243,19 @@ def test_every_public_name_has_an_api_entry() -> None:
     assert missing == [], f"add these to a page under docs/api/: {missing}"
     missing_web = [name for name in web.__all__ if f"aiotensor.web.{name}" not in targets]
     assert missing_web == [], f"add these to docs/api/web.md: {missing_web}"
+    distributed = pytest.importorskip("aiotensor.distributed")
+    missing_dask = [name for name in distributed.__all__ if f"aiotensor.distributed.{name}" not in targets]
+    assert missing_dask == [], f"add these to docs/api/backends.md: {missing_dask}"
+
+
+def test_the_xp_page_names_the_data_types_and_constants() -> None:
+    # `::: aiotensor.xp` renders the functions; dtype objects and constants have no docstring.
+    from aiotensor import xp
+
+    page = (DOCS / "api" / "xp.md").read_text()
+    objects = [name for name in xp.__all__ if not callable(getattr(xp, name)) and name not in ("fft", "linalg")]
+    assert "float32" in objects
+    assert [name for name in objects if f"`{name}`" not in page] == []
 
 
 def test_session_methods_named_in_the_issue_are_documented() -> None:
@@ -233,8 +266,6 @@ def test_session_methods_named_in_the_issue_are_documented() -> None:
 
 @pytest.mark.parametrize("page", sorted((DOCS / "api").glob("*.md")), ids=lambda p: p.name)
 def test_every_api_directive_names_something_that_exists(page: Path) -> None:
-    import importlib
-
     for target in re.findall(r"^::: ([\w.]+)", page.read_text(), re.M):
         module, _, attr = target.rpartition(".")
         try:
@@ -243,3 +274,78 @@ def test_every_api_directive_names_something_that_exists(page: Path) -> None:
         except ImportError:
             pass
         assert hasattr(importlib.import_module(module), attr), target
+
+
+def test_the_sites_hook_hides_the_rest_markers_docstrings_put_before_code() -> None:
+    # Docstrings introduce code with reST's "::" (for help()); mkdocstrings renders the
+    # indented block as code already, and the marker as a paragraph of its own.
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "mkdocs_hooks.py")
+    assert spec is not None
+    assert spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    code = '<div class="highlight"><pre><code>x = await s.constant(1.0)\n</code></pre></div>'
+    page = f"<p>The rows.</p>\n<p>::</p>\n{code}\n<p>Used bare or with options::</p>\n{code}"
+    assert hooks.on_page_content(page) == f"<p>The rows.</p>\n{code}\n<p>Used bare or with options:</p>\n{code}"
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        DOCS / "performance.md",
+        ROOT / "benchmarks" / "commentary.md",
+        *sorted((ROOT / "benchmarks" / "results").glob("*.md")),
+    ],
+    ids=lambda p: p.name,
+)
+def test_the_measured_pages_speak_of_goals_without_tracker_words(page: Path) -> None:
+    # The performance page is written for users: its goals are not "the issue's targets".
+    text = page.read_text()
+    words = r"\bissues?\b|\bissue[- ]\d|\bmoonshot\b|\btargets?\b|\bagents?\b|\bthis round\b"
+    assert not re.findall(words, text, re.I)
+
+
+def test_the_reliability_page_counts_the_parity_cases() -> None:
+    from ._parity_cases import PARITY_CASES
+
+    page = (DOCS / "reliability.md").read_text()
+    match = re.search(r"(\d+) for the (\d+) ops with a case", page)
+    assert match is not None
+    ops = {name for name, _, _, _ in PARITY_CASES}
+    assert (int(match[1]), int(match[2])) == (len(PARITY_CASES), len(ops)), "update the Parity section"
+
+
+def test_the_quickstart_names_what_each_extra_installs() -> None:
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    text = " ".join((DOCS / "quickstart.md").read_text().split())
+    listed = dict(re.findall(r"`\[(\w+)\]` \(([^)]*)\)", text))
+    assert set(listed) >= {"demo", "web", "bench"}
+    for extra, names in listed.items():
+        said = {{"dask": "distributed"}.get(n.strip().lower(), n.strip().lower()) for n in names.split(",")}
+        installed = {re.split(r"[<>=;\[ ]", dep, maxsplit=1)[0].lower() for dep in extras[extra]}
+        assert said == installed, extra
+
+
+def test_the_landing_page_names_every_library_an_extra_brings() -> None:
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    table = (DOCS / "index.md").read_text().split("## Libraries it stands on", 1)[1].lower()
+    for extra in ("demo", "web", "bench", "distributed"):
+        for dep in extras[extra]:
+            name = re.split(r"[<>=;\[ ]", dep, maxsplit=1)[0].lower()
+            assert name in table, f"{name} ({extra})"
+
+
+def test_the_xp_page_lists_every_function_not_generated() -> None:
+    # `::: aiotensor.xp` renders the generated one-op functions; the others are listed by
+    # name under it, so that their anchors are aiotensor.xp.<name>, not a private module's.
+    from aiotensor import xp
+    from aiotensor.xp import _generated_main
+
+    _, members = documented_names()
+    hand = [name for name in xp.__all__ if callable(getattr(xp, name)) and name not in _generated_main.__all__]
+    assert "zeros" in hand
+    assert [name for name in hand if name not in members] == []
