@@ -83,6 +83,8 @@ class CenteredRun:
             with np.errstate(all="ignore"):  # (the subtraction's warnings were given the first time)
                 return inputs(np.subtract(x, m))
 
+        if x.shape[0] == 1:  # the mean and variance of one row may be sliced as rows: ops before could write first
+            return self.run(xp, *inputs(dev))
         token = _OUT.set([dev])  # the run's result over the deviations (read by one op, see _blocked)
         try:
             return self.run(xp, *inputs(dev), again=again)

@@ -280,6 +280,17 @@ async def test_a_fused_standardization_of_awkward_inputs_is_op_by_op(
                 blocked, plain = await _both(blocking, lambda x=x: (x - x.mean(axis=0)) / x.std(axis=0))
             assert blocked == plain, mode
     assert False in centered
+    # One row: the mean and variance (keepdims) have the rows' shape, so the run's ops
+    # before the one reading the deviations are not hoisted: nothing may write over them.
+    x = await s.constant(np.linspace(-2.0, 3.0, 300, dtype=np.float32).reshape(1, 300))
+
+    def one_row() -> Expr:
+        m = x.mean(axis=0, keepdims=True)
+        return (m * 2.0 + (x - m)) / (x.std(axis=0, keepdims=True) + 1.0)
+
+    blocked, plain = await _both(blocking, one_row)
+    assert blocked == plain
+    assert blocked[0] == "ok"
 
 
 async def test_a_fused_standardization_on_the_pool_writes_over_its_deviations(
