@@ -19,6 +19,7 @@ from typing import Any, cast
 import numpy as np
 
 from . import _blocked_run
+from ._blocked_center import CenteredRun
 from ._blocked_run import BlockedRun, with_pool
 from ._blocked_var import VARIANCE, blocked_variance
 from ._cost import PER_BYTE
@@ -41,7 +42,7 @@ class BlockedOp(OpDef):
 
     __slots__ = ("run", "weight")
 
-    def __init__(self, run: BlockedRun, weight: float) -> None:
+    def __init__(self, run: BlockedRun | CenteredRun, weight: float) -> None:
         def blocked(*inputs: Any) -> None:
             """An element-wise run evaluated in cache-sized blocks."""
 
@@ -132,21 +133,82 @@ def block_runs(program: Program, leaves: list[Any]) -> Program:
                 run_of[m] = k
     if not runs and not any(step[0].name in VARIANCE for step in steps):
         return program
-    return _rewrite(program, runs, run_of)
+    centered: dict[int, _Centered] = {}  # run end -> its step fused with a mean and a var (_blocked_center)
+    for end, ks in runs.items():
+        found = _centered(program, ks, readers, roots)
+        taken = {m for c in centered.values() for m in c[0]}
+        made = None if found is None or set(found) & taken else _centered_step(program, ks, found)
+        if made is not None:
+            centered[end] = made
+    return _rewrite(program, runs, run_of, centered)
 
 
-def _rewrite(program: Program, runs: dict[int, list[int]], run_of: list[int]) -> Program:
+def _axis0(step: Any, x: int, names: frozenset[str], keys: set[str]) -> bool:
+    # ``step`` is one of ``names`` of the value at slot ``x`` over axis 0, with keyword arguments among ``keys``.
+    d, templates, kwargs, checked, _ = step
+    kwargs = kwargs or {}
+    return (
+        d.name in names
+        and type(d) is OpDef
+        and not checked
+        and len(templates) == 1
+        and type(templates[0]) is Ref
+        and templates[0].slot == x
+        and set(kwargs) <= keys
+        and kwargs.get("axis") in (0, (0,))
+    )
+
+
+def _centered(
+    program: Program, ks: list[int], readers: dict[int, set[int]], roots: set[int]
+) -> tuple[int, int, int] | None:
+    # (subtract, mean, var) steps when the run ``ks`` reads ``x - mean(x, axis=0)`` and a
+    # ``var``/``std`` of ``x`` over axis 0, the mean and the variance read by the run alone.
+    nleaves, steps = program.nleaves, program.steps
+    if steps[ks[-1]][0].name in TRAILING and not steps[ks[-1]][0].ufunc:
+        return None  # a trailing reduction: no result of the deviations' shape to write over
+    members = set(ks)
+
+    def only_run(slot: int) -> bool:
+        return slot not in roots and bool(readers.get(slot)) and readers[slot] <= members
+
+    for k in ks[:-1]:  # (the subtraction as the run's result would leave nothing to fuse)
+        d, templates, _, _, _ = steps[k]
+        if d.name != "subtract" or len(templates) != 2 or any(type(t) is not Ref for t in templates):
+            continue
+        x, m = templates[0].slot, templates[1].slot
+        if m < nleaves or not _axis0(steps[m - nleaves], x, _MEAN, {"axis", "keepdims"}) or not only_run(m):
+            continue
+        for v, step in enumerate(steps):
+            if _axis0(step, x, VARIANCE, {"axis", "correction", "keepdims"}) and only_run(nleaves + v):
+                return k, m - nleaves, v
+    return None
+
+
+_MEAN = frozenset({"mean"})
+
+
+def _rewrite(
+    program: Program, runs: dict[int, list[int]], run_of: list[int], centered: dict[int, _Centered]
+) -> Program:
     nleaves = program.nleaves
     steps = program.steps
     new_slot: dict[int, int] = {i: i for i in range(nleaves)}
     out: list[tuple[OpDef, tuple[Any, ...], Any, int]] = []
+    fused = {m for c in centered.values() for m in c[0]}  # made by a centered run's step
 
     for k, (d, templates, kwargs, checked, _) in enumerate(steps):
         end = run_of[k]
+        if k in fused and k != end:
+            continue
         if end >= 0 and end in runs:
             if end != k:
                 continue  # made by the run's step, at its end
-            step = _run_step(program, runs[k], new_slot)
+            if k in centered:
+                _, op, reads = centered[k]
+                step: tuple[OpDef, tuple[Any, ...], Any, int] = (op, tuple(Ref(new_slot[s]) for s in reads), None, 0)
+            else:
+                step = _run_step(program, runs[k], new_slot)
         else:
             step = (
                 blocked_variance(d),  # var and std over axis 0 in blocks too (_blocked_var)
@@ -188,6 +250,12 @@ def _remap(templates: tuple[Any, ...], new_slot: dict[int, int]) -> tuple[Any, .
 
 def _run_step(program: Program, ks: list[int], new_slot: dict[int, int]) -> tuple[OpDef, tuple[Any, ...], Any, int]:
     # The blocked step of the run made of steps ``ks`` (in program order, the last its end).
+    run, weight, inputs = _make_run(program, ks)
+    return BlockedOp(run, weight), tuple(Ref(new_slot[s]) for s in inputs), None, 0
+
+
+def _make_run(program: Program, ks: list[int]) -> tuple[BlockedRun, float, list[int]]:
+    # The run of steps ``ks``, its weight, and the slots of its inputs in order.
     nleaves = program.nleaves
     steps = program.steps
     inside = {nleaves + k: j for j, k in enumerate(ks)}
@@ -216,6 +284,33 @@ def _run_step(program: Program, ks: list[int], new_slot: dict[int, int]) -> tupl
     nin, nconst = len(inputs), len(consts)
     base = {"in": 0, "const": nin, "op": nin + nconst}
     ops = tuple((d, tuple(base[kind] + i for kind, i in args)) for d, args in raw)
-    d = BlockedOp(BlockedRun(ops, nin, tuple(consts), reduce), weight)
-    templates = tuple(Ref(new_slot[s]) for s in inputs)
-    return d, templates, None, 0
+    return BlockedRun(ops, nin, tuple(consts), reduce), weight, list(inputs)
+
+
+#: A centered run: the steps it stands for (subtract, mean, var), its op, the slots it reads.
+_Centered = tuple[tuple[int, int, int], BlockedOp, list[int]]
+
+
+def _centered_step(program: Program, ks: list[int], found: tuple[int, int, int]) -> _Centered | None:
+    # The run ``ks`` on ``x - mean`` fused with the mean and var steps (_blocked_center),
+    # or None when the run's ops before the one reading the deviations read an input
+    # other than the mean and the variance (they could write over the deviations first).
+    nleaves, steps = program.nleaves, program.steps
+    k, j, v = found
+    run, weight, inputs = _make_run(program, [i for i in ks if i != k])
+    slots = (nleaves + k, nleaves + j, nleaves + v)
+    d_pos, m_pos, v_pos = (inputs.index(s) if s in inputs else -1 for s in slots)
+    nin, nconst = run.nin, len(run.consts)
+    small = {i for i in range(nin) if inputs[i] in slots[1:]} | set(range(nin, nin + nconst))
+    readers = [i for i, (_, args) in enumerate(run.ops) if d_pos in args]
+    if len(readers) != 1 or run.reduce is not None:
+        return None
+    for i, (_, args) in enumerate(run.ops[: readers[0]]):
+        if not set(args) <= small:
+            return None
+        small.add(nin + nconst + i)
+    d_mean, d_var = steps[j], steps[v]
+    mean, var = (d_mean[0], dict(d_mean[2] or {})), (d_var[0], dict(d_var[2] or {}))
+    kernel = CenteredRun(steps[k][0], mean, var, run, (d_pos, m_pos, v_pos), v < k)
+    reads = [cast("Ref", steps[k][1][0]).slot, *[s for s in inputs if s not in slots]]
+    return found, BlockedOp(kernel, weight + 2 * _WEIGHT * PER_BYTE[Cost.MATH]), reads

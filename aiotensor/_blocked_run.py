@@ -162,7 +162,9 @@ class BlockedRun:
         return found
 
     # -- blocked -------------------------------------------------------------------------
-    def __call__(self, xp: Any, *inputs: Any) -> Any:
+    def __call__(self, xp: Any, *inputs: Any, again: Callable[[], tuple[Any, ...]] | None = None) -> Any:
+        # ``again``: the inputs anew, for the op-by-op fallback, when the result's buffer
+        # is one of them (``_blocked_center``: the blocked attempt may have written over it).
         try:
             key = tuple((x.shape, x.dtype, type(x) is _ndarray) for x in inputs)
         except AttributeError:  # not arrays: op by op says what numpy makes of them
@@ -182,9 +184,9 @@ class BlockedRun:
         except AioTensorError:  # an op of a one-block run failed: its error, as op by op
             raise
         except Exception:  # op by op raises numpy's own error, naming its op
-            return self.op_by_op(inputs)
+            return self.op_by_op(inputs if again is None else again())
         if flagged:  # numpy's warnings (or errors), as the caller's errstate says
-            return self.op_by_op(inputs)
+            return self.op_by_op(inputs if again is None else again())
         return out
 
     def _layout(self, inputs: tuple[Any, ...]) -> _Layout | None:

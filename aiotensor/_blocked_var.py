@@ -23,7 +23,7 @@ import numpy as np
 
 from ._opdef import OpDef
 
-__all__ = ["VARIANCE", "BlockedVar", "blocked_variance"]
+__all__ = ["VARIANCE", "BlockedVar", "blockable", "blocked_variance", "mean_keepdims"]
 
 #: The ops :func:`blocked_variance` replaces.
 VARIANCE = frozenset({"var", "std"})
@@ -44,19 +44,8 @@ class BlockedVar:
         self.sqrt = sqrt
 
     def __call__(self, xp: Any, x: Any, **kwargs: Any) -> Any:
-        axis = kwargs.get("axis")
-        ddof = kwargs.get("correction", 0)
-        if (
-            type(x) is not np.ndarray
-            or x.dtype not in _FLOATS
-            or axis not in (0, (0,))
-            or x.ndim < 2
-            or not x.flags.c_contiguous
-            or x.size < MIN_ITEMS
-            or set(kwargs) - {"axis", "correction", "keepdims"}
-            or type(ddof) not in (int, float)
-            or not 0 <= ddof < x.shape[0]
-        ):
+        ddof = blockable(x, kwargs)
+        if ddof is None:
             return self.kernel(x, **kwargs)
         flagged: list[str] = []
 
@@ -70,12 +59,14 @@ class BlockedVar:
             return self.kernel(x, **kwargs)
         return out
 
-    def _blocked(self, x: Any, ddof: float, keepdims: bool) -> Any:
+    def _blocked(self, x: Any, ddof: float, keepdims: bool, arrmean: Any = None, dev_out: Any = None) -> Any:
         # numpy's _var, step for step, with ``x - mean`` squared and summed a block at a time.
+        # ``arrmean``: the mean (keepdims) if already computed; ``dev_out``: an array of
+        # ``x``'s shape that receives the deviations ``x - mean`` (``_blocked_center``).
         rows = x.shape[0]
         rcount = np.intp(rows)
-        arrmean = np.add.reduce(x, axis=(0,), keepdims=True)
-        arrmean = np.true_divide(arrmean, rcount, out=arrmean, casting="unsafe", subok=False)
+        if arrmean is None:
+            arrmean = mean_keepdims(x)
         row_items = math.prod(x.shape[1:])
         h = max(1, BLOCK_ITEMS // max(1, row_items))
         buf = np.empty((h + 1, *x.shape[1:]), x.dtype)  # the running sum, then the block's deviations
@@ -83,8 +74,11 @@ class BlockedVar:
         for lo in range(0, rows, h):
             hi = min(lo + h, rows)
             dev = buf[1 : hi - lo + 1]
-            np.subtract(x[lo:hi], arrmean, out=dev)
-            np.square(dev, out=dev)
+            if dev_out is None:
+                np.subtract(x[lo:hi], arrmean, out=dev)
+                np.square(dev, out=dev)
+            else:  # the deviations kept, their squares in the block
+                np.square(np.subtract(x[lo:hi], arrmean, out=dev_out[lo:hi]), out=dev)
             if lo:
                 buf[0] = acc[0]
                 np.add.reduce(buf[: hi - lo + 1], axis=0, keepdims=True, out=acc)
@@ -99,6 +93,31 @@ class BlockedVar:
 
     def __reduce__(self) -> tuple[type[BlockedVar], tuple[Any, bool]]:
         return BlockedVar, (self.kernel, self.sqrt)
+
+
+def blockable(x: Any, kwargs: dict[str, Any]) -> float | None:
+    """The ``correction`` of a ``var``/``std`` of ``x`` (``kwargs``) that blocks keep numpy's values for, or None."""
+    axis = kwargs.get("axis")
+    ddof = kwargs.get("correction", 0)
+    if (
+        type(x) is not np.ndarray
+        or x.dtype not in _FLOATS
+        or axis not in (0, (0,))
+        or x.ndim < 2
+        or not x.flags.c_contiguous
+        or x.size < MIN_ITEMS
+        or set(kwargs) - {"axis", "correction", "keepdims"}
+        or type(ddof) not in (int, float)
+        or not 0 <= ddof < x.shape[0]
+    ):
+        return None
+    return cast("float", ddof)
+
+
+def mean_keepdims(x: Any) -> Any:
+    """``x.mean(axis=0, keepdims=True)`` of a float array, computed as numpy's ``_mean`` and ``_var`` do."""
+    arrmean = np.add.reduce(x, axis=(0,), keepdims=True)
+    return np.true_divide(arrmean, np.intp(x.shape[0]), out=arrmean, casting="unsafe", subok=False)
 
 
 class _VarOp(OpDef):

@@ -1,4 +1,4 @@
-"""Blocked runs (``_blocked``, ``_blocked_run``, ``_blocked_var``): bit for bit the op-by-op path.
+"""Blocked runs (``_blocked``, ``_blocked_run``, ``_blocked_var``, ``_blocked_center``): bit for bit the op-by-op path.
 
 Each expression is evaluated twice in one session, once with blocking on (block and
 threshold sizes lowered, so that small arrays take many blocks and a ragged last
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor import _blocked_run, _blocked_var, _compile
+from aiotensor import _blocked_center, _blocked_run, _blocked_var, _compile
 from aiotensor._expr import Expr
 from aiotensor._opdef import OPS
 
@@ -203,6 +203,112 @@ async def test_the_standardization_keeps_numpy_values(
     assert runs
 
 
+@pytest.fixture
+def centered(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Per fused run of a mean, a variance and a run (``_blocked_center``): whether its two passes ran."""
+    seen: list[bool] = []
+    real = _blocked_center.CenteredRun._fused
+
+    def fused(self: Any, x: Any) -> Any:
+        found = real(self, x)
+        seen.append(found is not None)
+        return found
+
+    monkeypatch.setattr(_blocked_center.CenteredRun, "_fused", fused)
+    return seen
+
+
+def _centered_cases(x: Any, y: Any) -> list[tuple[Callable[[], Expr], bool]]:
+    # (expression, fused into one step): the run reads x - mean(x) once, mean and
+    # variance read by the run alone, and nothing full-size before the deviations' reader.
+    return [
+        (lambda: (x - x.mean(axis=0)) / (x.std(axis=0) + 1e-8), True),
+        (lambda: (x - x.mean(axis=0, keepdims=True)) / x.std(axis=0, keepdims=True), True),
+        (lambda: (x - x.mean(axis=0)) * (1.0 / _reduce("var", x, axis=0, correction=1)), True),
+        (lambda: ((x - x.mean(axis=0)) / x.std(axis=0)) * 2.0 + x.mean(axis=0), True),  # the mean read again
+        (lambda: (1.0 / x.std(axis=0)) * (x - x.mean(axis=0)), True),  # the subtraction first in the program
+        (lambda: ((x - x.mean(axis=0)) / x.std(axis=0)) * (x - x.mean(axis=0)), False),  # deviations read twice
+        (lambda: (y * 2.0 + (x - x.mean(axis=0))) / x.std(axis=0), False),  # a full-size op before
+        (lambda: (x - x.mean(axis=0)) / x.std(axis=0) + x.mean(axis=0).sum(), False),  # mean read outside
+        (lambda: (x - x.mean(axis=1, keepdims=True)) / x.std(axis=0), False),  # another axis
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32"])
+@pytest.mark.parametrize("shape", [(300, 17), (301, 5, 7)])
+async def test_a_run_fused_with_its_mean_and_variance_keeps_numpy_values(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], centered: list[bool], dtype: str, shape: tuple[int, ...]
+) -> None:
+    from aiotensor._engine import _is_tensor
+
+    v = np.random.default_rng(23).standard_normal(shape).astype(dtype) * 30 + 5
+    x = await s.constant(v)
+    y = await s.constant(v[::-1].copy())
+    for make, fuses in _centered_cases(x, y):
+        centered.clear()
+        with np.errstate(all="ignore"):
+            blocked, plain = await _both(blocking, make)
+        assert blocked == plain
+        assert blocked[0] == "ok"
+        # Two passes for float32 and float64 (else numpy's calls in the fused step).
+        assert centered == ([dtype in ("float32", "float64")] if fuses else [])
+        blocking(True)
+        e = make()
+        program, _, _ = _compile.compiled(e, _is_tensor, "numpy", Expr)
+        names = [type(st[0].kernel).__name__ for st in program.steps]
+        assert ("CenteredRun" in names) == fuses, names
+        with np.errstate(all="ignore"):
+            await e
+    with np.errstate(all="ignore"):
+        want = (v - v.mean(axis=0)) / (v.std(axis=0) + 1e-8)
+    assert (await _both(blocking, _centered_cases(x, y)[0][0]))[0][3] == want.tobytes()
+
+
+async def test_a_fused_standardization_of_awkward_inputs_is_op_by_op(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], centered: list[bool]
+) -> None:
+    # NaN and infinities, a constant column (0 / 0 where the run divides by its std),
+    # a transposed view: numpy's values and warnings, under every errstate mode.
+    v = _values("float32", (300, 17), 24)
+    v[:, 3] = 2.5
+    flat = _values("float32", (300, 17), 25)
+    flat[:, 5] = -1.0
+    for value in (v, flat, np.ascontiguousarray(flat.T).T):
+        x = await s.constant(value)
+        for mode in ("warn", "raise", "ignore"):
+            with np.errstate(all=mode):
+                blocked, plain = await _both(blocking, lambda x=x: (x - x.mean(axis=0)) / x.std(axis=0))
+            assert blocked == plain, mode
+    assert False in centered
+    # One row: the mean and variance (keepdims) have the rows' shape, so the run's ops
+    # before the one reading the deviations are not hoisted: nothing may write over them.
+    x = await s.constant(np.linspace(-2.0, 3.0, 300, dtype=np.float32).reshape(1, 300))
+
+    def one_row() -> Expr:
+        m = x.mean(axis=0, keepdims=True)
+        return (m * 2.0 + (x - m)) / (x.std(axis=0, keepdims=True) + 1.0)
+
+    blocked, plain = await _both(blocking, one_row)
+    assert blocked == plain
+    assert blocked[0] == "ok"
+
+
+async def test_a_fused_standardization_on_the_pool_writes_over_its_deviations(
+    s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch, centered: list[bool], runs: list[int]
+) -> None:
+    monkeypatch.setattr(_blocked_run, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(_blocked_run, "BLOCK_FROM_ITEMS", 0)
+    monkeypatch.setattr(_blocked_run, "_PART_BYTES", 1 << 12)
+    _compile._CACHE.clear()
+    v = np.random.default_rng(26).standard_normal((600, 301)).astype(np.float32)
+    x = await s.constant(v)
+    for _ in range(3):  # (the second run's deviations go into the first one's recycled buffer)
+        got = await ((x - x.mean(axis=0)) / (x.std(axis=0) + 1e-8)).eval()
+        assert got.tobytes() == ((v - v.mean(axis=0)) / (v.std(axis=0) + 1e-8)).tobytes()
+    assert centered == [True] * 3
+    assert runs
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "float16"])
 async def test_a_trailing_reduction_over_the_last_axis_keeps_numpy_values(
     s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int], dtype: str
@@ -331,6 +437,13 @@ async def test_the_blocked_program_pickles(s: at.AsyncEagerSession, blocking: Ca
     assert type(program.steps[0][0]).__name__ == "_VarOp"
     again = pickle.loads(pickle.dumps(program))
     assert again(arr).tobytes() == program.fresh()(arr).tobytes() == (np.std(arr, axis=0) + 1.0).tobytes()
+    await e
+    e = (x - x.mean(axis=0)) / (x.std(axis=0) + 1e-8)
+    program, _, _ = _compile.compiled(e, _is_tensor, "numpy", Expr)
+    assert type(program.steps[0][0].kernel).__name__ == "CenteredRun"
+    again = pickle.loads(pickle.dumps(program))
+    want = (arr - arr.mean(axis=0)) / (arr.std(axis=0) + 1e-8)
+    assert again(arr).tobytes() == program.fresh()(arr).tobytes() == want.tobytes()
     await e
 
 
