@@ -386,10 +386,12 @@ class Engine:
         """Run op ``d`` on prepared arguments; its tensor (a list for ``split``, a tuple for multi-output ``apply``)."""
         if self._held >= self._hold_s:
             await self._yield_held()  # before anything is reserved or run
-        if kwargs is None and d in _ELEMENTWISE:
-            t = self.lean(d, args, name)  # (again after a yield: the lean path refuses during one)
-            if t is not None:
-                return t
+            if kwargs is None and d in _ELEMENTWISE:
+                # Every caller of an element-wise op tried the lean path before calling
+                # here (it refuses while a yield is due): once more after the yield.
+                t = self.lean(d, args, name)
+                if t is not None:
+                    return t
         if self.state is not _OPEN:
             await self.open()
         if _get_loop() is not self._loop:
@@ -416,7 +418,7 @@ class Engine:
             node = Expr(d, args, kwargs, nbytes)
             (result,) = await self.evaluate([node], name)
             return result
-        device = self.place(label)
+        device = self.place(label) if self.placed else self.backend.default_device
         limit = self._inline_us
         est = estimate_us(d, bufs, kw, nbytes) if limit and d.cost is not _UNKNOWN else math.inf  # type: ignore[arg-type]
         if est <= limit and (est <= BUSY_INLINE_US or not offload(est)):  # (_loopload: a busy loop offloads)
@@ -444,8 +446,9 @@ class Engine:
     def lean(self, d: OpDef, args: tuple[Any, ...], name: str | None) -> Tensor | None:
         """The lean path of an element-wise op (``d`` in ``_ELEMENTWISE``), synchronously; None to take :meth:`op`.
 
-        Session methods and module-level functions of such ops call it before
-        :meth:`op`, saving a coroutine frame on the hottest path.
+        Session methods, module-level functions and one-node expressions of such ops
+        call it before :meth:`op`, saving a coroutine frame on the hottest path;
+        :meth:`op` tries it again only after it yielded the loop.
         """
         if not (
             self._lean_loop is not None  # (first: no running loop at all raises in _get_loop)
@@ -1054,6 +1057,10 @@ class Engine:
                 engine = (
                     evaluating_engine([x for x in _flat(r._args, r._kwargs) if type(x) is Tensor]) if choose else self
                 )
+                if r._kwargs is None and r._d in _ELEMENTWISE:
+                    t = engine.lean(r._d, r._args, name)  # (op() expects its caller to have tried)
+                    if t is not None:
+                        return [t]
                 return [await engine.op(r._d, r._args, r._kwargs, r._nbytes, name)]
             program, leaves, costs = compiled(r, _is_tensor, self._xp_name, Expr)
         else:
