@@ -11,9 +11,10 @@ returns.
 Disconnects: once the request body has been read, the next ASGI message can only be
 ``http.disconnect`` (sent when the client goes away, or after the response). So for a
 request with a session, one task waits on ``receive()`` and cancels the request's task
-if the disconnect comes before the response. That is one extra task per request and
-no polling; the handler's ``await`` of a running op gets the ``CancelledError``, and
-aiotensor's cancellation rules free what the request held when its session closes.
+if the disconnect comes before the response. That is one extra task per request that
+suspends (one answered without suspending costs a queued callback) and no polling;
+the handler's ``await`` of a running op gets the ``CancelledError``, and aiotensor's
+cancellation rules free what the request held when its session closes.
 """
 
 from __future__ import annotations
