@@ -19,6 +19,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -108,7 +109,11 @@ class Engine:
         soft_placement: bool,
         parent: Engine | None,
     ) -> None:
-        self.session = session
+        # The session facade, strongly while this engine is not closed; weakly after (see
+        # _let_go): the two refer to each other, and a cycle would leave every closed
+        # session (a web service's one per request) to the garbage collector.
+        self._session: SessionLike | None = session
+        self._session_ref: weakref.ref[SessionLike] | None = None
         self.backend = backend
         self.policy = policy
         self.registry = registry
@@ -154,6 +159,26 @@ class Engine:
         #: paths need not read it.
         self.placed = False
 
+    @property
+    def session(self) -> SessionLike:
+        """The session facade this engine serves (SessionClosedError once it closed and was dropped)."""
+        s = self._session
+        if s is None:
+            s = None if self._session_ref is None else self._session_ref()
+            if s is None:
+                raise SessionClosedError("the session was closed, and nothing refers to it any more")
+        return s
+
+    def _let_go(self) -> None:
+        # Closed: hold the session weakly, breaking the session <-> engine cycle, so a
+        # closed session and all it holds (registry, policy) go when its last reference
+        # does, not at the next garbage collection (20-100 µs a request in a busy service,
+        # most of it full collections of what the cycles kept past the young generation).
+        s = self._session
+        if s is not None:
+            self._session_ref = weakref.ref(s)
+            self._session = None
+
     # -- lifecycle ------------------------------------------------------------------
     async def open(self) -> None:
         """Open the session if it is not open yet; raise if it is closed."""
@@ -195,6 +220,7 @@ class Engine:
             await self.backend.start()
         except BaseException:
             self.state = _CLOSED
+            self._let_go()
             if self._closed_event is not None:
                 self._closed_event.set()
             raise
@@ -235,6 +261,7 @@ class Engine:
         if state is _UNOPENED:
             self.state = _CLOSED
             _defaults.replace_interactive(self.session, None)
+            self._let_go()
             if close_backend is not None:
                 await close_backend()
             return
@@ -257,6 +284,7 @@ class Engine:
             self.registry.close()
             self.state = _CLOSED
             _defaults.replace_interactive(self.session, None)
+            self._let_go()
             if self._closed_event is not None:
                 self._closed_event.set()
             try:
@@ -358,10 +386,12 @@ class Engine:
         """Run op ``d`` on prepared arguments; its tensor (a list for ``split``, a tuple for multi-output ``apply``)."""
         if self._held >= self._hold_s:
             await self._yield_held()  # before anything is reserved or run
-        if kwargs is None and d in _ELEMENTWISE:
-            t = self.lean(d, args, name)  # (again after a yield: the lean path refuses during one)
-            if t is not None:
-                return t
+            if kwargs is None and d in _ELEMENTWISE:
+                # Every caller of an element-wise op tried the lean path before calling
+                # here (it refuses while a yield is due): once more after the yield.
+                t = self.lean(d, args, name)
+                if t is not None:
+                    return t
         if self.state is not _OPEN:
             await self.open()
         if _get_loop() is not self._loop:
@@ -388,7 +418,7 @@ class Engine:
             node = Expr(d, args, kwargs, nbytes)
             (result,) = await self.evaluate([node], name)
             return result
-        device = self.place(label)
+        device = self.place(label) if self.placed else self.backend.default_device
         limit = self._inline_us
         est = estimate_us(d, bufs, kw, nbytes) if limit and d.cost is not _UNKNOWN else math.inf  # type: ignore[arg-type]
         if est <= limit and (est <= BUSY_INLINE_US or not offload(est)):  # (_loopload: a busy loop offloads)
@@ -416,8 +446,9 @@ class Engine:
     def lean(self, d: OpDef, args: tuple[Any, ...], name: str | None) -> Tensor | None:
         """The lean path of an element-wise op (``d`` in ``_ELEMENTWISE``), synchronously; None to take :meth:`op`.
 
-        Session methods and module-level functions of such ops call it before
-        :meth:`op`, saving a coroutine frame on the hottest path.
+        Session methods, module-level functions and one-node expressions of such ops
+        call it before :meth:`op`, saving a coroutine frame on the hottest path;
+        :meth:`op` tries it again only after it yielded the loop.
         """
         if not (
             self._lean_loop is not None  # (first: no running loop at all raises in _get_loop)
@@ -1026,6 +1057,10 @@ class Engine:
                 engine = (
                     evaluating_engine([x for x in _flat(r._args, r._kwargs) if type(x) is Tensor]) if choose else self
                 )
+                if r._kwargs is None and r._d in _ELEMENTWISE:
+                    t = engine.lean(r._d, r._args, name)  # (op() expects its caller to have tried)
+                    if t is not None:
+                        return [t]
                 return [await engine.op(r._d, r._args, r._kwargs, r._nbytes, name)]
             program, leaves, costs = compiled(r, _is_tensor, self._xp_name, Expr)
         else:

@@ -116,7 +116,11 @@ class Tensor(Operand):
 
     @property
     def session(self) -> SessionLike:
-        """The session that owns the buffer (an :class:`AsyncEagerSession`)."""
+        """The session that owns the buffer (an :class:`AsyncEagerSession`).
+
+        An open session lives as long as its tensors; a closed one only as long as
+        something else holds it (``SessionClosedError`` here after that).
+        """
         return self._engine.session
 
     # -- data -----------------------------------------------------------------

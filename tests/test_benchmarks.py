@@ -228,3 +228,13 @@ async def test_blocked_benchmark_measures_every_row() -> None:
     for ours, numpy in found.values():
         assert ours.median > 0
         assert numpy.median > 0
+
+
+def test_gc_profile_reports_every_rung_and_generation(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import profile_gc, profile_web
+
+    assert profile_gc.main(["--requests", "2", "--loop", "asyncio"]) == 0
+    out = capsys.readouterr().out
+    for stage in profile_gc.STAGES:
+        assert profile_web.USER_RUNGS[stage] in out
+    assert out.count("gen2:") == len(profile_gc.STAGES)

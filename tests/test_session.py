@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import gc
 import logging
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -377,3 +379,38 @@ async def test_absurd_requests_fail_before_any_allocation(s: at.AsyncEagerSessio
     with pytest.raises(at.InvalidArgumentError, match="negative"):
         await s.ones((3, -1))
     assert s.stats().allocated == 0
+
+
+async def test_a_closed_session_is_freed_without_the_garbage_collector() -> None:
+    # A web service closes one child session per request: freed by reference counting
+    # once closed and dropped, not left in a cycle for a garbage collection.
+    async with at.AsyncEagerSession() as app:
+        w = await app.constant(np.arange(4.0))
+        gc.disable()
+        try:
+            s = at.AsyncEagerSession(cleanup=at.ResourceCleanupStrategy.ON_SAFE_POINTS, parent=app)
+            x = await s.add(np.ones((2, 4)), w)
+            assert x.session is s
+            np.testing.assert_array_equal(await x.numpy(), np.ones((2, 4)) + np.arange(4.0))
+            await s.close()
+            assert x.session is s  # still there while someone holds the session
+            gone = weakref.ref(s)
+            del s
+            assert gone() is None
+            with pytest.raises(at.SessionClosedError):
+                x.session  # noqa: B018  (closed and dropped: no session to name)
+            with pytest.raises(at.SessionClosedError):
+                await x.numpy()
+        finally:
+            gc.enable()
+
+
+async def test_an_open_session_stays_alive_while_its_tensors_do() -> None:
+    s = at.AsyncEagerSession()
+    x = await s.constant(np.arange(3.0))
+    gone = weakref.ref(s)
+    del s
+    gc.collect()
+    assert gone() is not None  # the tensor's engine holds its open session
+    assert x.session is gone()
+    await x.session.close()

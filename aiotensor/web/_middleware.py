@@ -11,9 +11,10 @@ returns.
 Disconnects: once the request body has been read, the next ASGI message can only be
 ``http.disconnect`` (sent when the client goes away, or after the response). So for a
 request with a session, one task waits on ``receive()`` and cancels the request's task
-if the disconnect comes before the response. That is one extra task per request and
-no polling; the handler's ``await`` of a running op gets the ``CancelledError``, and
-aiotensor's cancellation rules free what the request held when its session closes.
+if the disconnect comes before the response. That is one extra task per request that
+suspends (one answered without suspending costs a queued callback) and no polling;
+the handler's ``await`` of a running op gets the ``CancelledError``, and aiotensor's
+cancellation rules free what the request held when its session closes.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class _Request:
         "status",
         "task",
         "want_watch",
+        "watch_queued",
         "watcher",
     )
 
@@ -86,6 +88,7 @@ class _Request:
         self.body_done = False  # the last body chunk came from the server
         self.in_receive = False  # the app is waiting in the server's receive() right now
         self.want_watch = False
+        self.watch_queued = False  # _start_watch is queued on the loop
         self.response_done = False
         self.disconnected = False
         self.cancelled = False
@@ -127,7 +130,20 @@ class _Request:
 
     # -- the disconnect watcher -------------------------------------------------------
     def _watch(self) -> None:
-        if self.watcher is None and not self.finished:
+        # The watcher task is made by a callback queued where its first step would have
+        # been (a new task's first step is itself a call_soon): it starts reading at the
+        # same point of the loop as a task made here, but a request that is answered
+        # before then (no ``await`` suspended it) costs a queued callback, not a task
+        # made, stepped and cancelled.
+        if self.watcher is None and not self.finished and not self.watch_queued:
+            self.watch_queued = True
+            asyncio.get_running_loop().call_soon(self._start_watch)
+
+    def _start_watch(self) -> None:
+        self.watch_queued = False
+        # in_receive: the app reads the server's receive() itself right now; the watch
+        # starts when that read returns (``receive``), one reader at a time.
+        if self.watcher is None and not (self.finished or self.response_done or self.in_receive):
             self.watcher = asyncio.get_running_loop().create_task(self._wait_for_disconnect())
 
     async def _wait_for_disconnect(self) -> Message:
