@@ -23,7 +23,9 @@ import numpy as np
 from fastapi import FastAPI, Request
 from pydantic import BaseModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+# Appended, not inserted first: examples/distributed.py would otherwise shadow the dask
+# package in this process and in the worker processes that inherit its path.
+sys.path.append(str(Path(__file__).resolve().parent.parent / "examples"))
 
 from web_service.app import create_app
 

@@ -45,7 +45,9 @@ from aiotensor.web.fastapi import RequestSession
 
 from ._harness import loop_factories, run_on
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+# Appended, not inserted first: examples/distributed.py would otherwise shadow the dask
+# package in this process and in the worker processes that inherit its path.
+sys.path.append(str(Path(__file__).resolve().parent.parent / "examples"))
 
 from web_service import app as example
 from web_service import baselines
