@@ -68,3 +68,15 @@ async def settle(session: at.AsyncEagerSession, timeout: float = 2.0) -> None:
     async with asyncio.timeout(timeout):
         while session.stats().pending:
             await asyncio.sleep(0.001)
+
+
+@pytest.fixture(scope="module")
+def strict_2024_12() -> Iterator[None]:
+    """array-api-strict speaking the standard aiotensor.xp implements, for one module's tests.
+
+    array-api-strict defaults to a later version; a module-level ``set_array_api_strict_flags``
+    would leak into every other test module of the run (``isin`` is a 2025.12 function).
+    """
+    strict = pytest.importorskip("array_api_strict")
+    with strict.ArrayAPIStrictFlags(api_version="2024.12"):
+        yield

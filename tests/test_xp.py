@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -17,15 +16,8 @@ from aiotensor._opdef import OPS
 array_api_strict = pytest.importorskip("array_api_strict")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _standard_2024_12() -> Iterator[None]:
-    """The reference speaks the standard aiotensor.xp implements, in these tests only.
-
-    array-api-strict defaults to a later version; a module-level ``set_array_api_strict_flags``
-    would leak into every other test module of the run (``isin`` is a 2025.12 function).
-    """
-    with array_api_strict.ArrayAPIStrictFlags(api_version="2024.12"):
-        yield
+#: The reference speaks the standard aiotensor.xp implements (conftest.py).
+pytestmark = pytest.mark.usefixtures("strict_2024_12")
 
 
 def _standard_names() -> list[tuple[str, str | None]]:

@@ -15,7 +15,7 @@ import asyncio
 import operator
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,15 +31,8 @@ array_api = pytest.importorskip("hypothesis.extra.array_api")
 xps = array_api.make_strategies_namespace(strict, api_version="2024.12")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _standard_2024_12() -> Iterator[None]:
-    """The reference speaks the standard aiotensor.xp implements, in these tests only.
-
-    array-api-strict defaults to a later version; a module-level ``set_array_api_strict_flags``
-    would leak into every other test module of the run (``isin`` is a 2025.12 function).
-    """
-    with strict.ArrayAPIStrictFlags(api_version="2024.12"):
-        yield
+#: The reference speaks the standard aiotensor.xp implements (conftest.py).
+pytestmark = pytest.mark.usefixtures("strict_2024_12")
 
 
 SETTINGS = settings(
