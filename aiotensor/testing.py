@@ -5,7 +5,8 @@ handle alive in ``session`` (beyond a baseline), after giving the session's clea
 strategy its chance to free what was dropped. :class:`RecordingBackend` is a backend
 for tests (as httpx's ``MockTransport``): pass it as ``backend=`` and it records what
 the session asked of it (kernels submitted, buffers released) and lets a test inject
-faults, with no private attribute swapped. The pytest plugin
+faults, with no private attribute swapped. :data:`OPS` and :func:`op_names` give the
+op table, read-only, to a test that must cover every op. The pytest plugin
 (``aiotensor.pytest_plugin``) adds an ``eager_session`` fixture on top.
 """
 
@@ -14,21 +15,40 @@ from __future__ import annotations
 import collections
 import gc
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import anyio
 
 from ._backends._base import LocalBackend, PendingKernel
 from ._config import ResourceCleanupStrategy
+from ._opdef import ALIASES, OpDef
+from ._opdef import OPS as _OPS
 from ._registry import SessionStats
 from ._session import AsyncEagerSession
 from ._tensor import Tensor
 
-__all__ = ["RecordingBackend", "Submitted", "assert_no_leaks", "live_handles"]
+__all__ = ["OPS", "RecordingBackend", "Submitted", "assert_no_leaks", "live_handles", "op_names"]
 
 _LISTED = 10
+
+#: The op table, read-only: each op's name -> its definition, the one source the session
+#: methods, the module functions, the operators, fused ``ops`` and ``aiotensor.xp`` are
+#: generated from. An entry's ``spec`` has the op's signature and docstring; ``prepare``
+#: runs the spec's argument checks; ``elementwise``, ``cost`` (a ``Cost`` member),
+#: ``returns`` and ``data`` (how many leading arguments are tensor values) describe it.
+#: For a test that must cover every op (a parity suite) instead of a hand-kept list.
+OPS: Mapping[str, OpDef] = MappingProxyType(_OPS)
+
+
+def op_names(*, aliases: bool = False) -> list[str]:
+    """The names of every op of :data:`OPS`, sorted; with ``aliases``, their other names too (``asarray``).
+
+    Each is a session method and a module function (``s.<name>``, ``aiotensor.<name>``).
+    """
+    return sorted([*_OPS, *ALIASES] if aliases else _OPS)
 
 
 def live_handles(session: AsyncEagerSession) -> list[Tensor]:

@@ -18,7 +18,7 @@ import numpy as np
 from array_api_strict._array_object import Array
 
 import aiotensor as at
-from aiotensor._opdef import OPS
+from aiotensor.testing import OPS
 
 from ._opcheck import NUMPY_ARG_ERRORS, as_tensors, assert_same, check_op
 

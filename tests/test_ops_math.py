@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.array_api import make_strategies_namespace
 
 import aiotensor as at
-from aiotensor._opdef import OPS
+from aiotensor.testing import OPS
 
 from ._opcheck import assert_invalid
 from ._stdcheck import ParityCase, check_std, run_sync, strict, to_numpy

@@ -11,7 +11,7 @@ import pytest
 
 import aiotensor as at
 from aiotensor import _xpnames, xp
-from aiotensor._opdef import OPS
+from aiotensor.testing import OPS
 
 array_api_strict = pytest.importorskip("array_api_strict")
 
