@@ -16,6 +16,7 @@ import re
 import signal
 import sys
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -28,8 +29,9 @@ from distributed import Client, LocalCluster
 
 import aiotensor as at
 from aiotensor import xp
-from aiotensor._opdef import OPS  # the op table: which ops must run on the cluster
 from aiotensor.distributed import DaskBackend
+from aiotensor.distributed._remote import run_remote  # the task wrapper, unit-tested off a worker
+from aiotensor.testing import OPS  # the op table: which ops must run on the cluster
 
 from ._parity_cases import EXCLUDED, PARITY_CASES, Case
 from ._results import one
@@ -739,3 +741,48 @@ async def test_a_fused_function_is_one_task_and_a_batched_one_refuses_the_cluste
         # They stack concurrent callers' rows in this process.
         with pytest.raises(at.InvalidArgumentError, match="batched functions run on local backends only"):
             await at.batched(lambda ops, a: ops.exp(a))(x)
+
+
+# -- numpy's floating-point errors and the kernel's inputs, as locally ---------------------
+async def _fp_messages(s: at.AsyncEagerSession) -> tuple[list[str], list[str], str]:
+    """Warnings of a method, an expression and a fused call dividing by zero; the error under "raise"."""
+    x = await s.constant(np.array([1.0, 0.0]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        await s.divide(x, 0.0)
+        await (x / 0.0)
+        await s.function(lambda ops, a: ops.log(a - 1.0))(x)
+    with np.errstate(divide="raise"), pytest.raises(at.InvalidArgumentError) as raised:
+        await s.divide(x, 0.0)
+    return [str(w.message) for w in caught], [w.filename for w in caught], str(raised.value)
+
+
+async def test_floating_point_errors_reach_the_caller_as_locally(backend: DaskBackend) -> None:
+    # The caller's np.errstate goes with the task: warnings were printed on the worker
+    # (lost to the caller) and errstate(divide="raise") did not raise.
+    async with at.AsyncEagerSession() as local:
+        want, _, want_raised = await _fp_messages(local)
+    async with at.AsyncEagerSession(backend=backend) as s:
+        got, files, raised = await _fp_messages(s)
+    assert "divide by zero encountered in divide" in want
+    assert "divide by zero encountered in function(<lambda>)" in want
+    assert sorted(got) == sorted(want)
+    assert set(files) == {__file__}  # at the user's line
+    assert raised == want_raised
+
+
+async def test_a_kernel_on_a_worker_sees_read_only_views_of_its_inputs() -> None:
+    # The one rule of kernel inputs (_kernels.read_only_view): the worker's stored
+    # replica is left as it is, and a kernel returning its input gets a copy owned.
+    replica = np.arange(3.0)
+    seen: list[bool] = []
+
+    def same(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        seen.append(a.flags.writeable)
+        return a
+
+    out = run_remote(same, (replica,), {}, "topic", "token")
+    assert seen == [False]
+    assert replica.flags.writeable  # (it was set read-only in place)
+    assert not np.shares_memory(out, replica)
+    np.testing.assert_array_equal(out, replica)

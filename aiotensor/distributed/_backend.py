@@ -24,7 +24,7 @@ from .._devices import CPU0
 from .._errors import BackendError, InvalidArgumentError, WrongEventLoopError
 from .._types import NDArray
 from ._pending import DaskPending
-from ._remote import Meta
+from ._remote import FpErrors, Meta
 
 __all__ = ["DaskBackend"]
 
@@ -80,7 +80,7 @@ class DaskBackend(Backend):
                 f"DaskBackend takes a distributed.Client or a scheduler address, got {type(client).__name__}"
             )
         self._topic = f"aiotensor-meta-{uuid.uuid4().hex}"
-        self._waiters: dict[str, asyncio.Future[Meta]] = {}
+        self._waiters: dict[str, asyncio.Future[tuple[Meta, FpErrors]]] = {}
         self._subscribed = False
         self._closed = False
         self._starting: asyncio.Lock | None = None
@@ -208,10 +208,11 @@ class DaskBackend(Backend):
 
     # -- kernels ----------------------------------------------------------------------
     def _on_event(self, event: tuple[float, Any]) -> None:
-        token, multi, outputs = event[1]
+        token, multi, outputs, errors = event[1]
         waiter = self._waiters.pop(token, None)
         if waiter is not None and not waiter.done():
-            waiter.set_result((bool(multi), [(list(s), str(d), int(n)) for s, d, n in outputs]))
+            meta: Meta = (bool(multi), [(list(s), str(d), int(n)) for s, d, n in outputs])
+            waiter.set_result((meta, [(str(e), int(f)) for e, f in errors]))
 
     def submit(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, device: str, blas: bool = False

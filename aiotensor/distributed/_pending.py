@@ -1,7 +1,11 @@
 """One op in flight on the cluster: submit its task, wait for its metadata, make its handles.
 
 Awaiting a :class:`DaskPending` waits for the event the task's wrapper sends when it
-finishes (see :mod:`._remote`), never for the task's data.
+finishes (see :mod:`._remote`), never for the task's data. The caller's ``np.errstate``
+at submission goes with the task, and the floating-point errors the event reports are
+handed to the caller's ``np.geterrcall()``: the engine submits inside ``_fpwarn``'s
+collecting context, so numpy's warnings are reported at the user's line as for a local
+kernel, and ``np.errstate(...="raise")`` raises.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import numpy as np
 from .._errors import BackendError
 from .._kernels import BufferInfo, KernelResult
 from .._program import Program
-from ._remote import Meta, describe, run_remote
+from ._remote import FpErrors, Meta, describe, run_remote
 
 if TYPE_CHECKING:
     from ._backend import DaskBackend
@@ -53,7 +57,20 @@ def _set_done(done: asyncio.Future[None]) -> None:
 class DaskPending:
     """One submitted task: awaiting it waits for its metadata event, never for its data."""
 
-    __slots__ = ("_args", "_backend", "_done", "_fn", "_future", "_key", "_kwargs", "_owned", "_waiter", "_workers")
+    __slots__ = (
+        "_args",
+        "_backend",
+        "_done",
+        "_errcall",
+        "_errstate",
+        "_fn",
+        "_future",
+        "_key",
+        "_kwargs",
+        "_owned",
+        "_waiter",
+        "_workers",
+    )
 
     def __init__(
         self,
@@ -69,7 +86,10 @@ class DaskPending:
         self._fn, self._args, self._kwargs = fn, args, kwargs
         self._key = key
         self._workers = workers
-        self._waiter: asyncio.Future[Meta] = loop.create_future()
+        # What the kernel would run under in the caller's thread (as the local pool's copy of the context).
+        self._errstate: dict[str, str] = np.geterr()  # type: ignore[assignment]
+        self._errcall: Any = np.geterrcall()
+        self._waiter: asyncio.Future[tuple[Meta, FpErrors]] = loop.create_future()
         self._done: asyncio.Future[None] = loop.create_future()
         self._owned: list[Any] = []  # futures to release if the caller goes away
         self._future: Any = None
@@ -85,6 +105,7 @@ class DaskPending:
             self._kwargs,
             self._backend._topic,
             self._key,
+            self._errstate,
             key=self._key,
             workers=self._workers,
             pure=False,
@@ -136,14 +157,18 @@ class DaskPending:
             either: list[asyncio.Future[Any]] = [self._waiter, self._done]
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             if not self._waiter.done():
-                meta = await self._finished_without_event(future)
+                meta, errors = await self._finished_without_event(future)
             else:
-                meta = self._waiter.result()
+                meta, errors = self._waiter.result()
         except Exception:
             self._release_owned()  # the erred key must not linger on the scheduler
             raise
         finally:
             backend._waiters.pop(self._key, None)
+        errcall = self._errcall
+        if errors and callable(errcall):
+            for err, flag in errors:
+                errcall(err, flag)
         multi, outputs = meta
         handles: list[Any] = [future]
         if multi:
@@ -162,7 +187,7 @@ class DaskPending:
             [BufferInfo(h, tuple(s), np.dtype(d), n) for h, (s, d, n) in zip(handles, outputs, strict=True)], multi
         )
 
-    async def _finished_without_event(self, future: Any) -> Meta:
+    async def _finished_without_event(self, future: Any) -> tuple[Meta, FpErrors]:
         if future.status == "error":
             await future  # raises the remote exception, with the remote traceback
         if future.status != "finished":
@@ -176,7 +201,8 @@ class DaskPending:
                 " (scattered data cannot be recomputed) or the client lost the scheduler"
             )
         # The event can trail the completion (or a rerun may not send one): give it one
-        # loop turn, then ask a tiny task on the same worker.
+        # loop turn, then ask a tiny task on the same worker (the kernel's floating-point
+        # errors went with the lost event: none are reported then).
         await asyncio.sleep(0)
         if self._waiter.done():
             return self._waiter.result()
@@ -185,7 +211,7 @@ class DaskPending:
             meta: Meta = await probe
         finally:
             probe.release()
-        return meta
+        return meta, []
 
     def abandon(self, adopt: Callable[[KernelResult], object]) -> None:
         """The caller was cancelled: release the task's future, so the task no longer holds a worker."""
