@@ -252,7 +252,7 @@ def functional() -> str:
             seen_kw = varkw[0]
         out.append(f"\n\nasync def {alias}({params}) -> {_returns(d)}:\n")
         out.append(_doc(d, "    "))
-        out.append(_body(d, call, f"engine_of({seen}, {seen_kw})", has_name, "    "))
+        out.append(_body(d, call, f'engine_of({seen}, {seen_kw}, "{d.name}")', has_name, "    "))
     out.append(
         "\n\n# The public namespace is aiotensor's; each function's docstring is its session method's.\n"
         "for _name in __all__:\n"

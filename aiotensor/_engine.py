@@ -1314,11 +1314,12 @@ def _or_default(found: EngineLike | None) -> Engine:
     return cast(Engine, found)
 
 
-def engine_of(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Engine:
+def engine_of(args: tuple[Any, ...], kwargs: dict[str, Any] | None, op: str = "this op") -> Engine:
     """The engine a module-level op (or an unbound fused function) runs in: :func:`evaluating_engine`.
 
     Over its tensor arguments, one level into lists, and the tensors of its expression
     arguments, so an op given an expression is evaluated where the expression would be.
+    ``op`` names the caller in the error for a coroutine argument (a forgotten ``await``).
     """
     # evaluating_engine over the arguments' tensors, without building their list (the
     # hot path of module-level ops): the same most-derived test, the same default.
@@ -1336,7 +1337,7 @@ def engine_of(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Engine:
                     if found is None or (owner is not found and found in owner.ancestors):
                         found = owner
     if found is None and _defaults.get_default_session() is None:
-        awaited = forgotten_await("this op", args, kwargs)  # no tensor: maybe a forgotten await
+        awaited = forgotten_await(op, args, kwargs)  # no tensor: maybe a forgotten await
         if awaited is not None:
             raise awaited
     return _or_default(found)

@@ -414,7 +414,9 @@ async def apply(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Tensor 
         KernelError: ``fn`` raised; the original exception is the ``__cause__``.
     """
     p_args, p_kwargs, p_nbytes = _apply.spec(fn, *args, **kwargs)
-    r: Tensor | tuple[Tensor, ...] = await engine_of((fn, *args), kwargs).op(_apply, p_args, p_kwargs, p_nbytes, None)
+    r: Tensor | tuple[Tensor, ...] = await engine_of((fn, *args), kwargs, "apply").op(
+        _apply, p_args, p_kwargs, p_nbytes, None
+    )
     return r
 
 
@@ -438,7 +440,7 @@ async def constant(
             ``None`` numeric. ``copy=False``: a tensor owns its memory, so a copy is needed.
     """
     p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype, device=device, copy=copy)
-    r: Tensor = await engine_of((value, dtype), {"device": device, "copy": copy}).op(
+    r: Tensor = await engine_of((value, dtype), {"device": device, "copy": copy}, "constant").op(
         _constant, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -449,7 +451,9 @@ async def zeros(
 ) -> Tensor:
     """A tensor of zeros (default dtype float64)."""
     p_args, p_kwargs, p_nbytes = _zeros.spec(shape, dtype, device=device)
-    r: Tensor = await engine_of((shape, dtype), {"device": device}).op(_zeros, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((shape, dtype), {"device": device}, "zeros").op(
+        _zeros, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -458,7 +462,7 @@ async def ones(
 ) -> Tensor:
     """A tensor of ones (default dtype float64)."""
     p_args, p_kwargs, p_nbytes = _ones.spec(shape, dtype, device=device)
-    r: Tensor = await engine_of((shape, dtype), {"device": device}).op(_ones, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((shape, dtype), {"device": device}, "ones").op(_ones, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -472,7 +476,7 @@ async def full(
 ) -> Tensor:
     """A tensor filled with ``fill_value`` (dtype inferred from it, as numpy does)."""
     p_args, p_kwargs, p_nbytes = _full.spec(shape, fill_value, dtype, device=device)
-    r: Tensor = await engine_of((shape, fill_value, dtype), {"device": device}).op(
+    r: Tensor = await engine_of((shape, fill_value, dtype), {"device": device}, "full").op(
         _full, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -483,7 +487,9 @@ async def zeros_like(
 ) -> Tensor:
     """Zeros with the shape (and, by default, the dtype) of ``x``."""
     p_args, p_kwargs, p_nbytes = _zeros_like.spec(x, dtype, device=device)
-    r: Tensor = await engine_of((x, dtype), {"device": device}).op(_zeros_like, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, dtype), {"device": device}, "zeros_like").op(
+        _zeros_like, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -492,7 +498,9 @@ async def ones_like(
 ) -> Tensor:
     """Ones with the shape (and, by default, the dtype) of ``x``."""
     p_args, p_kwargs, p_nbytes = _ones_like.spec(x, dtype, device=device)
-    r: Tensor = await engine_of((x, dtype), {"device": device}).op(_ones_like, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, dtype), {"device": device}, "ones_like").op(
+        _ones_like, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -507,15 +515,15 @@ async def arange(
 ) -> Tensor:
     """Evenly spaced values in ``[start, stop)`` (``arange(n)`` counts from 0), as numpy's ``arange``."""
     p_args, p_kwargs, p_nbytes = _arange.spec(start, stop, step, dtype, device=device)
-    r: Tensor = await engine_of((start, stop, step, dtype), {"device": device}).op(
+    r: Tensor = await engine_of((start, stop, step, dtype), {"device": device}, "arange").op(
         _arange, p_args, p_kwargs, p_nbytes, name
     )
     return r
 
 
 async def linspace(
-    start: float,
-    stop: float,
+    start: complex,
+    stop: complex,
     num: int = 50,
     endpoint: bool = True,
     dtype: DTypeLike | None = None,
@@ -523,9 +531,12 @@ async def linspace(
     *,
     device: str | None = None,
 ) -> Tensor:
-    """``num`` evenly spaced values from ``start`` to ``stop`` (without ``stop`` unless ``endpoint``)."""
+    """``num`` evenly spaced values from ``start`` to ``stop`` (without ``stop`` unless ``endpoint``).
+
+    Real bounds give float64 values, complex bounds complex128 (unless ``dtype`` says otherwise).
+    """
     p_args, p_kwargs, p_nbytes = _linspace.spec(start, stop, num, endpoint, dtype, device=device)
-    r: Tensor = await engine_of((start, stop, num, endpoint, dtype), {"device": device}).op(
+    r: Tensor = await engine_of((start, stop, num, endpoint, dtype), {"device": device}, "linspace").op(
         _linspace, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -542,7 +553,7 @@ async def eye(
 ) -> Tensor:
     """A 2-d tensor with ones on diagonal ``k`` and zeros elsewhere."""
     p_args, p_kwargs, p_nbytes = _eye.spec(n_rows, n_cols, k, dtype, device=device)
-    r: Tensor = await engine_of((n_rows, n_cols, k, dtype), {"device": device}).op(
+    r: Tensor = await engine_of((n_rows, n_cols, k, dtype), {"device": device}, "eye").op(
         _eye, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -558,7 +569,7 @@ async def random_uniform(
 ) -> Tensor:
     """Uniform values in ``[low, high)``; the same ``seed`` gives the same values."""
     p_args, p_kwargs, p_nbytes = _random_uniform.spec(shape, low, high, dtype, seed)
-    r: Tensor = await engine_of((shape, low, high, dtype, seed), None).op(
+    r: Tensor = await engine_of((shape, low, high, dtype, seed), None, "random_uniform").op(
         _random_uniform, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -574,7 +585,7 @@ async def random_normal(
 ) -> Tensor:
     """Normal values of the given mean and standard deviation; the same ``seed`` gives the same values."""
     p_args, p_kwargs, p_nbytes = _random_normal.spec(shape, mean, stddev, dtype, seed)
-    r: Tensor = await engine_of((shape, mean, stddev, dtype, seed), None).op(
+    r: Tensor = await engine_of((shape, mean, stddev, dtype, seed), None, "random_normal").op(
         _random_normal, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -589,7 +600,9 @@ async def empty(
     one freed before it (another request's data, in a service).
     """
     p_args, p_kwargs, p_nbytes = _empty.spec(shape, dtype, device=device)
-    r: Tensor = await engine_of((shape, dtype), {"device": device}).op(_empty, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((shape, dtype), {"device": device}, "empty").op(
+        _empty, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -598,7 +611,7 @@ async def empty_like(
 ) -> Tensor:
     """A tensor of ``x``'s shape (and, by default, dtype) with unspecified contents: zeros here."""
     p_args, p_kwargs, p_nbytes = _empty_like.spec(x, dtype=dtype, device=device)
-    r: Tensor = await engine_of((x,), {"dtype": dtype, "device": device}).op(
+    r: Tensor = await engine_of((x,), {"dtype": dtype, "device": device}, "empty_like").op(
         _empty_like, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -615,7 +628,7 @@ async def full_like(
 ) -> Tensor:
     """``fill_value`` in the shape (and, by default, the dtype) of ``x``."""
     p_args, p_kwargs, p_nbytes = _full_like.spec(x, fill_value, dtype=dtype, device=device)
-    r: Tensor = await engine_of((x, fill_value), {"dtype": dtype, "device": device}).op(
+    r: Tensor = await engine_of((x, fill_value), {"dtype": dtype, "device": device}, "full_like").op(
         _full_like, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -624,14 +637,14 @@ async def full_like(
 async def tril(x: TensorLike, /, *, k: int = 0, name: str | None = None) -> Tensor:
     """The lower triangle of each matrix of ``x``: zeros above diagonal ``k`` (the last two dimensions)."""
     p_args, p_kwargs, p_nbytes = _tril.spec(x, k=k)
-    r: Tensor = await engine_of((x,), {"k": k}).op(_tril, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"k": k}, "tril").op(_tril, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def triu(x: TensorLike, /, *, k: int = 0, name: str | None = None) -> Tensor:
     """The upper triangle of each matrix of ``x``: zeros below diagonal ``k`` (the last two dimensions)."""
     p_args, p_kwargs, p_nbytes = _triu.spec(x, k=k)
-    r: Tensor = await engine_of((x,), {"k": k}).op(_triu, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"k": k}, "triu").op(_triu, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -643,7 +656,7 @@ async def from_dlpack(
     ``copy=False`` (never copy) raises: a tensor always owns its memory.
     """
     p_args, p_kwargs, p_nbytes = _from_dlpack.spec(x, device=device, copy=copy)
-    r: Tensor = await engine_of((x,), {"device": device, "copy": copy}).op(
+    r: Tensor = await engine_of((x,), {"device": device, "copy": copy}, "from_dlpack").op(
         _from_dlpack, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -652,7 +665,7 @@ async def from_dlpack(
 async def meshgrid(*arrays: TensorLike, indexing: str = "xy", name: str | None = None) -> list[Tensor]:
     """Coordinate grids from 1-d tensors, as a list (``indexing="xy"``: Cartesian, ``"ij"``: matrix)."""
     p_args, p_kwargs, p_nbytes = _meshgrid.spec(*arrays, indexing=indexing)
-    r: list[Tensor] = await engine_of((*arrays,), {"indexing": indexing}).op(
+    r: list[Tensor] = await engine_of((*arrays,), {"indexing": indexing}, "meshgrid").op(
         _meshgrid, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -660,7 +673,7 @@ async def meshgrid(*arrays: TensorLike, indexing: str = "xy", name: str | None =
 
 async def add(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 + x2``."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "add")
     r = engine.lean(_add, (x1, x2), name)
     if r is None:
         r = await engine.op(_add, (x1, x2), None, None, name)
@@ -669,7 +682,7 @@ async def add(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> 
 
 async def subtract(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 - x2``."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "subtract")
     r = engine.lean(_subtract, (x1, x2), name)
     if r is None:
         r = await engine.op(_subtract, (x1, x2), None, None, name)
@@ -678,7 +691,7 @@ async def subtract(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None
 
 async def multiply(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 * x2``."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "multiply")
     r = engine.lean(_multiply, (x1, x2), name)
     if r is None:
         r = await engine.op(_multiply, (x1, x2), None, None, name)
@@ -687,7 +700,7 @@ async def multiply(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None
 
 async def divide(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 / x2`` (true division)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "divide")
     r = engine.lean(_divide, (x1, x2), name)
     if r is None:
         r = await engine.op(_divide, (x1, x2), None, None, name)
@@ -696,7 +709,7 @@ async def divide(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) 
 
 async def floor_divide(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 // x2``."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "floor_divide")
     r = engine.lean(_floor_divide, (x1, x2), name)
     if r is None:
         r = await engine.op(_floor_divide, (x1, x2), None, None, name)
@@ -705,7 +718,7 @@ async def floor_divide(x1: TensorLike, x2: TensorLike, /, *, name: str | None = 
 
 async def remainder(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 % x2`` (sign of the divisor, as python)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "remainder")
     r = engine.lean(_remainder, (x1, x2), name)
     if r is None:
         r = await engine.op(_remainder, (x1, x2), None, None, name)
@@ -714,7 +727,7 @@ async def remainder(x1: TensorLike, x2: TensorLike, /, *, name: str | None = Non
 
 async def pow(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 ** x2``."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "pow")
     r = engine.lean(_pow, (x1, x2), name)
     if r is None:
         r = await engine.op(_pow, (x1, x2), None, None, name)
@@ -723,7 +736,7 @@ async def pow(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> 
 
 async def maximum(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise maximum (NaN propagates)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "maximum")
     r = engine.lean(_maximum, (x1, x2), name)
     if r is None:
         r = await engine.op(_maximum, (x1, x2), None, None, name)
@@ -732,7 +745,7 @@ async def maximum(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None)
 
 async def minimum(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise minimum (NaN propagates)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "minimum")
     r = engine.lean(_minimum, (x1, x2), name)
     if r is None:
         r = await engine.op(_minimum, (x1, x2), None, None, name)
@@ -741,7 +754,7 @@ async def minimum(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None)
 
 async def equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 == x2`` (bool)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "equal")
     r = engine.lean(_equal, (x1, x2), name)
     if r is None:
         r = await engine.op(_equal, (x1, x2), None, None, name)
@@ -750,7 +763,7 @@ async def equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -
 
 async def not_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 != x2`` (bool)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "not_equal")
     r = engine.lean(_not_equal, (x1, x2), name)
     if r is None:
         r = await engine.op(_not_equal, (x1, x2), None, None, name)
@@ -759,7 +772,7 @@ async def not_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = Non
 
 async def less(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 < x2`` (bool)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "less")
     r = engine.lean(_less, (x1, x2), name)
     if r is None:
         r = await engine.op(_less, (x1, x2), None, None, name)
@@ -768,7 +781,7 @@ async def less(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) ->
 
 async def less_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 <= x2`` (bool)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "less_equal")
     r = engine.lean(_less_equal, (x1, x2), name)
     if r is None:
         r = await engine.op(_less_equal, (x1, x2), None, None, name)
@@ -777,7 +790,7 @@ async def less_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = No
 
 async def greater(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 > x2`` (bool)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "greater")
     r = engine.lean(_greater, (x1, x2), name)
     if r is None:
         r = await engine.op(_greater, (x1, x2), None, None, name)
@@ -786,7 +799,7 @@ async def greater(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None)
 
 async def greater_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 >= x2`` (bool)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "greater_equal")
     r = engine.lean(_greater_equal, (x1, x2), name)
     if r is None:
         r = await engine.op(_greater_equal, (x1, x2), None, None, name)
@@ -795,7 +808,7 @@ async def greater_equal(x1: TensorLike, x2: TensorLike, /, *, name: str | None =
 
 async def logical_and(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise logical and (bool)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "logical_and")
     r = engine.lean(_logical_and, (x1, x2), name)
     if r is None:
         r = await engine.op(_logical_and, (x1, x2), None, None, name)
@@ -804,7 +817,7 @@ async def logical_and(x1: TensorLike, x2: TensorLike, /, *, name: str | None = N
 
 async def logical_or(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise logical or (bool)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "logical_or")
     r = engine.lean(_logical_or, (x1, x2), name)
     if r is None:
         r = await engine.op(_logical_or, (x1, x2), None, None, name)
@@ -813,7 +826,7 @@ async def logical_or(x1: TensorLike, x2: TensorLike, /, *, name: str | None = No
 
 async def negative(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``-x``."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "negative")
     r = engine.lean(_negative, (x,), name)
     if r is None:
         r = await engine.op(_negative, (x,), None, None, name)
@@ -822,7 +835,7 @@ async def negative(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def abs(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise absolute value."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "abs")
     r = engine.lean(_abs, (x,), name)
     if r is None:
         r = await engine.op(_abs, (x,), None, None, name)
@@ -831,7 +844,7 @@ async def abs(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def sign(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise sign (-1, 0 or 1)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "sign")
     r = engine.lean(_sign, (x,), name)
     if r is None:
         r = await engine.op(_sign, (x,), None, None, name)
@@ -840,7 +853,7 @@ async def sign(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def exp(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``e ** x``."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "exp")
     r = engine.lean(_exp, (x,), name)
     if r is None:
         r = await engine.op(_exp, (x,), None, None, name)
@@ -849,7 +862,7 @@ async def exp(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def log(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise natural logarithm."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "log")
     r = engine.lean(_log, (x,), name)
     if r is None:
         r = await engine.op(_log, (x,), None, None, name)
@@ -858,7 +871,7 @@ async def log(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def log1p(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``log(1 + x)``, exact for small x."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "log1p")
     r = engine.lean(_log1p, (x,), name)
     if r is None:
         r = await engine.op(_log1p, (x,), None, None, name)
@@ -867,7 +880,7 @@ async def log1p(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def sqrt(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise square root."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "sqrt")
     r = engine.lean(_sqrt, (x,), name)
     if r is None:
         r = await engine.op(_sqrt, (x,), None, None, name)
@@ -876,7 +889,7 @@ async def sqrt(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def square(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x * x``."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "square")
     r = engine.lean(_square, (x,), name)
     if r is None:
         r = await engine.op(_square, (x,), None, None, name)
@@ -885,7 +898,7 @@ async def square(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def sin(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise sine."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "sin")
     r = engine.lean(_sin, (x,), name)
     if r is None:
         r = await engine.op(_sin, (x,), None, None, name)
@@ -894,7 +907,7 @@ async def sin(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def cos(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise cosine."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "cos")
     r = engine.lean(_cos, (x,), name)
     if r is None:
         r = await engine.op(_cos, (x,), None, None, name)
@@ -903,7 +916,7 @@ async def cos(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def tanh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise hyperbolic tangent."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "tanh")
     r = engine.lean(_tanh, (x,), name)
     if r is None:
         r = await engine.op(_tanh, (x,), None, None, name)
@@ -912,7 +925,7 @@ async def tanh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def sigmoid(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise logistic sigmoid ``1 / (1 + e ** -x)``, without overflow."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "sigmoid")
     r = engine.lean(_sigmoid, (x,), name)
     if r is None:
         r = await engine.op(_sigmoid, (x,), None, None, name)
@@ -921,7 +934,7 @@ async def sigmoid(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def relu(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``max(x, 0)``."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "relu")
     r = engine.lean(_relu, (x,), name)
     if r is None:
         r = await engine.op(_relu, (x,), None, None, name)
@@ -930,7 +943,7 @@ async def relu(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def floor(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise floor."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "floor")
     r = engine.lean(_floor, (x,), name)
     if r is None:
         r = await engine.op(_floor, (x,), None, None, name)
@@ -939,7 +952,7 @@ async def floor(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def ceil(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ceiling."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "ceil")
     r = engine.lean(_ceil, (x,), name)
     if r is None:
         r = await engine.op(_ceil, (x,), None, None, name)
@@ -948,7 +961,7 @@ async def ceil(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def logical_not(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise logical not (bool)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "logical_not")
     r = engine.lean(_logical_not, (x,), name)
     if r is None:
         r = await engine.op(_logical_not, (x,), None, None, name)
@@ -957,7 +970,7 @@ async def logical_not(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def isnan(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise whether NaN (bool)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "isnan")
     r = engine.lean(_isnan, (x,), name)
     if r is None:
         r = await engine.op(_isnan, (x,), None, None, name)
@@ -966,7 +979,7 @@ async def isnan(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def isfinite(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise whether finite (bool)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "isfinite")
     r = engine.lean(_isfinite, (x,), name)
     if r is None:
         r = await engine.op(_isfinite, (x,), None, None, name)
@@ -976,7 +989,7 @@ async def isfinite(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 async def round(x: TensorLike, /, decimals: int = 0, *, name: str | None = None) -> Tensor:
     """Element-wise rounding to ``decimals`` places (halves to even, as numpy)."""
     p_args, p_kwargs, p_nbytes = _round.spec(x, decimals)
-    r: Tensor = await engine_of((x, decimals), None).op(_round, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, decimals), None, "round").op(_round, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -985,13 +998,13 @@ async def clip(
 ) -> Tensor:
     """Element-wise ``x`` limited to ``[min, max]`` (either bound may be ``None``)."""
     p_args, p_kwargs, p_nbytes = _clip.spec(x, min, max)
-    r: Tensor = await engine_of((x, min, max), None).op(_clip, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, min, max), None, "clip").op(_clip, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def where(condition: TensorLike, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1`` where ``condition`` is true, else ``x2``."""
-    engine = engine_of((condition, x1, x2), None)
+    engine = engine_of((condition, x1, x2), None, "where")
     r = engine.lean(_where, (condition, x1, x2), name)
     if r is None:
         r = await engine.op(_where, (condition, x1, x2), None, None, name)
@@ -1006,7 +1019,9 @@ async def fft(
     ``n`` crops or zero-pads the input to that length first. complex64 stays complex64.
     """
     p_args, p_kwargs, p_nbytes = _fft.spec(x, n=n, axis=axis, norm=norm)
-    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_fft, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}, "fft").op(
+        _fft, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1015,7 +1030,9 @@ async def ifft(
 ) -> Tensor:
     """Inverse of ``fft`` along ``axis`` (``numpy.fft.ifft``)."""
     p_args, p_kwargs, p_nbytes = _ifft.spec(x, n=n, axis=axis, norm=norm)
-    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_ifft, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}, "ifft").op(
+        _ifft, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1033,7 +1050,9 @@ async def fftn(
     ``s`` crops or zero-pads each transformed axis (``-1``: keep its size).
     """
     p_args, p_kwargs, p_nbytes = _fftn.spec(x, s=s, axes=axes, norm=norm)
-    r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}).op(_fftn, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}, "fftn").op(
+        _fftn, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1048,7 +1067,9 @@ async def ifftn(
 ) -> Tensor:
     """Inverse of ``fftn`` (``numpy.fft.ifftn``)."""
     p_args, p_kwargs, p_nbytes = _ifftn.spec(x, s=s, axes=axes, norm=norm)
-    r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}).op(_ifftn, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}, "ifftn").op(
+        _ifftn, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1060,7 +1081,9 @@ async def rfft(
     float32 gives complex64, float64 complex128.
     """
     p_args, p_kwargs, p_nbytes = _rfft.spec(x, n=n, axis=axis, norm=norm)
-    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_rfft, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}, "rfft").op(
+        _rfft, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1069,7 +1092,9 @@ async def irfft(
 ) -> Tensor:
     """Inverse of ``rfft``: a real signal of length ``n`` (default ``2 * (m - 1)``; ``numpy.fft.irfft``)."""
     p_args, p_kwargs, p_nbytes = _irfft.spec(x, n=n, axis=axis, norm=norm)
-    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_irfft, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}, "irfft").op(
+        _irfft, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1084,7 +1109,9 @@ async def rfftn(
 ) -> Tensor:
     """N-dimensional ``rfft`` of real ``x`` (the last axis halved; ``numpy.fft.rfftn``)."""
     p_args, p_kwargs, p_nbytes = _rfftn.spec(x, s=s, axes=axes, norm=norm)
-    r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}).op(_rfftn, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}, "rfftn").op(
+        _rfftn, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1099,7 +1126,7 @@ async def irfftn(
 ) -> Tensor:
     """Inverse of ``rfftn``: a real result (``numpy.fft.irfftn``)."""
     p_args, p_kwargs, p_nbytes = _irfftn.spec(x, s=s, axes=axes, norm=norm)
-    r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}).op(
+    r: Tensor = await engine_of((x,), {"s": s, "axes": axes, "norm": norm}, "irfftn").op(
         _irfftn, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1110,7 +1137,9 @@ async def hfft(
 ) -> Tensor:
     """Fourier transform of a Hermitian-symmetric signal given by its first half: a real result (``numpy.fft.hfft``)."""
     p_args, p_kwargs, p_nbytes = _hfft.spec(x, n=n, axis=axis, norm=norm)
-    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_hfft, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}, "hfft").op(
+        _hfft, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1119,7 +1148,9 @@ async def ihfft(
 ) -> Tensor:
     """Inverse of ``hfft`` for real ``x``: the non-negative half of its spectrum (``numpy.fft.ihfft``)."""
     p_args, p_kwargs, p_nbytes = _ihfft.spec(x, n=n, axis=axis, norm=norm)
-    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}).op(_ihfft, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"n": n, "axis": axis, "norm": norm}, "ihfft").op(
+        _ihfft, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1131,7 +1162,7 @@ async def fftfreq(
     ``dtype`` is a real floating-point dtype (default float64); ``device`` names a device.
     """
     p_args, p_kwargs, p_nbytes = _fftfreq.spec(n, d=d, dtype=dtype, device=device)
-    r: Tensor = await engine_of((n,), {"d": d, "dtype": dtype, "device": device}).op(
+    r: Tensor = await engine_of((n,), {"d": d, "dtype": dtype, "device": device}, "fftfreq").op(
         _fftfreq, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1142,7 +1173,7 @@ async def rfftfreq(
 ) -> Tensor:
     """The ``n // 2 + 1`` non-negative sample frequencies of an ``n``-point ``rfft`` (``numpy.fft.rfftfreq``)."""
     p_args, p_kwargs, p_nbytes = _rfftfreq.spec(n, d=d, dtype=dtype, device=device)
-    r: Tensor = await engine_of((n,), {"d": d, "dtype": dtype, "device": device}).op(
+    r: Tensor = await engine_of((n,), {"d": d, "dtype": dtype, "device": device}, "rfftfreq").op(
         _rfftfreq, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1151,14 +1182,14 @@ async def rfftfreq(
 async def fftshift(x: TensorLike, /, *, axes: int | Sequence[int] | None = None, name: str | None = None) -> Tensor:
     """The zero-frequency term moved to the centre of ``axes`` (all if ``None``; ``numpy.fft.fftshift``)."""
     p_args, p_kwargs, p_nbytes = _fftshift.spec(x, axes=axes)
-    r: Tensor = await engine_of((x,), {"axes": axes}).op(_fftshift, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axes": axes}, "fftshift").op(_fftshift, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def ifftshift(x: TensorLike, /, *, axes: int | Sequence[int] | None = None, name: str | None = None) -> Tensor:
     """Inverse of ``fftshift`` (``numpy.fft.ifftshift``)."""
     p_args, p_kwargs, p_nbytes = _ifftshift.spec(x, axes=axes)
-    r: Tensor = await engine_of((x,), {"axes": axes}).op(_ifftshift, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axes": axes}, "ifftshift").op(_ifftshift, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1168,14 +1199,14 @@ async def cholesky(x: TensorLike, /, *, upper: bool = False, name: str | None = 
     As ``array_api_strict.linalg.cholesky`` (``numpy.linalg.cholesky`` plus ``upper``).
     """
     p_args, p_kwargs, p_nbytes = _cholesky.spec(x, upper=upper)
-    r: Tensor = await engine_of((x,), {"upper": upper}).op(_cholesky, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"upper": upper}, "cholesky").op(_cholesky, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def det(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Determinant of each square matrix of the stack (``numpy.linalg.det``)."""
     p_args, p_kwargs, p_nbytes = _det.spec(x)
-    r: Tensor = await engine_of((x,), None).op(_det, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), None, "det").op(_det, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1185,14 +1216,14 @@ async def slogdet(x: TensorLike, /, *, name: str | None = None) -> SlogdetResult
     The fields of the standard's ``SlogdetResult``, in that order.
     """
     p_args, p_kwargs, p_nbytes = _slogdet.spec(x)
-    r: SlogdetResult[Tensor] = await engine_of((x,), None).op(_slogdet, p_args, p_kwargs, p_nbytes, name)
+    r: SlogdetResult[Tensor] = await engine_of((x,), None, "slogdet").op(_slogdet, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def inv(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Inverse of each square matrix of the stack (``numpy.linalg.inv``); a singular one is an InvalidArgumentError."""
     p_args, p_kwargs, p_nbytes = _inv.spec(x)
-    r: Tensor = await engine_of((x,), None).op(_inv, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), None, "inv").op(_inv, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1203,28 +1234,28 @@ async def eigh(x: TensorLike, /, *, name: str | None = None) -> EighResult[Tenso
     eigenvectors as columns. Only the lower triangle is read.
     """
     p_args, p_kwargs, p_nbytes = _eigh.spec(x)
-    r: EighResult[Tensor] = await engine_of((x,), None).op(_eigh, p_args, p_kwargs, p_nbytes, name)
+    r: EighResult[Tensor] = await engine_of((x,), None, "eigh").op(_eigh, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def eigvalsh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Eigenvalues (ascending) of Hermitian (symmetric) matrices (``numpy.linalg.eigvalsh``)."""
     p_args, p_kwargs, p_nbytes = _eigvalsh.spec(x)
-    r: Tensor = await engine_of((x,), None).op(_eigvalsh, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), None, "eigvalsh").op(_eigvalsh, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def qr(x: TensorLike, /, *, mode: str = "reduced", name: str | None = None) -> QRResult[Tensor]:
     """``[Q, R]``, the QR decomposition of each matrix (``numpy.linalg.qr``); the standard's ``QRResult`` fields."""
     p_args, p_kwargs, p_nbytes = _qr.spec(x, mode=mode)
-    r: QRResult[Tensor] = await engine_of((x,), {"mode": mode}).op(_qr, p_args, p_kwargs, p_nbytes, name)
+    r: QRResult[Tensor] = await engine_of((x,), {"mode": mode}, "qr").op(_qr, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def svd(x: TensorLike, /, *, full_matrices: bool = True, name: str | None = None) -> SVDResult[Tensor]:
     """``[U, S, Vh]`` with ``x = U @ diag(S) @ Vh`` (``numpy.linalg.svd``); the standard's ``SVDResult`` fields."""
     p_args, p_kwargs, p_nbytes = _svd.spec(x, full_matrices=full_matrices)
-    r: SVDResult[Tensor] = await engine_of((x,), {"full_matrices": full_matrices}).op(
+    r: SVDResult[Tensor] = await engine_of((x,), {"full_matrices": full_matrices}, "svd").op(
         _svd, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1233,7 +1264,7 @@ async def svd(x: TensorLike, /, *, full_matrices: bool = True, name: str | None 
 async def svdvals(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Singular values of each matrix, descending (``numpy.linalg.svd(x, compute_uv=False)``)."""
     p_args, p_kwargs, p_nbytes = _svdvals.spec(x)
-    r: Tensor = await engine_of((x,), None).op(_svdvals, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), None, "svdvals").op(_svdvals, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1245,7 +1276,7 @@ async def solve(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -
     InvalidArgumentError.
     """
     p_args, p_kwargs, p_nbytes = _solve.spec(x1, x2)
-    r: Tensor = await engine_of((x1, x2), None).op(_solve, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x1, x2), None, "solve").op(_solve, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1255,7 +1286,7 @@ async def matrix_rank(x: TensorLike, /, *, rtol: TensorLike | None = None, name:
     As ``array_api_strict.linalg.matrix_rank`` (numpy's ``tol`` is absolute).
     """
     p_args, p_kwargs, p_nbytes = _matrix_rank.spec(x, rtol=rtol)
-    r: Tensor = await engine_of((x,), {"rtol": rtol}).op(_matrix_rank, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"rtol": rtol}, "matrix_rank").op(_matrix_rank, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1266,14 +1297,14 @@ async def pinv(x: TensorLike, /, *, rtol: TensorLike | None = None, name: str | 
     ``max(M, N) * eps``, the standard's).
     """
     p_args, p_kwargs, p_nbytes = _pinv.spec(x, rtol=rtol)
-    r: Tensor = await engine_of((x,), {"rtol": rtol}).op(_pinv, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"rtol": rtol}, "pinv").op(_pinv, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def matrix_power(x: TensorLike, n: int, /, *, name: str | None = None) -> Tensor:
     """Each square matrix raised to the integer power ``n`` (``numpy.linalg.matrix_power``; ``n < 0`` inverts)."""
     p_args, p_kwargs, p_nbytes = _matrix_power.spec(x, n)
-    r: Tensor = await engine_of((x, n), None).op(_matrix_power, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, n), None, "matrix_power").op(_matrix_power, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1285,7 +1316,7 @@ async def matrix_norm(
     As ``numpy.linalg.norm(x, ord, axis=(-2, -1))``; the result is real.
     """
     p_args, p_kwargs, p_nbytes = _matrix_norm.spec(x, keepdims=keepdims, ord=ord)
-    r: Tensor = await engine_of((x,), {"keepdims": keepdims, "ord": ord}).op(
+    r: Tensor = await engine_of((x,), {"keepdims": keepdims, "ord": ord}, "matrix_norm").op(
         _matrix_norm, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1306,7 +1337,7 @@ async def vector_norm(
     As ``array_api_strict.linalg.vector_norm``.
     """
     p_args, p_kwargs, p_nbytes = _vector_norm.spec(x, axis=axis, keepdims=keepdims, ord=ord)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims, "ord": ord}).op(
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims, "ord": ord}, "vector_norm").op(
         _vector_norm, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1317,35 +1348,37 @@ async def trace(
 ) -> Tensor:
     """Sum of diagonal ``offset`` of each matrix (the last two axes), as ``numpy.trace(x, offset, -2, -1)``."""
     p_args, p_kwargs, p_nbytes = _trace.spec(x, offset=offset, dtype=dtype)
-    r: Tensor = await engine_of((x,), {"offset": offset, "dtype": dtype}).op(_trace, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"offset": offset, "dtype": dtype}, "trace").op(
+        _trace, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
 async def diagonal(x: TensorLike, /, *, offset: int = 0, name: str | None = None) -> Tensor:
     """Diagonal ``offset`` of each matrix (the last two axes), as ``numpy.diagonal(x, offset, -2, -1)``."""
     p_args, p_kwargs, p_nbytes = _diagonal.spec(x, offset=offset)
-    r: Tensor = await engine_of((x,), {"offset": offset}).op(_diagonal, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"offset": offset}, "diagonal").op(_diagonal, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def cross(x1: TensorLike, x2: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
     """Cross product of 3-element vectors along ``axis`` (negative, as the standard asks), as ``numpy.cross``."""
     p_args, p_kwargs, p_nbytes = _cross.spec(x1, x2, axis=axis)
-    r: Tensor = await engine_of((x1, x2), {"axis": axis}).op(_cross, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x1, x2), {"axis": axis}, "cross").op(_cross, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def outer(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Outer product of two 1-d tensors, ``x1[:, None] * x2[None, :]`` (``numpy.outer``)."""
     p_args, p_kwargs, p_nbytes = _outer.spec(x1, x2)
-    r: Tensor = await engine_of((x1, x2), None).op(_outer, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x1, x2), None, "outer").op(_outer, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def flip(x: TensorLike, /, *, axis: AxisLike = None, name: str | None = None) -> Tensor:
     """``x`` with the order of elements reversed along ``axis`` (all axes if ``None``)."""
     p_args, p_kwargs, p_nbytes = _flip.spec(x, axis=axis)
-    r: Tensor = await engine_of((x,), {"axis": axis}).op(_flip, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis}, "flip").op(_flip, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1354,7 +1387,7 @@ async def roll(
 ) -> Tensor:
     """Elements shifted by ``shift`` along ``axis``, wrapping around (of the flattened ``x`` if ``None``)."""
     p_args, p_kwargs, p_nbytes = _roll.spec(x, shift, axis=axis)
-    r: Tensor = await engine_of((x, shift), {"axis": axis}).op(_roll, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, shift), {"axis": axis}, "roll").op(_roll, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -1363,7 +1396,9 @@ async def moveaxis(
 ) -> Tensor:
     """``x`` with the axes ``source`` moved to the positions ``destination`` (the others keep their order)."""
     p_args, p_kwargs, p_nbytes = _moveaxis.spec(x, source, destination)
-    r: Tensor = await engine_of((x, source, destination), None).op(_moveaxis, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, source, destination), None, "moveaxis").op(
+        _moveaxis, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1376,41 +1411,47 @@ async def repeat(
     output's size depend on the data.
     """
     p_args, p_kwargs, p_nbytes = _repeat.spec(x, repeats, axis=axis)
-    r: Tensor = await engine_of((x, repeats), {"axis": axis}).op(_repeat, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, repeats), {"axis": axis}, "repeat").op(_repeat, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def tile(x: TensorLike, repetitions: Sequence[int], /, *, name: str | None = None) -> Tensor:
     """``x`` repeated ``repetitions[i]`` times along each dimension (leading ones added as needed)."""
     p_args, p_kwargs, p_nbytes = _tile.spec(x, repetitions)
-    r: Tensor = await engine_of((x, repetitions), None).op(_tile, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, repetitions), None, "tile").op(_tile, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def unstack(x: TensorLike, /, *, axis: int = 0, name: str | None = None) -> tuple[Tensor, ...]:
     """``x`` split along ``axis`` into a tuple of its slices (each without that axis): ``stack``'s inverse."""
     p_args, p_kwargs, p_nbytes = _unstack.spec(x, axis=axis)
-    r: tuple[Tensor, ...] = await engine_of((x,), {"axis": axis}).op(_unstack, p_args, p_kwargs, p_nbytes, name)
+    r: tuple[Tensor, ...] = await engine_of((x,), {"axis": axis}, "unstack").op(
+        _unstack, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
 async def broadcast_arrays(*arrays: TensorLike, name: str | None = None) -> list[Tensor]:
     """The tensors broadcast to their common shape, as a list (materialized: each owns its memory)."""
     p_args, p_kwargs, p_nbytes = _broadcast_arrays.spec(*arrays)
-    r: list[Tensor] = await engine_of((*arrays,), None).op(_broadcast_arrays, p_args, p_kwargs, p_nbytes, name)
+    r: list[Tensor] = await engine_of((*arrays,), None, "broadcast_arrays").op(
+        _broadcast_arrays, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
 async def take_along_axis(x: TensorLike, indices: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
     """Elements of ``x`` at ``indices`` along ``axis`` (``indices`` as ``argsort`` gives them), as numpy's."""
     p_args, p_kwargs, p_nbytes = _take_along_axis.spec(x, indices, axis=axis)
-    r: Tensor = await engine_of((x, indices), {"axis": axis}).op(_take_along_axis, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, indices), {"axis": axis}, "take_along_axis").op(
+        _take_along_axis, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
 async def acos(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise inverse cosine, in radians (``numpy.arccos``)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "acos")
     r = engine.lean(_acos, (x,), name)
     if r is None:
         r = await engine.op(_acos, (x,), None, None, name)
@@ -1419,7 +1460,7 @@ async def acos(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def acosh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise inverse hyperbolic cosine (``numpy.arccosh``)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "acosh")
     r = engine.lean(_acosh, (x,), name)
     if r is None:
         r = await engine.op(_acosh, (x,), None, None, name)
@@ -1428,7 +1469,7 @@ async def acosh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def asin(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise inverse sine, in radians (``numpy.arcsin``)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "asin")
     r = engine.lean(_asin, (x,), name)
     if r is None:
         r = await engine.op(_asin, (x,), None, None, name)
@@ -1437,7 +1478,7 @@ async def asin(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def asinh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise inverse hyperbolic sine (``numpy.arcsinh``)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "asinh")
     r = engine.lean(_asinh, (x,), name)
     if r is None:
         r = await engine.op(_asinh, (x,), None, None, name)
@@ -1446,7 +1487,7 @@ async def asinh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def atan(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise inverse tangent, in radians (``numpy.arctan``)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "atan")
     r = engine.lean(_atan, (x,), name)
     if r is None:
         r = await engine.op(_atan, (x,), None, None, name)
@@ -1455,7 +1496,7 @@ async def atan(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def atan2(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise angle of the point ``(x2, x1)``, quadrant-aware (``numpy.arctan2``)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "atan2")
     r = engine.lean(_atan2, (x1, x2), name)
     if r is None:
         r = await engine.op(_atan2, (x1, x2), None, None, name)
@@ -1464,7 +1505,7 @@ async def atan2(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -
 
 async def atanh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise inverse hyperbolic tangent (``numpy.arctanh``)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "atanh")
     r = engine.lean(_atanh, (x,), name)
     if r is None:
         r = await engine.op(_atanh, (x,), None, None, name)
@@ -1473,7 +1514,7 @@ async def atanh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def tan(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise tangent."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "tan")
     r = engine.lean(_tan, (x,), name)
     if r is None:
         r = await engine.op(_tan, (x,), None, None, name)
@@ -1482,7 +1523,7 @@ async def tan(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def sinh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise hyperbolic sine."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "sinh")
     r = engine.lean(_sinh, (x,), name)
     if r is None:
         r = await engine.op(_sinh, (x,), None, None, name)
@@ -1491,7 +1532,7 @@ async def sinh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def cosh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise hyperbolic cosine."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "cosh")
     r = engine.lean(_cosh, (x,), name)
     if r is None:
         r = await engine.op(_cosh, (x,), None, None, name)
@@ -1500,7 +1541,7 @@ async def cosh(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def expm1(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``e ** x - 1``, exact for small x."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "expm1")
     r = engine.lean(_expm1, (x,), name)
     if r is None:
         r = await engine.op(_expm1, (x,), None, None, name)
@@ -1509,7 +1550,7 @@ async def expm1(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def log2(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise base-2 logarithm."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "log2")
     r = engine.lean(_log2, (x,), name)
     if r is None:
         r = await engine.op(_log2, (x,), None, None, name)
@@ -1518,7 +1559,7 @@ async def log2(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def log10(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise base-10 logarithm."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "log10")
     r = engine.lean(_log10, (x,), name)
     if r is None:
         r = await engine.op(_log10, (x,), None, None, name)
@@ -1527,7 +1568,7 @@ async def log10(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def logaddexp(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``log(exp(x1) + exp(x2))``, without overflow."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "logaddexp")
     r = engine.lean(_logaddexp, (x1, x2), name)
     if r is None:
         r = await engine.op(_logaddexp, (x1, x2), None, None, name)
@@ -1536,7 +1577,7 @@ async def logaddexp(x1: TensorLike, x2: TensorLike, /, *, name: str | None = Non
 
 async def hypot(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``sqrt(x1 ** 2 + x2 ** 2)``, without overflow."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "hypot")
     r = engine.lean(_hypot, (x1, x2), name)
     if r is None:
         r = await engine.op(_hypot, (x1, x2), None, None, name)
@@ -1545,7 +1586,7 @@ async def hypot(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -
 
 async def copysign(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``|x1|`` with the sign of ``x2`` (signed zeros and NaN signs included)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "copysign")
     r = engine.lean(_copysign, (x1, x2), name)
     if r is None:
         r = await engine.op(_copysign, (x1, x2), None, None, name)
@@ -1554,7 +1595,7 @@ async def copysign(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None
 
 async def nextafter(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise next representable float after ``x1`` towards ``x2``."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "nextafter")
     r = engine.lean(_nextafter, (x1, x2), name)
     if r is None:
         r = await engine.op(_nextafter, (x1, x2), None, None, name)
@@ -1563,7 +1604,7 @@ async def nextafter(x1: TensorLike, x2: TensorLike, /, *, name: str | None = Non
 
 async def reciprocal(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``1 / x`` (``numpy.reciprocal``: integer input gives integer results)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "reciprocal")
     r = engine.lean(_reciprocal, (x,), name)
     if r is None:
         r = await engine.op(_reciprocal, (x,), None, None, name)
@@ -1572,7 +1613,7 @@ async def reciprocal(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def positive(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``+x`` (a copy of numeric ``x``)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "positive")
     r = engine.lean(_positive, (x,), name)
     if r is None:
         r = await engine.op(_positive, (x,), None, None, name)
@@ -1581,7 +1622,7 @@ async def positive(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def trunc(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise rounding towards zero."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "trunc")
     r = engine.lean(_trunc, (x,), name)
     if r is None:
         r = await engine.op(_trunc, (x,), None, None, name)
@@ -1590,7 +1631,7 @@ async def trunc(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def signbit(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise whether the sign bit is set (true for ``-0.0``; bool)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "signbit")
     r = engine.lean(_signbit, (x,), name)
     if r is None:
         r = await engine.op(_signbit, (x,), None, None, name)
@@ -1599,7 +1640,7 @@ async def signbit(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def isinf(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise whether ``+inf`` or ``-inf`` (bool)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "isinf")
     r = engine.lean(_isinf, (x,), name)
     if r is None:
         r = await engine.op(_isinf, (x,), None, None, name)
@@ -1608,7 +1649,7 @@ async def isinf(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def conj(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise complex conjugate (real input unchanged)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "conj")
     r = engine.lean(_conj, (x,), name)
     if r is None:
         r = await engine.op(_conj, (x,), None, None, name)
@@ -1617,7 +1658,7 @@ async def conj(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def real(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise real part (``float32`` for ``complex64``; real input copied)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "real")
     r = engine.lean(_real, (x,), name)
     if r is None:
         r = await engine.op(_real, (x,), None, None, name)
@@ -1626,7 +1667,7 @@ async def real(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def imag(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise imaginary part (``float32`` for ``complex64``; zeros for real input)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "imag")
     r = engine.lean(_imag, (x,), name)
     if r is None:
         r = await engine.op(_imag, (x,), None, None, name)
@@ -1635,7 +1676,7 @@ async def imag(x: TensorLike, /, *, name: str | None = None) -> Tensor:
 
 async def logical_xor(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise logical exclusive or (bool)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "logical_xor")
     r = engine.lean(_logical_xor, (x1, x2), name)
     if r is None:
         r = await engine.op(_logical_xor, (x1, x2), None, None, name)
@@ -1644,7 +1685,7 @@ async def logical_xor(x1: TensorLike, x2: TensorLike, /, *, name: str | None = N
 
 async def bitwise_and(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise bitwise ``x1 & x2`` (integer or bool)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "bitwise_and")
     r = engine.lean(_bitwise_and, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_and, (x1, x2), None, None, name)
@@ -1653,7 +1694,7 @@ async def bitwise_and(x1: TensorLike, x2: TensorLike, /, *, name: str | None = N
 
 async def bitwise_or(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise bitwise ``x1 | x2`` (integer or bool)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "bitwise_or")
     r = engine.lean(_bitwise_or, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_or, (x1, x2), None, None, name)
@@ -1662,7 +1703,7 @@ async def bitwise_or(x1: TensorLike, x2: TensorLike, /, *, name: str | None = No
 
 async def bitwise_xor(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise bitwise ``x1 ^ x2`` (integer or bool)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "bitwise_xor")
     r = engine.lean(_bitwise_xor, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_xor, (x1, x2), None, None, name)
@@ -1671,7 +1712,7 @@ async def bitwise_xor(x1: TensorLike, x2: TensorLike, /, *, name: str | None = N
 
 async def bitwise_invert(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise bitwise ``~x`` (integer or bool)."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "bitwise_invert")
     r = engine.lean(_bitwise_invert, (x,), name)
     if r is None:
         r = await engine.op(_bitwise_invert, (x,), None, None, name)
@@ -1680,7 +1721,7 @@ async def bitwise_invert(x: TensorLike, /, *, name: str | None = None) -> Tensor
 
 async def bitwise_left_shift(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 << x2`` (integers; ``x2`` non-negative)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "bitwise_left_shift")
     r = engine.lean(_bitwise_left_shift, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_left_shift, (x1, x2), None, None, name)
@@ -1689,7 +1730,7 @@ async def bitwise_left_shift(x1: TensorLike, x2: TensorLike, /, *, name: str | N
 
 async def bitwise_right_shift(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Element-wise ``x1 >> x2``, arithmetic for signed integers (``x2`` non-negative)."""
-    engine = engine_of((x1, x2), None)
+    engine = engine_of((x1, x2), None, "bitwise_right_shift")
     r = engine.lean(_bitwise_right_shift, (x1, x2), name)
     if r is None:
         r = await engine.op(_bitwise_right_shift, (x1, x2), None, None, name)
@@ -1702,7 +1743,7 @@ async def erf(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     Full float64 precision (W. J. Cody's rational approximations), without SciPy;
     float32 stays float32, integers give float64, complex input is refused.
     """
-    r: Tensor = await engine_of((x,), None).op(_erf, (x,), None, None, name)
+    r: Tensor = await engine_of((x,), None, "erf").op(_erf, (x,), None, None, name)
     return r
 
 
@@ -1712,13 +1753,13 @@ async def gelu(x: TensorLike, /, *, approximate: str = "none", name: str | None 
     ``approximate="tanh"`` gives PyTorch's ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``.
     """
     p_args, p_kwargs, p_nbytes = _gelu.spec(x, approximate=approximate)
-    r: Tensor = await engine_of((x,), {"approximate": approximate}).op(_gelu, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"approximate": approximate}, "gelu").op(_gelu, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def silu(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Sigmoid linear unit (swish) ``x * sigmoid(x)`` (``torch.nn.functional.silu``), without overflow."""
-    engine = engine_of((x,), None)
+    engine = engine_of((x,), None, "silu")
     r = engine.lean(_silu, (x,), name)
     if r is None:
         r = await engine.op(_silu, (x,), None, None, name)
@@ -1731,7 +1772,7 @@ async def softplus(x: TensorLike, /, *, beta: float = 1.0, threshold: float = 20
     Computed as ``max(bx, 0) + log1p(exp(-|bx|))``: no overflow, exact in both tails.
     """
     p_args, p_kwargs, p_nbytes = _softplus.spec(x, beta=beta, threshold=threshold)
-    r: Tensor = await engine_of((x,), {"beta": beta, "threshold": threshold}).op(
+    r: Tensor = await engine_of((x,), {"beta": beta, "threshold": threshold}, "softplus").op(
         _softplus, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1745,7 +1786,7 @@ async def logsumexp(
     An empty or all ``-inf`` slice gives ``-inf``; an ``inf`` gives ``inf``.
     """
     p_args, p_kwargs, p_nbytes = _logsumexp.spec(x, axis=axis, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}, "logsumexp").op(
         _logsumexp, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1760,7 +1801,7 @@ async def one_hot(
     InvalidArgumentError.
     """
     p_args, p_kwargs, p_nbytes = _one_hot.spec(x, num_classes, dtype=dtype, axis=axis)
-    r: Tensor = await engine_of((x, num_classes), {"dtype": dtype, "axis": axis}).op(
+    r: Tensor = await engine_of((x, num_classes), {"dtype": dtype, "axis": axis}, "one_hot").op(
         _one_hot, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1775,7 +1816,7 @@ async def top_k(
     largest value. Indices are int64. ``sorted=False`` is accepted and gives the same order.
     """
     p_args, p_kwargs, p_nbytes = _top_k.spec(x, k, axis=axis, largest=largest, sorted=sorted)
-    r: TopKResult[Tensor] = await engine_of((x, k), {"axis": axis, "largest": largest, "sorted": sorted}).op(
+    r: TopKResult[Tensor] = await engine_of((x, k), {"axis": axis, "largest": largest, "sorted": sorted}, "top_k").op(
         _top_k, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1790,7 +1831,9 @@ async def bincount(
     minlength)``, depends on the data.
     """
     p_args, p_kwargs, p_nbytes = _bincount.spec(x, weights, minlength=minlength)
-    r: Tensor = await engine_of((x, weights), {"minlength": minlength}).op(_bincount, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, weights), {"minlength": minlength}, "bincount").op(
+        _bincount, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1805,7 +1848,7 @@ async def scatter_add(
     with ``updates``'.
     """
     p_args, p_kwargs, p_nbytes = _scatter_add.spec(x, indices, updates, axis=axis)
-    r: Tensor = await engine_of((x, indices, updates), {"axis": axis}).op(
+    r: Tensor = await engine_of((x, indices, updates), {"axis": axis}, "scatter_add").op(
         _scatter_add, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1826,7 +1869,7 @@ async def pad(
     ``"symmetric"`` or ``"wrap"``.
     """
     p_args, p_kwargs, p_nbytes = _pad.spec(x, pad_width, mode=mode, constant_values=constant_values)
-    r: Tensor = await engine_of((x, pad_width), {"mode": mode, "constant_values": constant_values}).op(
+    r: Tensor = await engine_of((x, pad_width), {"mode": mode, "constant_values": constant_values}, "pad").op(
         _pad, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1835,7 +1878,7 @@ async def pad(
 async def median(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
     """Median over ``axis`` (``numpy.median``: the mean of the two middle values for an even count)."""
     p_args, p_kwargs, p_nbytes = _median.spec(x, axis=axis, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}, "median").op(
         _median, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1857,7 +1900,7 @@ async def quantile(
     An array ``q`` puts its axis first in the result.
     """
     p_args, p_kwargs, p_nbytes = _quantile.spec(x, q, axis=axis, keepdims=keepdims, method=method)
-    r: Tensor = await engine_of((x, q), {"axis": axis, "keepdims": keepdims, "method": method}).op(
+    r: Tensor = await engine_of((x, q), {"axis": axis, "keepdims": keepdims, "method": method}, "quantile").op(
         _quantile, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1879,7 +1922,7 @@ async def layer_norm(
     the variance is the biased one, as PyTorch's.
     """
     p_args, p_kwargs, p_nbytes = _layer_norm.spec(x, normalized_shape, weight, bias, eps=eps)
-    r: Tensor = await engine_of((x, normalized_shape, weight, bias), {"eps": eps}).op(
+    r: Tensor = await engine_of((x, normalized_shape, weight, bias), {"eps": eps}, "layer_norm").op(
         _layer_norm, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1896,7 +1939,7 @@ async def sum(
 ) -> Tensor:
     """Sum over ``axis``."""
     p_args, p_kwargs, p_nbytes = _sum.spec(x, axis=axis, keepdims=keepdims, dtype=dtype)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims, "dtype": dtype}).op(
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims, "dtype": dtype}, "sum").op(
         _sum, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1913,7 +1956,7 @@ async def prod(
 ) -> Tensor:
     """Product over ``axis``."""
     p_args, p_kwargs, p_nbytes = _prod.spec(x, axis=axis, keepdims=keepdims, dtype=dtype)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims, "dtype": dtype}).op(
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims, "dtype": dtype}, "prod").op(
         _prod, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1922,21 +1965,27 @@ async def prod(
 async def mean(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
     """Arithmetic mean over ``axis``."""
     p_args, p_kwargs, p_nbytes = _mean.spec(x, axis=axis, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(_mean, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}, "mean").op(
+        _mean, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
 async def max(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
     """Maximum over ``axis`` (an empty reduction raises InvalidArgumentError)."""
     p_args, p_kwargs, p_nbytes = _max.spec(x, axis=axis, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(_max, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}, "max").op(
+        _max, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
 async def min(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
     """Minimum over ``axis`` (an empty reduction raises InvalidArgumentError)."""
     p_args, p_kwargs, p_nbytes = _min.spec(x, axis=axis, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(_min, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}, "min").op(
+        _min, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -1945,7 +1994,7 @@ async def std(
 ) -> Tensor:
     """Standard deviation over ``axis`` (``correction=1`` for the sample estimate)."""
     p_args, p_kwargs, p_nbytes = _std.spec(x, axis=axis, correction=correction, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "correction": correction, "keepdims": keepdims}).op(
+    r: Tensor = await engine_of((x,), {"axis": axis, "correction": correction, "keepdims": keepdims}, "std").op(
         _std, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1956,7 +2005,7 @@ async def var(
 ) -> Tensor:
     """Variance over ``axis`` (``correction=1`` for the sample estimate)."""
     p_args, p_kwargs, p_nbytes = _var.spec(x, axis=axis, correction=correction, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "correction": correction, "keepdims": keepdims}).op(
+    r: Tensor = await engine_of((x,), {"axis": axis, "correction": correction, "keepdims": keepdims}, "var").op(
         _var, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1967,7 +2016,7 @@ async def argmax(
 ) -> Tensor:
     """Index of the maximum along ``axis`` (of the flattened tensor if ``None``)."""
     p_args, p_kwargs, p_nbytes = _argmax.spec(x, axis=axis, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}, "argmax").op(
         _argmax, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1978,7 +2027,7 @@ async def argmin(
 ) -> Tensor:
     """Index of the minimum along ``axis`` (of the flattened tensor if ``None``)."""
     p_args, p_kwargs, p_nbytes = _argmin.spec(x, axis=axis, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}, "argmin").op(
         _argmin, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -1987,28 +2036,32 @@ async def argmin(
 async def softmax(x: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
     """``exp(x) / sum(exp(x))`` along ``axis``, computed without overflow."""
     p_args, p_kwargs, p_nbytes = _softmax.spec(x, axis=axis)
-    r: Tensor = await engine_of((x,), {"axis": axis}).op(_softmax, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis}, "softmax").op(_softmax, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def log_softmax(x: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
     """``log(softmax(x))`` along ``axis``, computed stably."""
     p_args, p_kwargs, p_nbytes = _log_softmax.spec(x, axis=axis)
-    r: Tensor = await engine_of((x,), {"axis": axis}).op(_log_softmax, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis}, "log_softmax").op(_log_softmax, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def all(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
     """Whether every element along ``axis`` is true (non-zero; NaN counts as true; bool)."""
     p_args, p_kwargs, p_nbytes = _all.spec(x, axis=axis, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(_all, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}, "all").op(
+        _all, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
 async def any(x: TensorLike, /, *, axis: AxisLike = None, keepdims: bool = False, name: str | None = None) -> Tensor:
     """Whether any element along ``axis`` is true (non-zero; NaN counts as true; bool)."""
     p_args, p_kwargs, p_nbytes = _any.spec(x, axis=axis, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(_any, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}, "any").op(
+        _any, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -2017,7 +2070,7 @@ async def count_nonzero(
 ) -> Tensor:
     """The number of non-zero elements along ``axis`` (int64)."""
     p_args, p_kwargs, p_nbytes = _count_nonzero.spec(x, axis=axis, keepdims=keepdims)
-    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}).op(
+    r: Tensor = await engine_of((x,), {"axis": axis, "keepdims": keepdims}, "count_nonzero").op(
         _count_nonzero, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -2034,9 +2087,9 @@ async def cumulative_sum(
 ) -> Tensor:
     """Cumulative sum along ``axis`` (optional for 1-d ``x``); ``include_initial`` starts with a 0."""
     p_args, p_kwargs, p_nbytes = _cumulative_sum.spec(x, axis=axis, dtype=dtype, include_initial=include_initial)
-    r: Tensor = await engine_of((x,), {"axis": axis, "dtype": dtype, "include_initial": include_initial}).op(
-        _cumulative_sum, p_args, p_kwargs, p_nbytes, name
-    )
+    r: Tensor = await engine_of(
+        (x,), {"axis": axis, "dtype": dtype, "include_initial": include_initial}, "cumulative_sum"
+    ).op(_cumulative_sum, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -2051,9 +2104,9 @@ async def cumulative_prod(
 ) -> Tensor:
     """Cumulative product along ``axis`` (optional for 1-d ``x``); ``include_initial`` starts with a 1."""
     p_args, p_kwargs, p_nbytes = _cumulative_prod.spec(x, axis=axis, dtype=dtype, include_initial=include_initial)
-    r: Tensor = await engine_of((x,), {"axis": axis, "dtype": dtype, "include_initial": include_initial}).op(
-        _cumulative_prod, p_args, p_kwargs, p_nbytes, name
-    )
+    r: Tensor = await engine_of(
+        (x,), {"axis": axis, "dtype": dtype, "include_initial": include_initial}, "cumulative_prod"
+    ).op(_cumulative_prod, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -2069,7 +2122,7 @@ async def diff(
 ) -> Tensor:
     """The ``n``-th forward difference ``x[i + 1] - x[i]`` along ``axis``, after joining ``prepend``/``append``."""
     p_args, p_kwargs, p_nbytes = _diff.spec(x, axis=axis, n=n, prepend=prepend, append=append)
-    r: Tensor = await engine_of((x,), {"axis": axis, "n": n, "prepend": prepend, "append": append}).op(
+    r: Tensor = await engine_of((x,), {"axis": axis, "n": n, "prepend": prepend, "append": append}, "diff").op(
         _diff, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -2080,7 +2133,7 @@ async def sort(
 ) -> Tensor:
     """``x`` sorted along ``axis`` (NaN last ascending, first descending; ``stable`` keeps ties in order)."""
     p_args, p_kwargs, p_nbytes = _sort.spec(x, axis=axis, descending=descending, stable=stable)
-    r: Tensor = await engine_of((x,), {"axis": axis, "descending": descending, "stable": stable}).op(
+    r: Tensor = await engine_of((x,), {"axis": axis, "descending": descending, "stable": stable}, "sort").op(
         _sort, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -2091,7 +2144,7 @@ async def argsort(
 ) -> Tensor:
     """The indices that sort ``x`` along ``axis`` (equal elements in their order when ``stable``)."""
     p_args, p_kwargs, p_nbytes = _argsort.spec(x, axis=axis, descending=descending, stable=stable)
-    r: Tensor = await engine_of((x,), {"axis": axis, "descending": descending, "stable": stable}).op(
+    r: Tensor = await engine_of((x,), {"axis": axis, "descending": descending, "stable": stable}, "argsort").op(
         _argsort, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -2106,7 +2159,7 @@ async def searchsorted(
     ``argsort`` of an unsorted ``x1``.
     """
     p_args, p_kwargs, p_nbytes = _searchsorted.spec(x1, x2, side=side, sorter=sorter)
-    r: Tensor = await engine_of((x1, x2), {"side": side, "sorter": sorter}).op(
+    r: Tensor = await engine_of((x1, x2), {"side": side, "sorter": sorter}, "searchsorted").op(
         _searchsorted, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -2115,7 +2168,7 @@ async def searchsorted(
 async def nonzero(x: TensorLike, /, *, name: str | None = None) -> tuple[Tensor, ...]:
     """The indices of the non-zero elements: a tuple of one int64 tensor per dimension (not for 0-d ``x``)."""
     p_args, p_kwargs, p_nbytes = _nonzero.spec(x)
-    r: tuple[Tensor, ...] = await engine_of((x,), None).op(_nonzero, p_args, p_kwargs, p_nbytes, name)
+    r: tuple[Tensor, ...] = await engine_of((x,), None, "nonzero").op(_nonzero, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -2125,14 +2178,18 @@ async def unique_all(x: TensorLike, /, *, name: str | None = None) -> UniqueAllR
     Each NaN is a value of its own, as the standard says. Gives a :class:`UniqueAllResult`.
     """
     p_args, p_kwargs, p_nbytes = _unique_all.spec(x)
-    r: UniqueAllResult[Tensor] = await engine_of((x,), None).op(_unique_all, p_args, p_kwargs, p_nbytes, name)
+    r: UniqueAllResult[Tensor] = await engine_of((x,), None, "unique_all").op(
+        _unique_all, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
 async def unique_counts(x: TensorLike, /, *, name: str | None = None) -> UniqueCountsResult[Tensor]:
     """The unique values of ``x``, sorted, and their counts: a :class:`UniqueCountsResult`."""
     p_args, p_kwargs, p_nbytes = _unique_counts.spec(x)
-    r: UniqueCountsResult[Tensor] = await engine_of((x,), None).op(_unique_counts, p_args, p_kwargs, p_nbytes, name)
+    r: UniqueCountsResult[Tensor] = await engine_of((x,), None, "unique_counts").op(
+        _unique_counts, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
@@ -2142,27 +2199,29 @@ async def unique_inverse(x: TensorLike, /, *, name: str | None = None) -> Unique
     ``values[inverse_indices]`` rebuilds ``x`` (``inverse_indices`` has ``x``'s shape).
     """
     p_args, p_kwargs, p_nbytes = _unique_inverse.spec(x)
-    r: UniqueInverseResult[Tensor] = await engine_of((x,), None).op(_unique_inverse, p_args, p_kwargs, p_nbytes, name)
+    r: UniqueInverseResult[Tensor] = await engine_of((x,), None, "unique_inverse").op(
+        _unique_inverse, p_args, p_kwargs, p_nbytes, name
+    )
     return r
 
 
 async def unique_values(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """The unique values of ``x``, sorted, as a 1-d tensor (each NaN its own value)."""
     p_args, p_kwargs, p_nbytes = _unique_values.spec(x)
-    r: Tensor = await engine_of((x,), None).op(_unique_values, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), None, "unique_values").op(_unique_values, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def isin(x1: TensorLike, x2: TensorLike, /, *, invert: bool = False, name: str | None = None) -> Tensor:
     """Element-wise whether each element of ``x1`` is in ``x2`` (not in it with ``invert``; bool)."""
     p_args, p_kwargs, p_nbytes = _isin.spec(x1, x2, invert=invert)
-    r: Tensor = await engine_of((x1, x2), {"invert": invert}).op(_isin, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x1, x2), {"invert": invert}, "isin").op(_isin, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def matmul(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Matrix product ``x1 @ x2``, batched over leading dimensions."""
-    r: Tensor = await engine_of((x1, x2), None).op(_matmul, (x1, x2), None, None, name)
+    r: Tensor = await engine_of((x1, x2), None, "matmul").op(_matmul, (x1, x2), None, None, name)
     return r
 
 
@@ -2171,14 +2230,14 @@ async def tensordot(
 ) -> Tensor:
     """Sum of products over ``axes`` (the last ``axes`` of x1 and first of x2, or explicit lists)."""
     p_args, p_kwargs, p_nbytes = _tensordot.spec(x1, x2, axes=axes)
-    r: Tensor = await engine_of((x1, x2), {"axes": axes}).op(_tensordot, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x1, x2), {"axes": axes}, "tensordot").op(_tensordot, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def einsum(subscripts: str, /, *operands: TensorLike, name: str | None = None) -> Tensor:
     """Einstein summation, e.g. ``einsum("ij,jk->ik", a, b)`` (contraction order optimized)."""
     p_args, p_kwargs, p_nbytes = _einsum.spec(subscripts, *operands)
-    r: Tensor = await engine_of((subscripts, *operands), None).op(_einsum, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((subscripts, *operands), None, "einsum").op(_einsum, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -2189,42 +2248,42 @@ async def reshape(x: TensorLike, /, shape: ShapeLike, *, copy: bool | None = Non
     shares memory with ``x`` cannot be observed, and every value of it is accepted.
     """
     p_args, p_kwargs, p_nbytes = _reshape.spec(x, shape, copy=copy)
-    r: Tensor = await engine_of((x, shape), {"copy": copy}).op(_reshape, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, shape), {"copy": copy}, "reshape").op(_reshape, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def permute_dims(x: TensorLike, /, axes: Sequence[int] | None = None, *, name: str | None = None) -> Tensor:
     """Dimensions reordered by ``axes`` (a transpose; ``None`` reverses them)."""
     p_args, p_kwargs, p_nbytes = _permute_dims.spec(x, axes)
-    r: Tensor = await engine_of((x, axes), None).op(_permute_dims, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, axes), None, "permute_dims").op(_permute_dims, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def expand_dims(x: TensorLike, /, axis: int | Sequence[int] = 0, *, name: str | None = None) -> Tensor:
     """A new dimension of size 1 at ``axis``."""
     p_args, p_kwargs, p_nbytes = _expand_dims.spec(x, axis)
-    r: Tensor = await engine_of((x, axis), None).op(_expand_dims, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, axis), None, "expand_dims").op(_expand_dims, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def squeeze(x: TensorLike, /, axis: AxisLike = None, *, name: str | None = None) -> Tensor:
     """Dimensions of size 1 removed (only ``axis`` if given)."""
     p_args, p_kwargs, p_nbytes = _squeeze.spec(x, axis)
-    r: Tensor = await engine_of((x, axis), None).op(_squeeze, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, axis), None, "squeeze").op(_squeeze, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def concat(arrays: Sequence[TensorLike], /, *, axis: int = 0, name: str | None = None) -> Tensor:
     """Tensors joined along an existing axis."""
     p_args, p_kwargs, p_nbytes = _concat.spec(arrays, axis=axis)
-    r: Tensor = await engine_of((arrays,), {"axis": axis}).op(_concat, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((arrays,), {"axis": axis}, "concat").op(_concat, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def stack(arrays: Sequence[TensorLike], /, *, axis: int = 0, name: str | None = None) -> Tensor:
     """Tensors of one shape joined along a new axis."""
     p_args, p_kwargs, p_nbytes = _stack.spec(arrays, axis=axis)
-    r: Tensor = await engine_of((arrays,), {"axis": axis}).op(_stack, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((arrays,), {"axis": axis}, "stack").op(_stack, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -2233,7 +2292,7 @@ async def split(
 ) -> list[Tensor]:
     """``x`` cut along ``axis`` into equal sections, or at the given indices."""
     p_args, p_kwargs, p_nbytes = _split.spec(x, indices_or_sections, axis=axis)
-    r: list[Tensor] = await engine_of((x, indices_or_sections), {"axis": axis}).op(
+    r: list[Tensor] = await engine_of((x, indices_or_sections), {"axis": axis}, "split").op(
         _split, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -2242,7 +2301,7 @@ async def split(
 async def broadcast_to(x: TensorLike, /, shape: ShapeLike, *, name: str | None = None) -> Tensor:
     """``x`` broadcast to ``shape`` (materialized: the result owns its memory)."""
     p_args, p_kwargs, p_nbytes = _broadcast_to.spec(x, shape)
-    r: Tensor = await engine_of((x, shape), None).op(_broadcast_to, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, shape), None, "broadcast_to").op(_broadcast_to, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -2256,7 +2315,7 @@ async def astype(
     the session places the op on (``device`` must be ``None`` or a device name).
     """
     p_args, p_kwargs, p_nbytes = _astype.spec(x, dtype, copy=copy, device=device)
-    r: Tensor = await engine_of((x, dtype), {"copy": copy, "device": device}).op(
+    r: Tensor = await engine_of((x, dtype), {"copy": copy, "device": device}, "astype").op(
         _astype, p_args, p_kwargs, p_nbytes, name
     )
     return r
@@ -2265,28 +2324,28 @@ async def astype(
 async def take(x: TensorLike, indices: TensorLike, /, *, axis: int | None = None, name: str | None = None) -> Tensor:
     """Elements of ``x`` at ``indices`` along ``axis`` (of the flattened ``x`` if ``None``)."""
     p_args, p_kwargs, p_nbytes = _take.spec(x, indices, axis=axis)
-    r: Tensor = await engine_of((x, indices), {"axis": axis}).op(_take, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, indices), {"axis": axis}, "take").op(_take, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def getitem(x: TensorLike, key: Any, /, *, name: str | None = None) -> Tensor:
     """``x[key]`` with numpy indexing (slices, ints, ``None``, ellipsis, int or bool arrays/tensors)."""
     p_args, p_kwargs, p_nbytes = _getitem.spec(x, key)
-    r: Tensor = await engine_of((x, key), None).op(_getitem, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x, key), None, "getitem").op(_getitem, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def matrix_transpose(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     """The last two dimensions of ``x`` swapped (a stack of matrices, each transposed)."""
     p_args, p_kwargs, p_nbytes = _matrix_transpose.spec(x)
-    r: Tensor = await engine_of((x,), None).op(_matrix_transpose, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x,), None, "matrix_transpose").op(_matrix_transpose, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
 async def vecdot(x1: TensorLike, x2: TensorLike, /, *, axis: int = -1, name: str | None = None) -> Tensor:
     """Dot products of vectors along ``axis`` (``x1`` conjugated), broadcast over the other dimensions."""
     p_args, p_kwargs, p_nbytes = _vecdot.spec(x1, x2, axis=axis)
-    r: Tensor = await engine_of((x1, x2), {"axis": axis}).op(_vecdot, p_args, p_kwargs, p_nbytes, name)
+    r: Tensor = await engine_of((x1, x2), {"axis": axis}, "vecdot").op(_vecdot, p_args, p_kwargs, p_nbytes, name)
     return r
 
 
@@ -2310,7 +2369,7 @@ async def asarray(
             ``None`` numeric. ``copy=False``: a tensor owns its memory, so a copy is needed.
     """
     p_args, p_kwargs, p_nbytes = _constant.spec(value, dtype, device=device, copy=copy)
-    r: Tensor = await engine_of((value, dtype), {"device": device, "copy": copy}).op(
+    r: Tensor = await engine_of((value, dtype), {"device": device, "copy": copy}, "constant").op(
         _constant, p_args, p_kwargs, p_nbytes, name
     )
     return r

@@ -317,8 +317,8 @@ class SessionOps:
 
     async def linspace(
         self,
-        start: float,
-        stop: float,
+        start: complex,
+        stop: complex,
         num: int = 50,
         endpoint: bool = True,
         dtype: DTypeLike | None = None,
@@ -326,7 +326,10 @@ class SessionOps:
         *,
         device: str | None = None,
     ) -> Tensor:
-        """``num`` evenly spaced values from ``start`` to ``stop`` (without ``stop`` unless ``endpoint``)."""
+        """``num`` evenly spaced values from ``start`` to ``stop`` (without ``stop`` unless ``endpoint``).
+
+        Real bounds give float64 values, complex bounds complex128 (unless ``dtype`` says otherwise).
+        """
         p_args, p_kwargs, p_nbytes = _linspace.spec(start, stop, num, endpoint, dtype, device=device)
         r: Tensor = await self._engine.op(_linspace, p_args, p_kwargs, p_nbytes, name)
         return r

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor._opdef import OPS
+from aiotensor.testing import OPS
 
 from ._opcheck import assert_invalid, assert_same
 from ._stdcheck import ParityCase, check_std, strict
@@ -357,7 +357,7 @@ async def test_parity_rows_hold(s: at.AsyncEagerSession, row: ParityCase) -> Non
 
 
 async def test_linspace_with_complex_bounds_reserves_their_size(s: at.AsyncEagerSession) -> None:
-    t = await s.linspace(0j, 1 + 1j, 5)  # type: ignore[arg-type]
+    t = await s.linspace(0j, 1 + 1j, 5)
     np.testing.assert_array_equal(await t.numpy(), np.linspace(0j, 1 + 1j, 5))
     # The bytes reserved before the kernel runs: complex128's, unless a dtype says otherwise.
     assert OPS["linspace"].prepare(0j, 1j, 5)[2] == 5 * 16

@@ -319,3 +319,15 @@ async def test_relu_matches_numpy_on_large_tensors(s: at.AsyncEagerSession) -> N
     got = await (await s.relu(x)).numpy()
     np.testing.assert_array_equal(got, np.maximum(x, np.float32(0)))
     assert np.signbit(got[0, 1]) == np.signbit(np.maximum(np.float32(-0.0), np.float32(0)))
+
+
+async def test_a_forgotten_await_without_any_tensor_names_the_op_and_argument(s: at.AsyncEagerSession) -> None:
+    # With no tensor and no default session the coroutine is the reason: the error named
+    # "this op" and the argument "#1" before module functions passed their op's name.
+    x = await s.constant([1.0, -2.0])
+    with pytest.raises(TypeError, match=r"^exp: argument 'x' is a coroutine .*forgotten `await`"):
+        await at.exp(s.exp(x))
+    with pytest.raises(TypeError, match=r"^astype: argument 'x' is a coroutine .*forgotten `await`"):
+        await at.astype(at.greater(x, 0), np.int64)
+    with pytest.raises(TypeError, match=r"^zeros_like: argument 'x' is a coroutine"):
+        await at.zeros_like(s.ones(3))

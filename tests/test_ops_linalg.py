@@ -168,6 +168,17 @@ async def _values(tensors: tuple[at.Tensor, ...]) -> list[np.ndarray]:
     return [await t.numpy() for t in tensors]
 
 
+async def _check_with_rtol(s: at.AsyncEagerSession, name: str, x: np.ndarray, rtol: Any, *, exact: bool) -> None:
+    """``name(x, rtol=rtol)`` as a session method and a module function (an array rtol also as a tensor)."""
+    want = strict(name)(x, rtol=rtol)
+    t = await s.constant(x)
+    rtols = [rtol] if not isinstance(rtol, np.ndarray) else [rtol, await s.constant(rtol)]
+    for r in rtols:
+        for how, fn in (("method", getattr(s, name)), ("module function", getattr(at, name))):
+            got = await (await fn(t, rtol=r)).numpy()
+            assert_same(got, want, f"{name}(rtol={r!r}) via {how}", exact=exact, rtol=1e-6 if exact else 1e-10)
+
+
 async def test_svdvals_pinv_matrix_rank(s: at.AsyncEagerSession) -> None:
     for dt in INEXACT:
         for shape in [(4, 3), (2, 3, 5), (3, 3)]:
@@ -177,16 +188,16 @@ async def test_svdvals_pinv_matrix_rank(s: at.AsyncEagerSession) -> None:
             await check_op(s, "matrix_rank", strict("matrix_rank"), x, exact=True)
     low = rand(5, 2) @ rand(2, 4)  # rank 2
     await check_op(s, "matrix_rank", strict("matrix_rank"), low, exact=True)
-    await check_op(s, "matrix_rank", strict("matrix_rank"), low, rtol=0.5, exact=True)
-    await check_op(
-        s,
-        "matrix_rank",
-        strict("matrix_rank"),
-        np.stack([low, low]),
-        rtol=np.array([1e-9, 0.9]),  # type: ignore[arg-type]
-        exact=True,
-    )
-    await check_op(s, "pinv", strict("pinv"), low, rtol=1e-3)
+    # The ops' own rtol (check_op's rtol= is its comparison tolerance, not an op argument).
+    steps = np.diag([1.0, 0.1, 1e-3])  # singular values 1, 0.1, 0.001: every rtol below changes the answer
+    for rtol, rank in ((None, 3), (0.05, 2), (0.5, 1), (np.array([1e-9, 0.5]), [3, 1])):
+        x = np.stack([steps, steps]) if isinstance(rtol, np.ndarray) else steps
+        np.testing.assert_array_equal(strict("matrix_rank")(x, rtol=rtol), rank)  # the case can tell
+        await _check_with_rtol(s, "matrix_rank", x, rtol, exact=True)
+    for rtol in (None, 0.05, 0.5):
+        await _check_with_rtol(s, "pinv", steps, rtol, exact=False)
+    assert not np.allclose(strict("pinv")(steps, rtol=0.05), strict("pinv")(steps))
+    await _check_with_rtol(s, "pinv", low, 1e-3, exact=False)
     # empty matrices have rank 0 (the reference's max over no singular values raises)
     await check_op(s, "matrix_rank", lambda x: np.zeros(x.shape[:-2], np.int64), np.zeros((2, 0, 3)), exact=True)
     await check_op(s, "matrix_rank", strict("matrix_rank"), np.ones(3))  # 1-d: refused

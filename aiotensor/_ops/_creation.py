@@ -174,8 +174,8 @@ def arange(
 
 @op("linspace", cost=C)
 def linspace(
-    start: float,
-    stop: float,
+    start: complex,  # (a float or an int too: complex bounds give complex values)
+    stop: complex,
     num: int = 50,
     endpoint: bool = True,
     dtype: DTypeLike | None = None,
@@ -183,7 +183,10 @@ def linspace(
     *,
     device: str | None = None,
 ) -> Prepared:
-    """``num`` evenly spaced values from ``start`` to ``stop`` (without ``stop`` unless ``endpoint``)."""
+    """``num`` evenly spaced values from ``start`` to ``stop`` (without ``stop`` unless ``endpoint``).
+
+    Real bounds give float64 values, complex bounds complex128 (unless ``dtype`` says otherwise).
+    """
     check_device(device, "linspace")
     n = count(num, "num", "linspace")
     dt = check_dtype(dtype, "linspace")
