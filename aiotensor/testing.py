@@ -34,13 +34,16 @@ __all__ = ["OPS", "RecordingBackend", "Submitted", "assert_no_leaks", "live_hand
 
 _LISTED = 10
 
-#: The op table, read-only: each op's name -> its definition, the one source the session
-#: methods, the module functions, the operators, fused ``ops`` and ``aiotensor.xp`` are
-#: generated from. An entry's ``spec`` has the op's signature and docstring; ``prepare``
-#: runs the spec's argument checks; ``elementwise``, ``cost`` (a ``Cost`` member),
-#: ``returns`` and ``data`` (how many leading arguments are tensor values) describe it.
-#: For a test that must cover every op (a parity suite) instead of a hand-kept list.
 OPS: Mapping[str, OpDef] = MappingProxyType(_OPS)
+"""The op table, read-only: each op's name -> its definition.
+
+It is the one source the session methods, the module functions, the operators, fused
+``ops`` and ``aiotensor.xp`` are generated from. An entry's ``spec`` has the op's
+signature and docstring; ``prepare`` runs the spec's argument checks; ``elementwise``,
+``cost`` (a ``Cost`` member), ``returns`` and ``data`` (how many leading arguments are
+tensor values) describe it. For a test that must cover every op (a parity suite)
+instead of a list kept by hand.
+"""
 
 
 def op_names(*, aliases: bool = False) -> list[str]:
