@@ -786,3 +786,13 @@ async def test_a_kernel_on_a_worker_sees_read_only_views_of_its_inputs() -> None
     assert replica.flags.writeable  # (it was set read-only in place)
     assert not np.shares_memory(out, replica)
     np.testing.assert_array_equal(out, replica)
+
+
+async def test_errstate_log_and_print_stay_on_the_worker(backend: DaskBackend) -> None:
+    # "log" needs the caller's errcall object on the worker: the worker's default there,
+    # never an AttributeError from numpy (as shipping the mode alone would give).
+    async with at.AsyncEagerSession(backend=backend) as s:
+        x = await s.constant(np.array([1.0, 0.0]))
+        with np.errstate(divide="log", invalid="print"):
+            got = await (await s.divide(x, 0.0)).numpy()
+    np.testing.assert_array_equal(got[:1], [np.inf])

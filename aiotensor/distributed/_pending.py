@@ -49,6 +49,10 @@ def _has_large_constant(fn: Callable[..., Any]) -> bool:
     return isinstance(fn, Program) and _has_large_array(fn.steps)
 
 
+#: np.errstate modes a task runs under as its caller set them.
+_SHIPPED_MODES = frozenset({"ignore", "warn", "raise", "call"})
+
+
 def _set_done(done: asyncio.Future[None]) -> None:
     if not done.done():
         done.set_result(None)
@@ -86,8 +90,10 @@ class DaskPending:
         self._fn, self._args, self._kwargs = fn, args, kwargs
         self._key = key
         self._workers = workers
-        # What the kernel would run under in the caller's thread (as the local pool's copy of the context).
-        self._errstate: dict[str, str] = np.geterr()  # type: ignore[assignment]
+        # What the kernel would run under in the caller's thread (as the local pool's copy of
+        # the context). "print" and "log" write on the worker's side (numpy's own message
+        # names the ufunc, which the callback never learns): the worker's default, as before.
+        self._errstate = {k: v for k, v in np.geterr().items() if v in _SHIPPED_MODES}
         self._errcall: Any = np.geterrcall()
         self._waiter: asyncio.Future[tuple[Meta, FpErrors]] = loop.create_future()
         self._done: asyncio.Future[None] = loop.create_future()
