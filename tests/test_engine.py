@@ -234,9 +234,9 @@ def _no_pool(s: at.AsyncEagerSession) -> list[Any]:
 def _every_step_a_slice(monkeypatch: pytest.MonkeyPatch, *, yields: bool = True) -> None:
     # A clock past every deadline: each step ends its slice. With ``yields``, sessions
     # made afterwards have no hold budget, so the loop runs other tasks after each slice.
-    from aiotensor import _engine, _program
+    from aiotensor import _engine, _interpreter
 
-    monkeypatch.setattr(_program, "_clock", lambda: math.inf)
+    monkeypatch.setattr(_interpreter, "_clock", lambda: math.inf)
     if yields:
         monkeypatch.setattr(_engine, "HOLD_THRESHOLDS", 0)
 
