@@ -29,7 +29,7 @@ from . import _defaults, _fpwarn
 from ._backends._allocator import out_for
 from ._backends._base import Backend
 from ._blocked_run import result_buffer
-from ._compile import NEED_KEY, compile_program, compiled, program_cost, program_need
+from ._compile import NEED_KEY, compile_program, compiled, program_need
 from ._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS, OVERHEAD_NS, PER_BYTE, SLICED_MAX, estimate_us
 from ._errors import (
     AioTensorError,
@@ -45,6 +45,7 @@ from ._kernels import KernelResult, as_numeric, finalize, forgotten_await, info,
 from ._loopload import BUSY_INLINE_US, offload, stays_inline
 from ._opdef import OPS, Cost, OpDef, namespace
 from ._ops._apply import label as apply_label
+from ._placement import program_cost
 from ._program import Program, Step
 from ._registry import Registry
 from ._tensor import Tensor, make_tensor

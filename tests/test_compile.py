@@ -10,11 +10,12 @@ import pytest
 
 import aiotensor as at
 from aiotensor import _compile
-from aiotensor._compile import compile_program, compiled, program_cost
+from aiotensor._compile import compile_program, compiled
 from aiotensor._cost import OVERHEAD_NS, PER_BYTE, estimate_us
 from aiotensor._engine import _is_tensor
 from aiotensor._expr import Expr
 from aiotensor._opdef import Cost
+from aiotensor._placement import program_cost
 
 from ._formulas import formula as _formula
 

@@ -214,9 +214,10 @@ _V = np.linspace(-2.0, 2.0, 4096)
 
 async def _estimate(e: Any) -> float:
     # What the engine estimates for this expression under the default threshold.
-    from aiotensor._compile import compile_program, program_cost
+    from aiotensor._compile import compile_program
     from aiotensor._engine import _is_tensor
     from aiotensor._expr import Expr
+    from aiotensor._placement import program_cost
 
     e._used = True
     async with at.AsyncEagerSession() as probe:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from aiotensor._fusion._placement import RETRY_INLINE_EVERY, Placement
+from aiotensor._placement import RETRY_INLINE_EVERY, Placement
 
 LIMIT = 50.0  # the session's inline threshold (µs)
 KEY = (((16, 64), "float32"),)

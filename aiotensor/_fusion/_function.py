@@ -43,8 +43,8 @@ from .._expr import Expr
 from .._interpreter import Budget, Interpreter
 from .._kernels import SEQUENCES, read_only_view, unshared
 from .._opdef import ALIASES, BINARY_OPERATORS, COMPARISON_OPERATORS, INTERNAL_OPS, OPS, UNARY_OPERATORS, OpDef
+from .._placement import Placement
 from .._tensor import Tensor
-from ._placement import Placement
 
 if TYPE_CHECKING:
     from .._protocols import SessionLike
