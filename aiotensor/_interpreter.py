@@ -359,7 +359,14 @@ class Interpreter:
         # A ufunc's output (called without out=) is always a fresh array: no need to ask.
         if type(out) is _ndarray and (type(kernel) is _ufunc or (out.base is None and out.flags.writeable)):
             out.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
-            self._budget.made(out.nbytes, d.name)
+            budget = self._budget  # Budget.made, inline: this is most ops of a short function
+            live = budget.live + out.nbytes
+            if budget.limit is not None and live > budget.limit:
+                budget.made(out.nbytes, d.name)  # raises ResourceExhaustedError
+            budget.count += 1
+            budget.live = live
+            if live > budget.peak:
+                budget.peak = live
             value = _new(self._made_type)  # _made_type(out, self), without the call
             value._arr = out
             value._ops = self

@@ -30,7 +30,7 @@ from ._opdef import Cost
 if TYPE_CHECKING:
     from ._program import Program
 
-__all__ = ["RETRY_INLINE_EVERY", "Placement", "Unknown", "estimate_us", "program_cost", "spec_of"]
+__all__ = ["RETRY_INLINE_EVERY", "Placement", "Unknown", "program_cost", "spec_of"]
 
 _ndarray = np.ndarray
 
