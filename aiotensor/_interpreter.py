@@ -283,6 +283,7 @@ class Interpreter:
     _view_type: ClassVar[type[Any]]
 
     def __init__(self, budget: Budget, xp: Any, measure: bool = True, recycle: bool = False) -> None:
+        # (FusedOps.__init__ writes this out: keep the two alike)
         self._budget = budget
         self._xp = xp
         # The cost model's µs for the ops run so far (as for single ops), when measured.

@@ -41,6 +41,13 @@ def test_fused_ops_are_the_interpreter_driven_by_python() -> None:
     ops = FusedOps(ENGINE, Budget("a test"), measure=False)
     assert isinstance(ops, Interpreter)
     assert ops._fast  # numpy, not measured, not recycling: the hot path
+    for recycle in (False, True):  # FusedOps.__init__ writes Interpreter.__init__ out: the same state
+        for measure in (False, True):
+            ours = FusedOps(ENGINE, Budget("a test"), measure=measure, recycle=recycle)
+            base = Interpreter(Budget("a test"), np, measure=measure, recycle=recycle)
+            for name in Interpreter.__slots__:
+                if name != "_budget":
+                    assert getattr(ours, name) == getattr(base, name), name
     assert not FusedOps(ENGINE, Budget("a test"), measure=False, recycle=True)._fast
     assert not FusedOps(ENGINE, Budget("a test"), measure=True)._fast
 
