@@ -672,7 +672,7 @@ class Engine:
         """Run ``kernel(*bufs, **kw)`` inline (when ``est_us`` allows) or on the backend; own its outputs.
 
         ``described`` are the arguments as the caller gave them, for error messages.
-        ``budget`` (a :class:`~aiotensor._program.Budget`) gets the bytes its
+        ``budget`` (a :class:`~aiotensor._interpreter.Budget`) gets the bytes its
         intermediates may hold under ``memory_limit``, reserved for the run
         (:meth:`_hold`): ``need`` bytes when the caller knows them, else what is free.
         A :class:`~aiotensor._program.Program` estimated at most ``SLICED_MAX``

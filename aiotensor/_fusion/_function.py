@@ -6,9 +6,14 @@ function. Awaiting it runs one kernel; inside, ``ops`` is the op table made sync
 an expression program does) and tensor arguments arrive as :class:`FusedValue` objects
 with the usual operators. So ten small ops cost one dispatch instead of ten.
 
-Where it runs: a fused function's cost is unknown until it has run, so its first call
-for given argument shapes goes to the pool, where the cost model of single ops
-(``_cost``) adds up the ops it runs; later calls with those shapes run inline on the
+The function's Python runs eagerly (its control flow is Python's): ``ops`` is the
+driver of the one step executor of multi-op kernels, ``_interpreter.Interpreter``,
+which applies each op (checks, kernel, errors, the run's budget, recycled outputs for
+batched kernels) as an expression's program applies its steps.
+
+Where it runs (``_placement.Placement``): a fused function's cost is unknown until it
+has run, so its first call for given argument shapes goes to the pool, where the cost
+model of single ops (``_cost``) adds up the ops it runs; later calls with those shapes run inline on the
 loop when that sum is within the session's ``inline_threshold_us``, as cheap single ops
 do (the first call's wall time is no guide: the hop and cold caches inflate it). Two
 consecutive inline calls that take more than four times that threshold (the function does work of
@@ -19,7 +24,7 @@ cache on shapes the same way.
 
 Ownership of intermediates: the registry belongs to the loop thread, so values made
 inside the function are not registered one by one (that would need a hop back to the
-loop per op). Each run counts them in a :class:`~aiotensor._program.Budget`: their
+loop per op). Each run counts them in a :class:`~aiotensor._interpreter.Budget`: their
 bytes are checked against what ``memory_limit`` leaves free when the kernel starts,
 and the session's statistics record them as allocated and freed, with their peak in
 ``peak_bytes``. They are freed by reference counting as soon as the function drops
