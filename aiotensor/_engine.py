@@ -41,6 +41,7 @@ from ._errors import (
     WrongEventLoopError,
 )
 from ._expr import Expr
+from ._interpreter import Budget
 from ._kernels import KernelResult, as_numeric, finalize, forgotten_await, info, kernel_error, normalize
 from ._loopload import BUSY_INLINE_US, offload, stays_inline
 from ._opdef import OPS, Cost, OpDef, namespace
@@ -665,7 +666,7 @@ class Engine:
         nbytes: int | None = None,
         name: str | None = None,
         est_us: float = math.inf,
-        budget: Any = None,
+        budget: Budget | None = None,
         need: int | None = None,
         blas: bool = False,
     ) -> tuple[list[Tensor], bool]:
@@ -788,7 +789,7 @@ class Engine:
         *,
         user: bool,
         est_us: float,
-        budget: Any = None,
+        budget: Budget | None = None,
     ) -> tuple[list[Tensor], bool] | None:
         """:meth:`call`'s common case without a coroutine frame, or ``None`` (then await :meth:`call`).
 
@@ -824,7 +825,7 @@ class Engine:
         described: tuple[Any, ...],
         user: bool,
         name: str | None,
-        budget: Any,
+        budget: Budget | None,
         device: str,
     ) -> tuple[list[Tensor], bool]:
         # Run a kernel here and own its outputs, in a session without a memory limit to
@@ -856,7 +857,7 @@ class Engine:
             return [self._register(out, label, name, device)], False
         return self._take(result, label, name, device), result.multi
 
-    def _settle(self, budget: Any) -> None:
+    def _settle(self, budget: Budget) -> None:
         registry = self.registry
         if budget.count > budget.escaped and not registry.closed:
             # Intermediates never reached the registry: record them as allocated and
