@@ -1,31 +1,32 @@
-"""Expressions into programs: the compiler, its cache, and a program's cost estimate.
+"""Expressions into programs: the compiler, its cache, and a program's memory bound.
 
 :func:`compile_program` orders an expression's nodes so that each comes after its
 inputs, merges common subexpressions (two nodes with the same op on the same inputs
 and values are one node) and drops each intermediate right after its last use;
-:func:`compiled` does it once per formula and tensor shapes; :func:`program_cost` is
-what the engine compares with its inline threshold. ``_program`` runs the result.
+:func:`compiled` does it once per formula and tensor shapes (with the costs the engine
+caches per program: ``_placement.program_cost``); :func:`program_need` bounds what a
+run holds. ``_program`` runs the result.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._blocked import block_runs
-from ._cost import OVERHEAD_NS, PER_BYTE, Spec, estimate_us, out_spec
+from ._cost import Spec, out_spec
 from ._expr import scalar_key
 from ._kernels import as_numeric
-from ._opdef import Cost, OpDef
+from ._opdef import OpDef
+from ._placement import Unknown, spec_of
 from ._program import Program, Ref
 
 if TYPE_CHECKING:
     from ._expr import Expr
 
-__all__ = ["NEED_KEY", "compile_program", "compiled", "program_cost", "program_need"]
+__all__ = ["NEED_KEY", "compile_program", "compiled", "program_need"]
 
 _ndarray = np.ndarray
 
@@ -214,35 +215,6 @@ def compiled(
     return entry.program.fresh(), [distinct[i] for i in entry.perm], entry.costs
 
 
-def program_cost(program: Program, leaves: list[Any], limit: float) -> float:
-    """The estimated µs of ``program`` on ``leaves`` (tensors), ``inf`` past ``limit`` (0: never inline).
-
-    Step by step through the cost model, each step's output sized from its inputs
-    (``out_spec``), after the one-pass case of element-wise steps over leaves of one shape.
-    """
-    if not limit:
-        return math.inf
-    steps = program.steps
-    # The common case first: element-wise and reduction steps over leaves of one shape.
-    shape = leaves[0]._shape if leaves else None
-    if shape is not None and all(t._shape == shape for t in leaves):
-        est = _elementwise_cost(steps, shape, leaves)
-        if est is not None:
-            return est
-    specs: list[Any] = [Spec(t._shape, t._dtype.itemsize) for t in leaves]
-    total = 0.0
-    for d, templates, kwargs, _, _ in steps:
-        try:
-            args = tuple(_spec_of(t, specs) for t in templates)
-        except _Unknown:
-            return math.inf
-        total += estimate_us(d, args, kwargs, None)
-        if total > limit:
-            return math.inf
-        specs.append(out_spec(d, args, kwargs))
-    return total
-
-
 #: The key under which a program's cost cache keeps :func:`program_need` (thresholds are >= 0).
 NEED_KEY = -1.0
 
@@ -259,8 +231,8 @@ def program_need(program: Program, leaves: list[Any]) -> int | None:
     live = peak = 0
     for d, templates, kwargs, _, drop in program.steps:
         try:
-            args = tuple(_spec_of(t, specs) for t in templates)
-        except _Unknown:
+            args = tuple(spec_of(t, specs) for t in templates)
+        except Unknown:
             return None
         out = out_spec(d, args, kwargs)
         if out is None:
@@ -271,57 +243,3 @@ def program_need(program: Program, leaves: list[Any]) -> int | None:
         for slot in drop:
             live -= specs[slot].nbytes
     return peak
-
-
-_ELEMENTWISE_COSTS = (Cost.MEMORY, Cost.MATH, Cost.DIVMOD)
-# Ops of those classes whose output may hold more items than their array input.
-_GROWING = frozenset({"broadcast_to", "concat", "stack", "expand_dims"})
-
-
-def _elementwise_cost(steps: list[Any], shape: tuple[int, ...], leaves: list[Any]) -> float | None:
-    """The estimate of a program of element-wise and reduction steps over leaves of one shape, or None.
-
-    No intermediate is larger than that shape, so a step touches at most its array
-    arguments plus its output, each of that many items. Items are the leaves' own size
-    when they are floats and every constant a plain number (numpy keeps a float dtype
-    against python numbers), else 8 bytes. Anything else (products, indexing, ops whose
-    output may outgrow their input, arrays among the constants) is None: the
-    step-by-step estimate.
-    """
-    narrow = all(t._dtype.kind == "f" for t in leaves)
-    arrays_per_byte = 0.0
-    for d, templates, _, _, _ in steps:
-        cost = d.cost
-        if cost not in _ELEMENTWISE_COSTS or d.name in _GROWING:
-            return None
-        arrays = 1  # the output
-        for t in templates:
-            tt = type(t)
-            if tt is Ref:
-                arrays += 1
-            elif tt is _ndarray:
-                return None
-            elif tt is list or tt is tuple:
-                arrays += sum(1 for e in t if type(e) is Ref)
-                narrow = False
-            elif tt is not float and tt is not int and tt is not bool:
-                narrow = False  # a dtype (astype), None, ...: the items may grow
-        weight = getattr(d, "weight", None)  # a blocked run (_blocked): its ops' estimates summed
-        arrays_per_byte += max(arrays, 2) * PER_BYTE[cost] if weight is None else weight
-    itemsize = max(t._dtype.itemsize for t in leaves) if narrow else 8
-    return (len(steps) * OVERHEAD_NS + itemsize * math.prod(shape) * arrays_per_byte) / 1000.0
-
-
-def _spec_of(template: Any, specs: list[Any]) -> Any:
-    if type(template) is Ref:
-        spec = specs[template.slot]
-        if spec is None:
-            raise _Unknown
-        return spec
-    if type(template) in (list, tuple):
-        return type(template)(_spec_of(e, specs) for e in template)
-    return template
-
-
-class _Unknown(Exception):
-    pass

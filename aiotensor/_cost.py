@@ -16,7 +16,7 @@ own time, not the hop's latency, is what a kernel should not cost.
 
 The estimate reads only shapes and byte counts (no numpy call on the common path, where
 every array argument has the same shape). It works on arrays and on :class:`Spec`
-objects, the shapes an expression's intermediates will have (see ``_compile.program_cost``).
+objects, the shapes an expression's intermediates will have (see ``_placement.program_cost``).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from . import _defaults, _fpwarn
 from ._backends._allocator import out_for
 from ._backends._base import Backend
 from ._blocked_run import result_buffer
-from ._compile import NEED_KEY, compile_program, compiled, program_cost, program_need
+from ._compile import NEED_KEY, compile_program, compiled, program_need
 from ._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS, OVERHEAD_NS, PER_BYTE, SLICED_MAX, estimate_us
 from ._errors import (
     AioTensorError,
@@ -41,10 +41,12 @@ from ._errors import (
     WrongEventLoopError,
 )
 from ._expr import Expr
+from ._interpreter import Budget
 from ._kernels import KernelResult, as_numeric, finalize, forgotten_await, info, kernel_error, normalize
 from ._loopload import BUSY_INLINE_US, offload, stays_inline
 from ._opdef import OPS, Cost, OpDef, namespace
 from ._ops._apply import label as apply_label
+from ._placement import program_cost
 from ._program import Program, Step
 from ._registry import Registry
 from ._tensor import Tensor, make_tensor
@@ -664,14 +666,14 @@ class Engine:
         nbytes: int | None = None,
         name: str | None = None,
         est_us: float = math.inf,
-        budget: Any = None,
+        budget: Budget | None = None,
         need: int | None = None,
         blas: bool = False,
     ) -> tuple[list[Tensor], bool]:
         """Run ``kernel(*bufs, **kw)`` inline (when ``est_us`` allows) or on the backend; own its outputs.
 
         ``described`` are the arguments as the caller gave them, for error messages.
-        ``budget`` (a :class:`~aiotensor._program.Budget`) gets the bytes its
+        ``budget`` (a :class:`~aiotensor._interpreter.Budget`) gets the bytes its
         intermediates may hold under ``memory_limit``, reserved for the run
         (:meth:`_hold`): ``need`` bytes when the caller knows them, else what is free.
         A :class:`~aiotensor._program.Program` estimated at most ``SLICED_MAX``
@@ -787,7 +789,7 @@ class Engine:
         *,
         user: bool,
         est_us: float,
-        budget: Any = None,
+        budget: Budget | None = None,
     ) -> tuple[list[Tensor], bool] | None:
         """:meth:`call`'s common case without a coroutine frame, or ``None`` (then await :meth:`call`).
 
@@ -823,7 +825,7 @@ class Engine:
         described: tuple[Any, ...],
         user: bool,
         name: str | None,
-        budget: Any,
+        budget: Budget | None,
         device: str,
     ) -> tuple[list[Tensor], bool]:
         # Run a kernel here and own its outputs, in a session without a memory limit to
@@ -855,7 +857,7 @@ class Engine:
             return [self._register(out, label, name, device)], False
         return self._take(result, label, name, device), result.multi
 
-    def _settle(self, budget: Any) -> None:
+    def _settle(self, budget: Budget) -> None:
         registry = self.registry
         if budget.count > budget.escaped and not registry.closed:
             # Intermediates never reached the registry: record them as allocated and

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import aiotensor as at
+from aiotensor import _interpreter as interp
 from aiotensor._fusion import _batch_kernel as bk
-from aiotensor._program import Budget
+from aiotensor._fusion._function import FusedOps
+from aiotensor._interpreter import RECYCLER, Budget
 
 BIG = (128, 256)  # float32: 128 KiB, over MIN_BYTES
 ENGINE: Any = types.SimpleNamespace(_xp=np)  # what the ops read of an engine for array arguments
@@ -23,18 +25,17 @@ def fresh() -> Iterator[None]:
     """Nothing kept or learned by an earlier test (on this thread)."""
 
     def clear() -> None:
-        bk._kept.free.clear()
-        bk._kept.nbytes = 0
-        bk._specs.clear()
-        bk._wanted.clear()
+        RECYCLER.clear()
+        interp._specs.clear()
+        interp._wanted.clear()
 
     clear()
     yield
     clear()
 
 
-def ops() -> bk.RecyclingOps:
-    return bk.RecyclingOps(ENGINE, Budget("a test"))
+def ops() -> FusedOps:
+    return FusedOps(ENGINE, Budget("a test"), recycle=True)
 
 
 def big(seed: int = 0) -> np.ndarray[Any, Any]:
@@ -42,7 +43,7 @@ def big(seed: int = 0) -> np.ndarray[Any, Any]:
 
 
 def kept() -> int:
-    return sum(len(v) for v in bk._kept.free.values())
+    return sum(len(v) for v in RECYCLER.free.values())
 
 
 def test_a_dead_intermediate_is_reused_as_the_output_of_a_later_op() -> None:
@@ -50,8 +51,7 @@ def test_a_dead_intermediate_is_reused_as_the_output_of_a_later_op() -> None:
     o = ops()
     o.multiply(a, b)  # each op learns its output's shape and dtype on its first call
     o.relu(a)
-    bk._kept.free.clear()
-    bk._kept.nbytes = 0
+    RECYCLER.clear()
     v = o.add(a, b)
     first = id(np.asarray(v).base)  # the buffer behind the read-only view (an id: a reference would keep it)
     np.testing.assert_array_equal(np.asarray(v), a + b)
@@ -73,8 +73,7 @@ def test_a_buffer_something_still_refers_to_is_never_reused() -> None:
     o = ops()
     o.add(a, b)  # learn the spec; dropped at once and kept
     assert kept() == 1
-    bk._kept.free.clear()
-    bk._kept.nbytes = 0
+    RECYCLER.clear()
     v = o.add(a, b)
     view = np.asarray(v)  # escapes the value
     del v
@@ -94,7 +93,7 @@ def test_small_outputs_scalars_and_keywords_are_not_recycled() -> None:
     o.add(a, 1.0)  # a Python scalar may pick the dtype (numpy 1.x): never recycled
     o.add(a, np.float32(1.0))
     o.sum(a, axis=0)
-    assert bk._specs == {}
+    assert interp._specs == {}
     assert kept() == 0
 
 
@@ -102,21 +101,20 @@ def test_what_is_kept_per_thread_is_bounded(monkeypatch: pytest.MonkeyPatch) -> 
     a = big()
     o = ops()
     o.add(a, a)  # learn the spec
-    values = [o.add(a, a) for _ in range(bk._PER_SPEC + 3)]
+    values = [o.add(a, a) for _ in range(interp._PER_SPEC + 3)]
     del values
-    assert kept() == bk._PER_SPEC
-    assert bk._kept.nbytes == bk._PER_SPEC * a.nbytes
-    bk._kept.free.clear()
-    bk._kept.nbytes = 0
-    monkeypatch.setattr(bk, "CAP", 2 * a.nbytes)
+    assert kept() == interp._PER_SPEC
+    assert RECYCLER.nbytes == interp._PER_SPEC * a.nbytes
+    RECYCLER.clear()
+    monkeypatch.setattr(interp, "CAP", 2 * a.nbytes)
     values = [o.add(a, a) for _ in range(4)]
     del values
-    assert bk._kept.nbytes <= 2 * a.nbytes
+    assert RECYCLER.nbytes <= 2 * a.nbytes
 
 
 def test_the_reference_count_of_a_lone_array_is_calibrated() -> None:
-    assert isinstance(bk._ALONE, int)
-    assert bk._ALONE >= 1
+    assert isinstance(interp._ALONE, int)
+    assert interp._ALONE >= 1
 
 
 def test_the_kernel_stacks_splits_and_copies_what_it_does_not_own() -> None:
@@ -168,14 +166,14 @@ async def test_many_batches_on_the_pool_stay_right_and_earlier_results_never_cha
     del held, ys, y
 
 
-def test_recycling_ops_note_whether_an_output_was_worth_recycling() -> None:
+def test_recycling_fused_ops_note_whether_an_output_was_worth_recycling() -> None:
     small = ops()
     np.testing.assert_array_equal(np.asarray(small.add(np.ones((4, 4)), 1.0)), np.full((4, 4), 2.0))
-    assert not small.big  # under MIN_BYTES: nothing to recycle
+    assert not small._big  # under MIN_BYTES: nothing to recycle
     large = ops()
     x = big()
     np.testing.assert_array_equal(np.asarray(large.add(x, x)), x + x)
-    assert large.big
+    assert large._big
 
 
 def test_a_lone_caller_known_to_make_small_outputs_takes_plain_fused_ops() -> None:

@@ -214,9 +214,10 @@ _V = np.linspace(-2.0, 2.0, 4096)
 
 async def _estimate(e: Any) -> float:
     # What the engine estimates for this expression under the default threshold.
-    from aiotensor._compile import compile_program, program_cost
+    from aiotensor._compile import compile_program
     from aiotensor._engine import _is_tensor
     from aiotensor._expr import Expr
+    from aiotensor._placement import program_cost
 
     e._used = True
     async with at.AsyncEagerSession() as probe:
@@ -234,9 +235,9 @@ def _no_pool(s: at.AsyncEagerSession) -> list[Any]:
 def _every_step_a_slice(monkeypatch: pytest.MonkeyPatch, *, yields: bool = True) -> None:
     # A clock past every deadline: each step ends its slice. With ``yields``, sessions
     # made afterwards have no hold budget, so the loop runs other tasks after each slice.
-    from aiotensor import _engine, _program
+    from aiotensor import _engine, _interpreter
 
-    monkeypatch.setattr(_program, "_clock", lambda: math.inf)
+    monkeypatch.setattr(_interpreter, "_clock", lambda: math.inf)
     if yields:
         monkeypatch.setattr(_engine, "HOLD_THRESHOLDS", 0)
 

@@ -1,10 +1,20 @@
-"""Placement: where a fused or batched function's runs go, per argument shapes, from what earlier runs showed."""
+"""The one cost model: a program's estimate; where a fused or batched function's runs go, learnt from its runs."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from aiotensor._fusion._placement import RETRY_INLINE_EVERY, Placement
+import numpy as np
+import pytest
+
+import aiotensor as at
+from aiotensor._compile import compile_program
+from aiotensor._cost import OVERHEAD_NS, PER_BYTE, estimate_us
+from aiotensor._engine import _is_tensor
+from aiotensor._expr import Expr
+from aiotensor._opdef import Cost
+from aiotensor._placement import RETRY_INLINE_EVERY, Placement, program_cost
 
 LIMIT = 50.0  # the session's inline threshold (µs)
 KEY = (((16, 64), "float32"),)
@@ -79,3 +89,39 @@ def test_a_slow_retry_keeps_the_shape_on_the_pool() -> None:
             assert _run(p, KEY, elapsed=80.0) == math.inf
         assert _run(p, KEY, elapsed=5 * LIMIT) == 10.0  # the retry: inline, and slow again
     assert p.estimate(KEY) == math.inf
+
+
+# -- the cost estimate the engine compares with its inline threshold
+
+
+def _program_of(e: Any) -> tuple[Any, list[Any]]:
+    e._used = True
+    return compile_program([e], _is_tensor, "numpy", Expr)
+
+
+async def test_an_elementwise_program_costs_its_steps_bytes(s: at.AsyncEagerSession) -> None:
+    # Three steps over one float32 leaf of 1000 items and numbers: each touches its
+    # array arguments plus its output (at least two arrays), in the leaf's item size.
+    a = await s.constant(np.ones(1000, np.float32))
+    program, leaves = _program_of(((a * 2.0) + a) - 1.0)
+    per_byte = PER_BYTE[Cost.MEMORY]
+    arrays = 2 + 3 + 2  # a * 2.0 | (.) + a | (.) - 1.0
+    want = (3 * OVERHEAD_NS + 4 * 1000 * arrays * per_byte) / 1000.0
+    assert program_cost(program, leaves, 50.0) == pytest.approx(want)
+
+
+async def test_a_program_with_a_product_is_costed_step_by_step(s: at.AsyncEagerSession) -> None:
+    x = np.ones((8, 16), np.float32)
+    w = np.ones((16, 4), np.float32)
+    a, b = await s.constant(x), await s.constant(w)
+    program, leaves = _program_of((a @ b) * 2.0)
+    matmul = estimate_us(program.steps[0][0], (x, w), None, None)
+    scaled = estimate_us(program.steps[1][0], (np.ones((8, 4)), 2.0), None, None)  # out_spec: 8-byte items
+    assert program_cost(program, leaves, 1e6) == pytest.approx(matmul + scaled)
+
+
+async def test_a_program_past_the_limit_or_with_no_limit_is_never_inline(s: at.AsyncEagerSession) -> None:
+    a = await s.constant(np.ones(1000, np.float32))
+    program, leaves = _program_of((a @ a) * 2.0)  # step by step: the sum stops at the limit
+    assert program_cost(program, leaves, 1e-3) == math.inf
+    assert program_cost(program, leaves, 0.0) == math.inf  # inline_threshold_us=0: never inline

@@ -42,11 +42,11 @@ from .._engine import Engine, State, engine_of, session_engine
 from .._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
 from .._expr import Expr, Operand
 from .._kernels import NUMERIC_KINDS, KernelResult, info, numeric_array
+from .._placement import Placement
 from .._program import Budget
 from .._tensor import Tensor
 from ._batch_kernel import BatchKernel
 from ._function import FusedOps, _buffers
-from ._placement import Placement
 
 if TYPE_CHECKING:
     from .._protocols import EngineLike

@@ -6,9 +6,14 @@ function. Awaiting it runs one kernel; inside, ``ops`` is the op table made sync
 an expression program does) and tensor arguments arrive as :class:`FusedValue` objects
 with the usual operators. So ten small ops cost one dispatch instead of ten.
 
-Where it runs: a fused function's cost is unknown until it has run, so its first call
-for given argument shapes goes to the pool, where the cost model of single ops
-(``_cost``) adds up the ops it runs; later calls with those shapes run inline on the
+The function's Python runs eagerly (its control flow is Python's): ``ops`` is the
+driver of the one step executor of multi-op kernels, ``_interpreter.Interpreter``,
+which applies each op (checks, kernel, errors, the run's budget, recycled outputs for
+batched kernels) as an expression's program applies its steps.
+
+Where it runs (``_placement.Placement``): a fused function's cost is unknown until it
+has run, so its first call for given argument shapes goes to the pool, where the cost
+model of single ops (``_cost``) adds up the ops it runs; later calls with those shapes run inline on the
 loop when that sum is within the session's ``inline_threshold_us``, as cheap single ops
 do (the first call's wall time is no guide: the hop and cold caches inflate it). Two
 consecutive inline calls that take more than four times that threshold (the function does work of
@@ -19,7 +24,7 @@ cache on shapes the same way.
 
 Ownership of intermediates: the registry belongs to the loop thread, so values made
 inside the function are not registered one by one (that would need a hop back to the
-loop per op). Each run counts them in a :class:`~aiotensor._program.Budget`: their
+loop per op). Each run counts them in a :class:`~aiotensor._interpreter.Budget`: their
 bytes are checked against what ``memory_limit`` leaves free when the kernel starts,
 and the session's statistics record them as allocated and freed, with their peak in
 ``peak_bytes``. They are freed by reference counting as soon as the function drops
@@ -37,15 +42,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .._cost import estimate_us
 from .._engine import Engine, engine_of, session_engine
 from .._errors import InvalidArgumentError
 from .._expr import Expr
-from .._kernels import SEQUENCES, as_numeric, kernel_error, read_only_view, unshared
+from .._interpreter import RECYCLER, Budget, Interpreter
+from .._kernels import SEQUENCES, read_only_view, unshared
 from .._opdef import ALIASES, BINARY_OPERATORS, COMPARISON_OPERATORS, INTERNAL_OPS, OPS, UNARY_OPERATORS, OpDef
-from .._program import Budget
+from .._placement import Placement
 from .._tensor import Tensor
-from ._placement import Placement
 
 if TYPE_CHECKING:
     from .._protocols import SessionLike
@@ -54,7 +58,6 @@ if TYPE_CHECKING:
 __all__ = ["FusedFunction", "FusedOps", "FusedValue", "function", "unknown_op"]
 
 _ndarray = np.ndarray
-_ufunc = np.ufunc
 _new = object.__new__
 _clock = time.perf_counter
 
@@ -136,7 +139,7 @@ class _MadeValue(FusedValue):
     __slots__ = ()
     _made = True
 
-    def __del__(self) -> None:
+    def __del__(self) -> None:  # (_interpreter._alone measures this path: keep the two alike)
         ops = self._ops
         if ops._fast:
             ops._budget.live -= self._arr.nbytes
@@ -144,36 +147,37 @@ class _MadeValue(FusedValue):
             ops._dead(self._arr)
 
 
-class FusedOps:
+class FusedOps(Interpreter):
     """The ``ops`` argument of a fused function: every op of the library, synchronous.
 
     ``ops.add(x, 1)``, ``ops.matmul(x, w)``, ``ops.split(x, 2)`` ... take and return
     :class:`FusedValue` objects (and numbers, arrays, and tensors of the session).
     """
 
-    __slots__ = ("_budget", "_elapsed", "_engine", "_estimate", "_fast", "_fn")
+    # The driver of the interpreter for a function's Python: arguments wrapped as values,
+    # each op's spec applied, its arguments unwrapped, the step applied by the interpreter.
+    __slots__ = ("_elapsed", "_engine", "_fn")
 
     def __init__(
-        self, engine: Engine, budget: Budget, measure: bool = True, fn: Callable[..., Any] | None = None
+        self,
+        engine: Engine,
+        budget: Budget,
+        measure: bool = True,
+        fn: Callable[..., Any] | None = None,
+        recycle: bool = False,
     ) -> None:
-        self._engine = engine
+        # Interpreter.__init__, written out: a fused call makes one of these, and the
+        # call through super() doubled what making it costs (~150 ns more a call).
+        xp = engine._xp
         self._budget = budget
+        self._xp = xp
+        self._estimate = 0.0 if measure else None
+        self._recycle = RECYCLER if recycle else None
+        self._fast = not measure and not recycle and xp is np
+        self._blas = self._big = False
+        self._engine = engine
         self._fn = fn  # the fused function whose call this is (see _kernel)
         self._elapsed = math.inf
-        # The cost model's µs for the ops run so far (as for single ops), when the call
-        # is measured (the first for its shapes).
-        self._estimate: float | None = 0.0 if measure else None
-        # Whether plain ops on values and numbers may take :meth:`_plain` (numpy
-        # kernels, nothing to estimate; subclasses that wrap kernel calls say no).
-        self._fast = not measure and self._plain_kernels and engine._xp is np
-
-    #: Whether this class calls kernels and drops values as FusedOps does (a subclass that
-    #: wraps kernel calls, as batched functions do, has plain ops take the general path).
-    _plain_kernels = True
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls._plain_kernels = cls._call is FusedOps._call and cls._dead is FusedOps._dead
 
     if TYPE_CHECKING:  # (for type checkers only: see unknown_op)
 
@@ -237,19 +241,7 @@ class FusedOps:
         vals = tuple([a._arr if isinstance(a, FusedValue) else self._arg(a, label) for a in args])
         if kw:
             kw = {k: self._arg(v, label) for k, v in kw.items()}
-        if self._estimate is not None:
-            self._estimate += estimate_us(d, vals, kw, None)
-        engine = self._engine
-        kernel = d._np_kernel if engine._xp is np else None
-        if kernel is None:
-            kernel = d.kernel_for(engine._xp)
-        try:
-            n = d.data
-            call = (*[v if type(v) is _ndarray else as_numeric(v) for v in vals[:n]], *vals[n:]) if n else vals
-            out = self._call(d, kernel, call, kw)
-        except Exception as exc:  # the same errors as the op would raise outside
-            error = kernel_error(label, args, exc, d.user)
-            raise error from error.__cause__
+        out = self._step(d, label, vals, kw, args)
         if type(out) is _ndarray:
             return self._made(out, label, args)
         if isinstance(out, SEQUENCES):
@@ -257,58 +249,9 @@ class FusedOps:
             return outs if d.result is None else d.result(outs)
         return self._made(np.asarray(out), label)
 
-    def _plain(self, d: OpDef, vals: tuple[Any, ...]) -> Any:
-        # The hot path of _run for a plain op (no spec) whose arguments are values and
-        # Python numbers (``vals``, the arrays of the values), when ``_fast``: the same
-        # steps without their calls.
-        kernel = d._np_kernel
-        try:
-            out = kernel(*vals)  # type: ignore[misc]
-        except Exception as exc:
-            error = kernel_error(d.name, vals, exc, d.user)  # (arrays describe as values do)
-            raise error from error.__cause__
-        # A ufunc's output (called without out=) is always a fresh array: no need to ask.
-        if type(out) is _ndarray and (type(kernel) is _ufunc or (out.base is None and out.flags.writeable)):
-            out.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
-            budget = self._budget
-            live = budget.live + out.nbytes
-            if budget.limit is not None and live > budget.limit:
-                budget.made(out.nbytes, d.name)  # raises ResourceExhaustedError
-            budget.count += 1
-            budget.live = live
-            if live > budget.peak:
-                budget.peak = live
-            value = _new(_MadeValue)  # _MadeValue(out, self), without the call
-            value._arr = out
-            value._ops = self
-            return value
-        if type(out) is _ndarray:
-            return FusedValue(out, self)
-        return self._made(np.asarray(out), d.name)
 
-    def _call(self, d: OpDef, kernel: Callable[..., Any], args: tuple[Any, ...], kw: dict[str, Any] | None) -> Any:
-        # The kernel call, a method so that batched functions can give it recycled outputs.
-        return kernel(*args, **kw) if kw else kernel(*args)
-
-    def _dead(self, arr: NDArray) -> None:
-        # A value made in this run was dropped (FusedValue.__del__ does this itself when fast).
-        self._budget.live -= arr.nbytes
-
-    def _made(self, arr: NDArray, op: str, args: tuple[Any, ...] = ()) -> FusedValue:
-        if arr.base is None and arr.flags.writeable:
-            arr.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
-            self._budget.made(arr.nbytes, op)
-            return _MadeValue(arr, self)
-        # A view (or an input returned as is): no new memory to account for, but a view
-        # keeps the value it views (and so its bytes in the budget) while it lives.
-        value = FusedValue(arr, self)
-        base = arr.base
-        if base is not None:
-            for a in args:
-                if isinstance(a, FusedValue) and (a._arr is base or a._arr.base is base):
-                    value._keep = a
-                    break
-        return value
+FusedOps._made_type = _MadeValue
+FusedOps._view_type = FusedValue
 
 
 def _plain_numpy(d: OpDef) -> bool:
