@@ -243,8 +243,8 @@ def collect_info() -> dict[str, Any]:
 
     from ._backends._base import DEFAULT_PRIORITY, default_executor
     from ._backends._priority import describe
-    from ._blocked_run import settings as blocked_settings
     from ._loopload import BUSY_ABOVE, BUSY_INLINE_US, IDLE_BELOW
+    from ._programs._blocked_run import settings as blocked_settings
 
     pool = default_executor()
     return {

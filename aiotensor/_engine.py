@@ -4,7 +4,7 @@
 placement, arguments to buffers, safe points, memory, inline-or-submit, cancellation,
 error mapping, registration and fetch. :meth:`Engine.op` is the path of one op (the
 session methods, module-level ops and one-node expressions); :meth:`Engine.call` runs
-any kernel (a :class:`~aiotensor._program.Program`, a fused function, an op sent to
+any kernel (a :class:`~aiotensor._programs._program.Program`, a fused function, an op sent to
 the pool); :meth:`Engine.evaluate` compiles expressions into one program (``_compile``).
 The session (``_session.py``) is a facade over it.
 """
@@ -28,8 +28,6 @@ import numpy as np
 from . import _defaults, _fpwarn
 from ._backends._allocator import out_for
 from ._backends._base import Backend
-from ._blocked_run import result_buffer
-from ._compile import NEED_KEY, compile_program, compiled, program_need
 from ._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS, OVERHEAD_NS, PER_BYTE, SLICED_MAX, estimate_us
 from ._errors import (
     AioTensorError,
@@ -41,13 +39,15 @@ from ._errors import (
     WrongEventLoopError,
 )
 from ._expr import Expr
-from ._interpreter import Budget
 from ._kernels import KernelResult, as_numeric, finalize, forgotten_await, info, kernel_error, normalize
 from ._loopload import BUSY_INLINE_US, offload, stays_inline
 from ._opdef import OPS, Cost, OpDef, namespace
 from ._ops._apply import label as apply_label
-from ._placement import program_cost
-from ._program import Program, Step
+from ._programs._blocked_run import result_buffer
+from ._programs._compile import NEED_KEY, compile_program, compiled, program_need
+from ._programs._interpreter import Budget
+from ._programs._placement import program_cost
+from ._programs._program import Program, Step
 from ._registry import Registry
 from ._tensor import Tensor, make_tensor
 
@@ -673,10 +673,10 @@ class Engine:
         """Run ``kernel(*bufs, **kw)`` inline (when ``est_us`` allows) or on the backend; own its outputs.
 
         ``described`` are the arguments as the caller gave them, for error messages.
-        ``budget`` (a :class:`~aiotensor._interpreter.Budget`) gets the bytes its
+        ``budget`` (a :class:`~aiotensor._programs._interpreter.Budget`) gets the bytes its
         intermediates may hold under ``memory_limit``, reserved for the run
         (:meth:`_hold`): ``need`` bytes when the caller knows them, else what is free.
-        A :class:`~aiotensor._program.Program` estimated at most ``SLICED_MAX``
+        A :class:`~aiotensor._programs._program.Program` estimated at most ``SLICED_MAX``
         thresholds runs on the loop in slices (:meth:`_run_sliced`).
         """
         if self._held >= self._hold_s and est_us <= SLICED_MAX * self._inline_us:

@@ -147,9 +147,9 @@ def plot(series: dict[str, list[tuple[float, float]]], path: Path) -> None:
 # -- calibration: the block size and the split threshold, measured on the kernel ------------
 def _kernel_program(shape: tuple[int, ...]) -> tuple[Any, Any]:
     # The chain's compiled program (one blocked step) and its input.
-    from aiotensor._compile import compile_program
     from aiotensor._engine import _is_tensor
     from aiotensor._expr import Expr
+    from aiotensor._programs._compile import compile_program
 
     async def build() -> tuple[Any, Any]:
         async with at.AsyncEagerSession() as s:
@@ -172,8 +172,8 @@ def _time(fn: Callable[..., Any], n: int) -> float:
 
 def calibrate(rounds: int, only_split: bool = False) -> None:
     """Print the chain's time per block size (one thread), and split vs one thread on the pool."""
-    from aiotensor import _blocked_run as _blocked
     from aiotensor._backends._base import default_executor
+    from aiotensor._programs import _blocked_run as _blocked
 
     settle_allocator()
     pool = default_executor()

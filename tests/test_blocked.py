@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor import _blocked_center, _blocked_run, _blocked_var, _compile
 from aiotensor._expr import Expr
 from aiotensor._opdef import OPS
+from aiotensor._programs import _blocked_center, _blocked_run, _blocked_var, _compile
 
 UNARY = sorted(n for n, d in OPS.items() if d.ufunc and d.data == 1)
 BINARY = sorted(n for n, d in OPS.items() if d.ufunc and d.data == 2)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor import _compile
-from aiotensor._compile import compile_program, compiled
 from aiotensor._engine import _is_tensor
 from aiotensor._expr import Expr
+from aiotensor._programs import _compile
+from aiotensor._programs._compile import compile_program, compiled
 
 from ._formulas import formula as _formula
 

@@ -214,10 +214,10 @@ _V = np.linspace(-2.0, 2.0, 4096)
 
 async def _estimate(e: Any) -> float:
     # What the engine estimates for this expression under the default threshold.
-    from aiotensor._compile import compile_program
     from aiotensor._engine import _is_tensor
     from aiotensor._expr import Expr
-    from aiotensor._placement import program_cost
+    from aiotensor._programs._compile import compile_program
+    from aiotensor._programs._placement import program_cost
 
     e._used = True
     async with at.AsyncEagerSession() as probe:
@@ -235,7 +235,8 @@ def _no_pool(s: at.AsyncEagerSession) -> list[Any]:
 def _every_step_a_slice(monkeypatch: pytest.MonkeyPatch, *, yields: bool = True) -> None:
     # A clock past every deadline: each step ends its slice. With ``yields``, sessions
     # made afterwards have no hold budget, so the loop runs other tasks after each slice.
-    from aiotensor import _engine, _interpreter
+    from aiotensor import _engine
+    from aiotensor._programs import _interpreter
 
     monkeypatch.setattr(_interpreter, "_clock", lambda: math.inf)
     if yields:
@@ -399,8 +400,9 @@ async def test_an_expression_that_runs_inline_needs_no_coroutine_and_the_others_
     # Expr.__await__ gets an inline program's result at once from Engine.evaluate_expr; a
     # session that is not lean, or a program over the inline threshold, awaits the
     # general path (_run_program), on the program compiled once.
-    from aiotensor import _compile, _engine
+    from aiotensor import _engine
     from aiotensor._engine import Engine
+    from aiotensor._programs import _compile
 
     general: list[Any] = []
     original = Engine._run_program

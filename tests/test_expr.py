@@ -148,7 +148,7 @@ async def test_common_subexpressions_are_computed_once(s: at.AsyncEagerSession) 
 
 
 def _compile(roots: list[at.Expr]) -> Any:
-    from aiotensor._compile import compile_program
+    from aiotensor._programs._compile import compile_program
 
     for r in roots:
         r._used = True

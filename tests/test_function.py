@@ -286,7 +286,7 @@ async def test_a_function_sent_to_the_pool_tries_inline_again_and_stays_if_fast(
     import threading as _threading
     import time as _time
 
-    from aiotensor._placement import RETRY_INLINE_EVERY
+    from aiotensor._programs._placement import RETRY_INLINE_EVERY
 
     threads: list[str] = []
     slow = {"now": False}

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor import _interpreter as interp
 from aiotensor._fusion._function import FusedOps
-from aiotensor._interpreter import RECYCLER, Budget, Interpreter, checked
+from aiotensor._programs import _interpreter as interp
+from aiotensor._programs._interpreter import RECYCLER, Budget, Interpreter, checked
 
 BIG = (128, 256)  # float32: 128 KiB, over MIN_BYTES
 ENGINE: Any = types.SimpleNamespace(_xp=np)  # what the ops read of an engine for array arguments

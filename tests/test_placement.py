@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor._compile import compile_program
 from aiotensor._cost import OVERHEAD_NS, PER_BYTE, estimate_us
 from aiotensor._engine import _is_tensor
 from aiotensor._expr import Expr
 from aiotensor._opdef import Cost
-from aiotensor._placement import RETRY_INLINE_EVERY, Placement, program_cost
+from aiotensor._programs._compile import compile_program
+from aiotensor._programs._placement import RETRY_INLINE_EVERY, Placement, program_cost
 
 LIMIT = 50.0  # the session's inline threshold (µs)
 KEY = (((16, 64), "float32"),)

@@ -15,7 +15,7 @@ into each caller's rows.
 Sessions: the batch runs in the session that owns the params (the most derived session
 among their tensors; if they hold no tensor, the callers' session, and only callers of
 one session then share a batch). Its stacked rows and intermediates are counted there,
-in a :class:`~aiotensor._program.Budget`, as a fused function's are, and so are the
+in a :class:`~aiotensor._programs._program.Budget`, as a fused function's are, and so are the
 outputs, which ``engine.call`` registers there: a caller whose session is that one
 takes its tensors as they are; any other caller's rows leave that session at once and
 are registered in the caller's session (that of ``x`` if ``x`` is a tensor, else the
@@ -42,8 +42,8 @@ from .._engine import Engine, State, engine_of, session_engine
 from .._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
 from .._expr import Expr, Operand
 from .._kernels import NUMERIC_KINDS, KernelResult, info, numeric_array
-from .._placement import Placement
-from .._program import Budget
+from .._programs._placement import Placement
+from .._programs._program import Budget
 from .._tensor import Tensor
 from ._batch_kernel import BatchKernel
 from ._function import FusedOps, _buffers

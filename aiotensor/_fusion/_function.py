@@ -24,7 +24,7 @@ cache on shapes the same way.
 
 Ownership of intermediates: the registry belongs to the loop thread, so values made
 inside the function are not registered one by one (that would need a hop back to the
-loop per op). Each run counts them in a :class:`~aiotensor._interpreter.Budget`: their
+loop per op). Each run counts them in a :class:`~aiotensor._programs._interpreter.Budget`: their
 bytes are checked against what ``memory_limit`` leaves free when the kernel starts,
 and the session's statistics record them as allocated and freed, with their peak in
 ``peak_bytes``. They are freed by reference counting as soon as the function drops
@@ -45,10 +45,10 @@ import numpy as np
 from .._engine import Engine, engine_of, session_engine
 from .._errors import InvalidArgumentError
 from .._expr import Expr
-from .._interpreter import RECYCLER, Budget, Interpreter
 from .._kernels import SEQUENCES, read_only_view, unshared
 from .._opdef import ALIASES, BINARY_OPERATORS, COMPARISON_OPERATORS, INTERNAL_OPS, OPS, UNARY_OPERATORS, OpDef
-from .._placement import Placement
+from .._programs._interpreter import RECYCLER, Budget, Interpreter
+from .._programs._placement import Placement
 from .._tensor import Tensor
 
 if TYPE_CHECKING:

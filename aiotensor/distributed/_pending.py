@@ -20,7 +20,7 @@ import numpy as np
 
 from .._errors import BackendError
 from .._kernels import BufferInfo, KernelResult
-from .._program import Program
+from .._programs._program import Program
 from ._remote import FpErrors, Meta, describe, run_remote
 
 if TYPE_CHECKING:

@@ -25,10 +25,10 @@ from typing import Any, cast
 
 import numpy as np
 
+from .._kernels import kernel_error
+from .._opdef import OpDef
 from ._blocked_run import _OUT, BlockedRun
 from ._blocked_var import BlockedVar, blockable, mean_keepdims
-from ._kernels import kernel_error
-from ._opdef import OpDef
 
 __all__ = ["CenteredRun"]
 

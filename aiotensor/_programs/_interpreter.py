@@ -1,7 +1,7 @@
 """The step executor of multi-op kernels: every op of an expression, a fused or a batched function is applied here.
 
 Two kinds of driver feed it. An expression compiled to a step list
-(:class:`~aiotensor._program.Program`) runs :func:`run_steps` over its plan; a fused or
+(:class:`~aiotensor._programs._program.Program`) runs :func:`run_steps` over its plan; a fused or
 batched function runs its author's Python eagerly (Python control flow keeps working),
 and its ``ops`` object, a subclass of :class:`Interpreter`, applies each op as the
 Python reaches it. A blocked run (``_blocked``) is one step of a program like any other.
@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ._cost import estimate_us
-from ._errors import ResourceExhaustedError
-from ._kernels import NUMERIC_KINDS, SEQUENCES, as_numeric, kernel_error
-from ._opdef import OPS, OpDef
-from ._ops._elementwise import relu_into
+from .._cost import estimate_us
+from .._errors import ResourceExhaustedError
+from .._kernels import NUMERIC_KINDS, SEQUENCES, as_numeric, kernel_error
+from .._opdef import OPS, OpDef
+from .._ops._elementwise import relu_into
 
 if TYPE_CHECKING:
-    from ._types import NDArray
+    from .._types import NDArray
 
 __all__ = [
     "CAP",

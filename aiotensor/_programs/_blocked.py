@@ -5,7 +5,7 @@ and writing full-size arrays. An expression is compiled whole, so :func:`block_r
 finds each maximal run of element-wise ufunc steps (a tree of them whose
 intermediates nothing else reads) on leaves of ``_blocked_run.MIN_ITEMS`` elements or
 more and replaces it with one step whose kernel is a
-:class:`~aiotensor._blocked_run.BlockedRun` (one pass per op in place in the result, or
+:class:`~aiotensor._programs._blocked_run.BlockedRun` (one pass per op in place in the result, or
 cache-sized blocks: see there), and gives ``var`` and ``std`` the blocked kernel of
 ``_blocked_var``. The program's budget then counts a run's result alone: its kernel
 holds no full-size intermediate.
@@ -18,12 +18,12 @@ from typing import Any, cast
 
 import numpy as np
 
+from .._cost import PER_BYTE
+from .._opdef import Cost, OpDef
 from . import _blocked_run
 from ._blocked_center import CenteredRun
 from ._blocked_run import BlockedRun, with_pool
 from ._blocked_var import VARIANCE, blocked_variance
-from ._cost import PER_BYTE
-from ._opdef import Cost, OpDef
 from ._program import Program, Ref
 
 __all__ = ["TRAILING", "BlockedOp", "block_runs"]

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .._opdef import OpDef, namespace
 from ._interpreter import Budget, Pause, Ref, checked, into_slots, run_steps, writes_into
-from ._opdef import OpDef, namespace
 
 __all__ = ["Budget", "Program", "Ref", "Slices", "Step"]
 

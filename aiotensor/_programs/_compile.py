@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._cost import Spec, out_spec
+from .._expr import scalar_key
+from .._kernels import as_numeric
+from .._opdef import OpDef
 from ._blocked import block_runs
-from ._cost import Spec, out_spec
-from ._expr import scalar_key
-from ._kernels import as_numeric
-from ._opdef import OpDef
 from ._placement import Unknown, spec_of
 from ._program import Program, Ref
 
 if TYPE_CHECKING:
-    from ._expr import Expr
+    from .._expr import Expr
 
 __all__ = ["NEED_KEY", "compile_program", "compiled", "program_need"]
 

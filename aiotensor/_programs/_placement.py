@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._cost import OVERHEAD_NS, PER_BYTE, Spec, estimate_us, out_spec
+from .._cost import OVERHEAD_NS, PER_BYTE, Spec, estimate_us, out_spec
+from .._opdef import Cost
 from ._interpreter import Ref
-from ._opdef import Cost
 
 if TYPE_CHECKING:
     from ._program import Program

@@ -42,10 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from ._backends._chunked import Spawn, _Blocks
-from ._errors import AioTensorError
-from ._kernels import NUMERIC_KINDS, kernel_error
-from ._opdef import OpDef
+from .._backends._chunked import Spawn, _Blocks
+from .._errors import AioTensorError
+from .._kernels import NUMERIC_KINDS, kernel_error
+from .._opdef import OpDef
 
 __all__ = [
     "BLOCK_FROM_ITEMS",

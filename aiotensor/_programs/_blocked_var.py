@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from ._opdef import OpDef
+from .._opdef import OpDef
 
 __all__ = ["VARIANCE", "BlockedVar", "blockable", "blocked_variance", "mean_keepdims"]
 
