@@ -14,6 +14,7 @@ import aiotensor as at
 from aiotensor._fusion import _batch_kernel as bk
 from aiotensor._fusion._function import FusedOps
 from aiotensor._programs import _interpreter as interp
+from aiotensor._programs import _recycler
 from aiotensor._programs._interpreter import RECYCLER, Budget
 
 BIG = (128, 256)  # float32: 128 KiB, over MIN_BYTES
@@ -26,8 +27,8 @@ def fresh() -> Iterator[None]:
 
     def clear() -> None:
         RECYCLER.clear()
-        interp._specs.clear()
-        interp._wanted.clear()
+        _recycler.SPECS.clear()
+        _recycler.WANTED.clear()
 
     clear()
     yield
@@ -93,7 +94,7 @@ def test_small_outputs_scalars_and_keywords_are_not_recycled() -> None:
     o.add(a, 1.0)  # a Python scalar may pick the dtype (numpy 1.x): never recycled
     o.add(a, np.float32(1.0))
     o.sum(a, axis=0)
-    assert interp._specs == {}
+    assert _recycler.SPECS == {}
     assert kept() == 0
 
 
@@ -101,12 +102,12 @@ def test_what_is_kept_per_thread_is_bounded(monkeypatch: pytest.MonkeyPatch) -> 
     a = big()
     o = ops()
     o.add(a, a)  # learn the spec
-    values = [o.add(a, a) for _ in range(interp._PER_SPEC + 3)]
+    values = [o.add(a, a) for _ in range(_recycler.PER_SPEC + 3)]
     del values
-    assert kept() == interp._PER_SPEC
-    assert RECYCLER.nbytes == interp._PER_SPEC * a.nbytes
+    assert kept() == _recycler.PER_SPEC
+    assert RECYCLER.nbytes == _recycler.PER_SPEC * a.nbytes
     RECYCLER.clear()
-    monkeypatch.setattr(interp, "CAP", 2 * a.nbytes)
+    monkeypatch.setattr(_recycler, "CAP", 2 * a.nbytes)
     values = [o.add(a, a) for _ in range(4)]
     del values
     assert RECYCLER.nbytes <= 2 * a.nbytes

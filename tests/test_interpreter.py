@@ -12,7 +12,7 @@ import pytest
 
 import aiotensor as at
 from aiotensor._fusion._function import FusedOps
-from aiotensor._programs import _interpreter as interp
+from aiotensor._programs import _recycler
 from aiotensor._programs._interpreter import RECYCLER, Budget, Interpreter, checked
 
 BIG = (128, 256)  # float32: 128 KiB, over MIN_BYTES
@@ -25,8 +25,8 @@ def fresh() -> Iterator[None]:
 
     def clear() -> None:
         RECYCLER.clear()
-        interp._specs.clear()
-        interp._wanted.clear()
+        _recycler.SPECS.clear()
+        _recycler.WANTED.clear()
 
     clear()
     yield
@@ -141,10 +141,10 @@ async def test_a_fused_op_on_a_non_numeric_array_fails_as_the_session_op_does(s:
 
 def test_a_statically_dying_intermediate_is_written_into_only_when_it_fits() -> None:
     y = np.ones(4)
-    assert interp.writable_into(y, y)
-    assert interp.writable_into(y, 2.0)
-    assert interp.writable_into(y, np.zeros(4))
-    assert not interp.writable_into(y, np.zeros(4, np.float32))  # another dtype
-    assert not interp.writable_into(y, np.zeros((2, 4)))  # broadcasts to another shape
-    assert not interp.writable_into(y[:2], 1.0)  # a view: someone else's memory
-    assert not interp.writable_into(np.ones(4, np.int64), 1.0)  # integers: not a float
+    assert _recycler.writable_into(y, y)
+    assert _recycler.writable_into(y, 2.0)
+    assert _recycler.writable_into(y, np.zeros(4))
+    assert not _recycler.writable_into(y, np.zeros(4, np.float32))  # another dtype
+    assert not _recycler.writable_into(y, np.zeros((2, 4)))  # broadcasts to another shape
+    assert not _recycler.writable_into(y[:2], 1.0)  # a view: someone else's memory
+    assert not _recycler.writable_into(np.ones(4, np.int64), 1.0)  # integers: not a float

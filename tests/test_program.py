@@ -12,7 +12,7 @@ import aiotensor as at
 from aiotensor._engine import _is_tensor
 from aiotensor._expr import Expr
 from aiotensor._opdef import OPS
-from aiotensor._programs import _interpreter, _program
+from aiotensor._programs import _program, _recycler
 from aiotensor._programs._compile import compile_program, compiled
 
 from ._formulas import formula as _formula
@@ -66,7 +66,7 @@ async def test_writing_into_dying_intermediates_gives_numpys_values(s: at.AsyncE
     w = rng.standard_normal((128, 128)).astype(dtype)
     a, b = await s.constant(v), await s.constant(w)
     program, leaves = _compiled([_chain(a, b)])
-    assert sum(1 for slot in _interpreter.into_slots(program.steps, program.nleaves) if slot >= 0) >= 5
+    assert sum(1 for slot in _recycler.into_slots(program.steps, program.nleaves) if slot >= 0) >= 5
     bufs = [s._engine.peek(t) for t in leaves]
     before = [x.copy() for x in bufs]
     out = program(*bufs)
@@ -87,7 +87,7 @@ async def test_an_intermediate_something_views_is_not_written_into(s: at.AsyncEa
     later = (y + 1.0) * 3.0
     program, leaves = _compiled([flat, later])
     y_slot = program.nleaves  # the first step's output
-    assert y_slot not in _interpreter.into_slots(program.steps, program.nleaves)
+    assert y_slot not in _recycler.into_slots(program.steps, program.nleaves)
     got_flat, got_later = program(s._engine.peek(leaves[0]))
     np.testing.assert_array_equal(got_flat, (v * 2.0).reshape(-1))
     np.testing.assert_array_equal(got_later, (v * 2.0 + 1.0) * 3.0)

@@ -8,7 +8,7 @@ them per caller, so the loop thread only registers finished buffers.
 Recycled temporaries. A batch stacks many requests' rows, so its intermediates are large
 (a (512, 512) float32 hidden layer is 1 MiB), and malloc gives such buffers back to the
 system when they are freed. So the ops of a batched kernel take their outputs from the
-interpreter's one :class:`~aiotensor._programs._interpreter.Recycler`, which keeps the buffers of
+interpreter's one :class:`~aiotensor._programs._recycler.Recycler`, which keeps the buffers of
 dead intermediates per thread across batches (the stacking of the rows concatenates into
 a kept buffer too):
 

@@ -9,10 +9,11 @@ Either way this module owns, once:
 
 * the numeric checks of an op's data arguments (:func:`checked`), and an exception of a
   kernel turned into the op's own error (``kernel_error``);
-* the ``out=`` buffer: a dead intermediate of the output's shape and dtype, from the one
-  :class:`Recycler`. Death is known statically (a program's step is the last use of
-  a slot: :func:`into_slots`, :func:`writable_into`) or dynamically (a fused value's
-  reference count when it is dropped: :meth:`Recycler.keep`, then :meth:`Recycler.take`);
+* the ``out=`` buffer: a dead intermediate of the output's shape and dtype (``_recycler``).
+  Death is known statically (a program's step is the last use of a slot:
+  ``into_slots``, ``writable_into``) or dynamically (a fused value's reference count
+  when it is dropped: ``Recycler.keep``, then ``Recycler.take`` of the one
+  :data:`RECYCLER`);
 * the run's memory :class:`Budget`: every value a run makes counts until it dies;
 * the kernel call, and what a measured run's ops cost by the cost model (``_cost``).
 """
@@ -20,7 +21,6 @@ Either way this module owns, once:
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -32,26 +32,12 @@ from .._errors import ResourceExhaustedError
 from .._kernels import NUMERIC_KINDS, SEQUENCES, as_numeric, kernel_error
 from .._opdef import OPS, OpDef
 from .._ops._elementwise import relu_into
+from ._recycler import MIN_BYTES, SPECS, SPECS_MAX, WANTED, Recycler, Ref, writable_into
 
 if TYPE_CHECKING:
     from .._types import NDArray
 
-__all__ = [
-    "CAP",
-    "INTO_MIN_BYTES",
-    "MIN_BYTES",
-    "RECYCLER",
-    "Budget",
-    "Interpreter",
-    "Pause",
-    "Recycler",
-    "Ref",
-    "checked",
-    "into_slots",
-    "run_steps",
-    "writable_into",
-    "writes_into",
-]
+__all__ = ["RECYCLER", "Budget", "Interpreter", "Pause", "checked", "run_steps"]
 
 _ndarray = np.ndarray
 _ufunc = np.ufunc
@@ -60,18 +46,6 @@ _clock = time.perf_counter
 _getrefcount = sys.getrefcount
 _RELU = OPS["relu"]
 _NUMERIC = NUMERIC_KINDS
-
-
-class Ref:
-    """A reference to a value of a program's run: a leaf buffer or a step's output."""
-
-    __slots__ = ("slot",)
-
-    def __init__(self, slot: int) -> None:
-        self.slot = slot
-
-    def __reduce__(self) -> tuple[type[Ref], tuple[int]]:
-        return Ref, (self.slot,)
 
 
 class Budget:
@@ -116,150 +90,6 @@ def checked(args: tuple[Any, ...] | list[Any], n: int) -> tuple[Any, ...]:
         *[a if type(a) is _ndarray and a.dtype.kind in _NUMERIC else as_numeric(a) for a in args[:n]],
         *args[n:],
     )
-
-
-# -- the one recycler ------------------------------------------------------------------
-
-#: Bytes of dead intermediates kept per thread at most (the loop's and each worker's:
-#: a web service's resident set after a load grows by up to this much per thread).
-CAP = 4 * 1024 * 1024
-#: Outputs smaller than this are never kept for later runs (malloc's bins serve them at no cost).
-MIN_BYTES = 64 * 1024
-#: Intermediates smaller than this are not written into by a program: numpy allocates
-#: small arrays from a cache, and the checks would cost more than they save.
-INTO_MIN_BYTES = 1 << 15
-_SPECS_MAX = 4096
-_PER_SPEC = 2  # buffers kept per (shape, dtype) at most: a kernel needs one or two of each
-#: (op, argument shapes and dtypes) -> the output's (shape, dtype), learned from a first call.
-_specs: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-#: The (shape, dtype) of outputs kept buffers may serve: only those are kept.
-_wanted: set[tuple[Any, ...]] = set()
-
-
-class Recycler(threading.local):
-    """Buffers of dead intermediates, served as ``out=`` to later ops of the same output shape and dtype.
-
-    One recycler for both kinds of death. Known statically, in a program: a step that
-    is the last use of an intermediate writes its output into it (:func:`into_slots`
-    chooses such steps when the program is compiled, :func:`writable_into` checks the
-    buffer when it runs); the buffer never leaves the run. Known dynamically, in a
-    fused or batched function: a dropped value whose array nothing else refers to is
-    :meth:`keep`-t on this thread's free lists and :meth:`take`-n by a later op of its
-    shape and dtype, in this run or a later one (a batched function's kernels reuse
-    them batch after batch), at most :data:`CAP` bytes per thread.
-
-    Why keep them: glibc's malloc serves large sizes with fresh pages and gives them back
-    when freed, so every run page-faults on all of them again (measured: a (512, 64) ->
-    512 -> 10 MLP's batch took 2 ms instead of 0.9 ms).
-    """
-
-    def __init__(self) -> None:
-        self.free: dict[tuple[Any, ...], list[NDArray]] = {}
-        self.nbytes = 0
-
-    def take(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> NDArray | None:
-        """A kept buffer of this shape and dtype (writeable, garbage inside), or None; marks the pair as wanted."""
-        spec = (shape, dtype)
-        free = self.free.get(spec)
-        if not free:
-            if len(_wanted) >= _SPECS_MAX:
-                _wanted.clear()
-            _wanted.add(spec)
-            return None
-        buf = free.pop()
-        self.nbytes -= buf.nbytes
-        buf.flags.writeable = True
-        return buf
-
-    def keep(self, arr: NDArray) -> None:
-        """Keep the array of a value just dropped, if nothing but that value refers to it (no view, not a result)."""
-        nbytes = arr.nbytes
-        if nbytes < MIN_BYTES or self.nbytes + nbytes > CAP or _getrefcount(arr) > _ALONE:
-            return
-        spec = (arr.shape, arr.dtype)
-        if spec in _wanted:
-            free = self.free.setdefault(spec, [])
-            if len(free) < _PER_SPEC:
-                free.append(arr)
-                self.nbytes += nbytes
-
-    def clear(self) -> None:
-        """Forget what this thread keeps."""
-        self.free.clear()
-        self.nbytes = 0
-
-
-#: The recycler (its free lists are per thread; what it learned of outputs is shared).
-RECYCLER = Recycler()
-
-
-def into_slots(steps: list[Any], nleaves: int) -> list[int]:
-    """Per step of a program, the slot of a statically dying intermediate it may write its output into, or -1.
-
-    A step may reuse an input's buffer when it is an element-wise ufunc of
-    :data:`_SAME_DTYPE`, called on slots alone, and that input is an intermediate whose
-    last use is this step, which a ufunc step made (so it is a fresh array of the run's
-    own, never a leaf or an object an ``apply`` returned as is) and which only ufunc
-    steps read (so no view of it exists: no reshape, index or split took one). Whether
-    the buffer really fits (owned, float, the output's dtype and shape) is checked when
-    the program runs (:func:`writable_into`).
-    Writing into it saves an allocation and keeps the data in cache: a 10-op chain on
-    256x256 float32 runs in ~0.8x the time of numpy's own chain.
-    """
-    only_ufuncs: dict[int, bool] = {}
-    for d, templates, kwargs, _, _ in steps:
-        ok = d.ufunc and not kwargs
-        for t in (*templates, *(kwargs or {}).values()):
-            for e in t if type(t) in (list, tuple) else (t,):
-                if type(e) is Ref:
-                    only_ufuncs[e.slot] = only_ufuncs.get(e.slot, True) and ok and type(t) is Ref
-    found: list[int] = []
-    for d, templates, kwargs, checks, drop in steps:
-        slot = -1
-        if d.ufunc and d.kernel in _SAME_DTYPE and not kwargs and not checks and len(templates) in (1, 2):
-            for t in templates:
-                if (
-                    type(t) is Ref
-                    and t.slot >= nleaves
-                    and t.slot in drop
-                    and steps[t.slot - nleaves][0].ufunc
-                    and only_ufuncs.get(t.slot)
-                ):
-                    slot = t.slot
-                    break
-        found.append(slot)
-    return found
-
-
-#: ufuncs (by kernel name) whose output has the dtype of a float input, against a python number or an
-#: array of that dtype: they may write into a dying intermediate (see into_slots).
-_SAME_DTYPE = frozenset(
-    {
-        *("add", "subtract", "multiply", "true_divide", "floor_divide", "remainder", "power", "maximum", "minimum"),
-        *("negative", "absolute", "sign", "exp", "log", "log1p", "sqrt", "square", "sin", "cos", "tanh", "floor"),
-        "ceil",
-    }
-)
-_PY_NUMBERS = (float, int, bool)
-_NEP50 = int(np.__version__.split(".")[0]) >= 2
-
-
-def writes_into(leaves: tuple[Any, ...]) -> bool:
-    """Whether a program's run writes into its dying intermediates: only on leaves large enough to gain."""
-    return any(type(x) is _ndarray and x.nbytes >= INTO_MIN_BYTES for x in leaves)
-
-
-def writable_into(y: Any, other: Any) -> bool:
-    """Whether a ufunc of ``y`` and ``other`` may write into ``y`` (see :func:`into_slots`)."""
-    if type(y) is not _ndarray or y.base is not None or y.dtype.kind != "f":
-        return False
-    if other is y:
-        return True
-    if type(other) in _PY_NUMBERS:
-        # numpy 2 keeps y's dtype against any python number (NEP 50); numpy 1 widens
-        # for a value the dtype cannot hold.
-        return _NEP50 or np.result_type(y, other) == y.dtype
-    return type(other) is _ndarray and other.dtype == y.dtype and other.shape == y.shape
 
 
 # -- ops applied as a function's Python reaches them -------------------------------------
@@ -329,7 +159,7 @@ class Interpreter:
             if type(a) is not _ndarray or not a.ndim:
                 return kernel(*args)
             key += (a.shape, a.dtype)
-        spec = _specs.get(key)
+        spec = SPECS.get(key)
         if spec is not None:
             self._big = True
             buf = RECYCLER.take(*spec)
@@ -340,10 +170,10 @@ class Interpreter:
             return kernel(*args, out=buf)
         out = kernel(*args)
         if type(out) is _ndarray and out.nbytes >= MIN_BYTES:
-            if len(_specs) >= _SPECS_MAX:
-                _specs.clear()
-            _specs[key] = (out.shape, out.dtype)
-            _wanted.add((out.shape, out.dtype))
+            if len(SPECS) >= SPECS_MAX:
+                SPECS.clear()
+            SPECS[key] = (out.shape, out.dtype)
+            WANTED.add((out.shape, out.dtype))
             self._big = True
         return out
 
@@ -425,7 +255,7 @@ def _alone() -> int:
                 ops._dead(self._arr)
 
     probe = Interpreter(Budget("probe"), np, measure=True)
-    probe._recycle = Probe()
+    probe._recycle = Probe(0)
     value = Value()
     value._arr = np.empty(1)
     value._ops = probe
@@ -434,6 +264,8 @@ def _alone() -> int:
 
 
 _ALONE = _alone()
+#: The recycler (its free lists are per thread; what it learned of outputs is shared).
+RECYCLER = Recycler(_ALONE)
 
 
 # -- a program's step list ----------------------------------------------------------------
@@ -473,7 +305,7 @@ def run_steps(
     None, templates, kwargs, checked, slots dropped after it, arity, into): ``arity``
     1 or 2 is the hot case ``kernel(vals[i])`` / ``kernel(vals[i], vals[j])``, 3 or 4
     the same writing into the statically dying intermediate at slot ``into``
-    (:func:`into_slots`), 0 the general case. What :class:`Interpreter` does per op,
+    (``_recycler.into_slots``), 0 the general case. What :class:`Interpreter` does per op,
     unrolled for a step list: the budget's :meth:`Budget.made` inline.
     """
     limit = budget.limit

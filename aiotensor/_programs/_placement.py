@@ -25,7 +25,7 @@ import numpy as np
 
 from .._cost import OVERHEAD_NS, PER_BYTE, Spec, estimate_us, out_spec
 from .._opdef import Cost
-from ._interpreter import Ref
+from ._recycler import Ref
 
 if TYPE_CHECKING:
     from ._program import Program

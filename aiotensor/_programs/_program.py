@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .._opdef import OpDef, namespace
-from ._interpreter import Budget, Pause, Ref, checked, into_slots, run_steps, writes_into
+from ._interpreter import Budget, Pause, checked, run_steps
+from ._recycler import Ref, into_slots, writes_into
 
 __all__ = ["Budget", "Program", "Ref", "Slices", "Step"]
 
@@ -116,7 +117,7 @@ class Program:
         # ``kernel(vals[i], vals[j])`` (slots, no keywords, nothing to check), the hot case;
         # else 0. The plan has the steps twice: as they are, and with 3 or 4 for the
         # same calls that may write into the dying intermediate at slot ``into`` (see
-        # _interpreter.into_slots), for runs on leaves of INTO_MIN_BYTES or more.
+        # _recycler.into_slots), for runs on leaves of INTO_MIN_BYTES or more.
         xp = namespace(self.xp)
         first_const = self.nleaves + len(self.steps)
         consts: list[Any] = []
