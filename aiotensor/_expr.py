@@ -4,11 +4,11 @@
 ``await e`` evaluates it in one dispatch and gives a :class:`~aiotensor.Tensor`,
 ``await e.eval()`` gives its numpy value, and ``s.run(...)`` takes expressions anywhere
 in its structure. Only the results of an evaluation get handles: intermediates are
-freed as soon as the evaluation no longer needs them (see ``_program``).
+freed as soon as the evaluation no longer needs them (see ``_programs``).
 
 :class:`Operand` holds what tensors and expressions share: the operators and the
-methods with numpy's ndarray names, generated from the op table by ``_codegen.py``.
-Comparisons are element-wise (``x == 0`` is an expression, as in every array library);
+methods with numpy's ndarray names (generated from the op table into
+``_generated_operand.py``). Comparisons are element-wise (``x == 0`` is an expression, as in every array library);
 ``hash`` stays by identity, so a tensor still keys a dict. An expression's ``shape`` and
 ``dtype`` are known before it runs, from its inputs' metadata (``_meta``).
 """
@@ -19,7 +19,7 @@ import importlib
 import inspect
 import math
 import warnings
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, cast
 
@@ -28,19 +28,24 @@ import numpy as np
 from . import _defaults
 from . import _ops as _ops  # fills OPS
 from ._errors import InvalidDeviceError, NoSessionError
+from ._generated_operand import OperandMethods
 from ._kernels import forgotten_await
 from ._meta import Shape, node_meta
 from ._opdef import INTERNAL_OPS, OPS, OpDef, item_op
 
 if TYPE_CHECKING:
     from ._protocols import EngineLike, SessionLike
-    from ._types import AxisLike, DTypeLike, NDArray, ShapeLike, TensorLike
+    from ._types import NDArray
 
-__all__ = ["Expr", "Operand", "scalar_key"]
+__all__ = ["Expr", "Operand", "numpy_method", "scalar_key"]
 
 
-class Operand:
-    """What tensors and expressions share: operators and ndarray-named methods returning :class:`Expr`."""
+class Operand(OperandMethods):
+    """What tensors and expressions share: operators and ndarray-named methods returning :class:`Expr`.
+
+    The operators and the methods of one op each are generated (``_generated_operand``);
+    what is written here is what they are not.
+    """
 
     __slots__ = ()
 
@@ -124,240 +129,6 @@ class Operand:
     def __iter__(self) -> Any:
         # Without this, Python would iterate through __getitem__(0), (1), ... forever.
         raise TypeError("an expression is not iterable: await it, or use xp.unstack / session.split")
-
-    # --- generated: operand methods (python -m aiotensor._codegen) ---
-    def __add__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 + x2``, as an expression."""
-        return Expr(_add, (self, other), None, None)
-
-    def __radd__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 + x2`` (reflected), as an expression."""
-        return Expr(_add, (other, self), None, None)
-
-    def __sub__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 - x2``, as an expression."""
-        return Expr(_subtract, (self, other), None, None)
-
-    def __rsub__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 - x2`` (reflected), as an expression."""
-        return Expr(_subtract, (other, self), None, None)
-
-    def __mul__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 * x2``, as an expression."""
-        return Expr(_multiply, (self, other), None, None)
-
-    def __rmul__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 * x2`` (reflected), as an expression."""
-        return Expr(_multiply, (other, self), None, None)
-
-    def __truediv__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 / x2`` (true division), as an expression."""
-        return Expr(_divide, (self, other), None, None)
-
-    def __rtruediv__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 / x2`` (true division) (reflected), as an expression."""
-        return Expr(_divide, (other, self), None, None)
-
-    def __floordiv__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 // x2``, as an expression."""
-        return Expr(_floor_divide, (self, other), None, None)
-
-    def __rfloordiv__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 // x2`` (reflected), as an expression."""
-        return Expr(_floor_divide, (other, self), None, None)
-
-    def __mod__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 % x2`` (sign of the divisor, as python), as an expression."""
-        return Expr(_remainder, (self, other), None, None)
-
-    def __rmod__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 % x2`` (sign of the divisor, as python) (reflected), as an expression."""
-        return Expr(_remainder, (other, self), None, None)
-
-    def __pow__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 ** x2``, as an expression."""
-        return Expr(_pow, (self, other), None, None)
-
-    def __rpow__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 ** x2`` (reflected), as an expression."""
-        return Expr(_pow, (other, self), None, None)
-
-    def __matmul__(self, other: TensorLike) -> Expr:
-        """Matrix product ``x1 @ x2``, batched over leading dimensions, as an expression."""
-        return Expr(_matmul, (self, other), None, None)
-
-    def __rmatmul__(self, other: TensorLike) -> Expr:
-        """Matrix product ``x1 @ x2``, batched over leading dimensions (reflected), as an expression."""
-        return Expr(_matmul, (other, self), None, None)
-
-    def __and__(self, other: TensorLike) -> Expr:
-        """Element-wise bitwise ``x1 & x2`` (integer or bool), as an expression."""
-        return Expr(_bitwise_and, (self, other), None, None)
-
-    def __rand__(self, other: TensorLike) -> Expr:
-        """Element-wise bitwise ``x1 & x2`` (integer or bool) (reflected), as an expression."""
-        return Expr(_bitwise_and, (other, self), None, None)
-
-    def __or__(self, other: TensorLike) -> Expr:
-        """Element-wise bitwise ``x1 | x2`` (integer or bool), as an expression."""
-        return Expr(_bitwise_or, (self, other), None, None)
-
-    def __ror__(self, other: TensorLike) -> Expr:
-        """Element-wise bitwise ``x1 | x2`` (integer or bool) (reflected), as an expression."""
-        return Expr(_bitwise_or, (other, self), None, None)
-
-    def __xor__(self, other: TensorLike) -> Expr:
-        """Element-wise bitwise ``x1 ^ x2`` (integer or bool), as an expression."""
-        return Expr(_bitwise_xor, (self, other), None, None)
-
-    def __rxor__(self, other: TensorLike) -> Expr:
-        """Element-wise bitwise ``x1 ^ x2`` (integer or bool) (reflected), as an expression."""
-        return Expr(_bitwise_xor, (other, self), None, None)
-
-    def __lshift__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 << x2`` (integers; ``x2`` non-negative), as an expression."""
-        return Expr(_bitwise_left_shift, (self, other), None, None)
-
-    def __rlshift__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 << x2`` (integers; ``x2`` non-negative) (reflected), as an expression."""
-        return Expr(_bitwise_left_shift, (other, self), None, None)
-
-    def __rshift__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 >> x2``, arithmetic for signed integers (``x2`` non-negative), as an expression."""
-        return Expr(_bitwise_right_shift, (self, other), None, None)
-
-    def __rrshift__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 >> x2``, arithmetic for signed integers (``x2`` non-negative) (reflected), as an expression."""
-        return Expr(_bitwise_right_shift, (other, self), None, None)
-
-    def __eq__(self, other: TensorLike) -> Expr:  # type: ignore[override]
-        """Element-wise ``x1 == x2`` (bool), as an expression."""
-        return Expr(_equal, (self, other), None, None)
-
-    def __ne__(self, other: TensorLike) -> Expr:  # type: ignore[override]
-        """Element-wise ``x1 != x2`` (bool), as an expression."""
-        return Expr(_not_equal, (self, other), None, None)
-
-    def __lt__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 < x2`` (bool), as an expression."""
-        return Expr(_less, (self, other), None, None)
-
-    def __le__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 <= x2`` (bool), as an expression."""
-        return Expr(_less_equal, (self, other), None, None)
-
-    def __gt__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 > x2`` (bool), as an expression."""
-        return Expr(_greater, (self, other), None, None)
-
-    def __ge__(self, other: TensorLike) -> Expr:
-        """Element-wise ``x1 >= x2`` (bool), as an expression."""
-        return Expr(_greater_equal, (self, other), None, None)
-
-    def __neg__(self) -> Expr:
-        """Element-wise ``-x``, as an expression."""
-        return Expr(_negative, (self,), None, None)
-
-    def __abs__(self) -> Expr:
-        """Element-wise absolute value, as an expression."""
-        return Expr(_abs, (self,), None, None)
-
-    def __invert__(self) -> Expr:
-        """Element-wise bitwise ``~x`` (integer or bool), as an expression."""
-        return Expr(_bitwise_invert, (self,), None, None)
-
-    def __pos__(self) -> Expr:
-        """Element-wise ``+x`` (a copy of numeric ``x``), as an expression."""
-        return Expr(_positive, (self,), None, None)
-
-    def __getitem__(self, key: Any) -> Expr:
-        """``x[key]`` with numpy indexing, as an expression."""
-        return Expr(_getitem, *_getitem.spec(self, key))
-
-    def sum(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
-        """Sum over ``axis``, as an expression (see ``AsyncEagerSession.sum``)."""
-        if numpy_kwargs:
-            return _numpy_method(self, "sum", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
-        return Expr(_sum, *_sum.spec(self, axis=axis, keepdims=keepdims))
-
-    def prod(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
-        """Product over ``axis``, as an expression (see ``AsyncEagerSession.prod``)."""
-        if numpy_kwargs:
-            return _numpy_method(self, "prod", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
-        return Expr(_prod, *_prod.spec(self, axis=axis, keepdims=keepdims))
-
-    def mean(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
-        """Arithmetic mean over ``axis``, as an expression (see ``AsyncEagerSession.mean``)."""
-        if numpy_kwargs:
-            return _numpy_method(self, "mean", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
-        return Expr(_mean, *_mean.spec(self, axis=axis, keepdims=keepdims))
-
-    def max(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
-        """Maximum over ``axis`` (an empty reduction raises InvalidArgumentError), as an expression (see ``AsyncEagerSession.max``)."""
-        if numpy_kwargs:
-            return _numpy_method(self, "max", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
-        return Expr(_max, *_max.spec(self, axis=axis, keepdims=keepdims))
-
-    def min(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
-        """Minimum over ``axis`` (an empty reduction raises InvalidArgumentError), as an expression (see ``AsyncEagerSession.min``)."""
-        if numpy_kwargs:
-            return _numpy_method(self, "min", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
-        return Expr(_min, *_min.spec(self, axis=axis, keepdims=keepdims))
-
-    def std(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
-        """Standard deviation over ``axis`` (``correction=1`` for the sample estimate), as an expression (see ``AsyncEagerSession.std``)."""
-        if numpy_kwargs:
-            return _numpy_method(self, "std", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
-        return Expr(_std, *_std.spec(self, axis=axis, keepdims=keepdims))
-
-    def var(self, axis: AxisLike = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
-        """Variance over ``axis`` (``correction=1`` for the sample estimate), as an expression (see ``AsyncEagerSession.var``)."""
-        if numpy_kwargs:
-            return _numpy_method(self, "var", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
-        return Expr(_var, *_var.spec(self, axis=axis, keepdims=keepdims))
-
-    def argmax(self, axis: int | None = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
-        """Index of the maximum along ``axis`` (of the flattened tensor if ``None``), as an expression (see ``AsyncEagerSession.argmax``)."""
-        if numpy_kwargs:
-            return _numpy_method(self, "argmax", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
-        return Expr(_argmax, *_argmax.spec(self, axis=axis, keepdims=keepdims))
-
-    def argmin(self, axis: int | None = None, keepdims: bool = False, **numpy_kwargs: Any) -> Expr:
-        """Index of the minimum along ``axis`` (of the flattened tensor if ``None``), as an expression (see ``AsyncEagerSession.argmin``)."""
-        if numpy_kwargs:
-            return _numpy_method(self, "argmin", {"axis": axis, "keepdims": keepdims}, numpy_kwargs)
-        return Expr(_argmin, *_argmin.spec(self, axis=axis, keepdims=keepdims))
-
-    def reshape(self, shape: ShapeLike, **numpy_kwargs: Any) -> Expr:
-        """The same elements in a new shape (one dimension may be -1), as an expression (see ``AsyncEagerSession.reshape``)."""
-        if numpy_kwargs:
-            return _numpy_method(self, "reshape", (shape,), numpy_kwargs)
-        return Expr(_reshape, *_reshape.spec(self, shape))
-
-    def astype(self, dtype: DTypeLike, **numpy_kwargs: Any) -> Expr:
-        """``x`` converted to ``dtype`` (numpy's casting rules, ``unsafe`` as numpy's ``astype``), as an expression (see ``AsyncEagerSession.astype``)."""
-        if numpy_kwargs:
-            return _numpy_method(self, "astype", (dtype,), numpy_kwargs)
-        return Expr(_astype, *_astype.spec(self, dtype))
-
-    def transpose(self, axes: Sequence[int] | None = None, **numpy_kwargs: Any) -> Expr:
-        """Dimensions reordered by ``axes`` (a transpose; ``None`` reverses them), as an expression (see ``AsyncEagerSession.permute_dims``)."""
-        if numpy_kwargs:
-            return _numpy_method(self, "transpose", (axes,), numpy_kwargs)
-        return Expr(_permute_dims, *_permute_dims.spec(self, axes))
-
-    def clip(self, min: TensorLike | None = None, max: TensorLike | None = None, **numpy_kwargs: Any) -> Expr:
-        """Element-wise ``x`` limited to ``[min, max]`` (either bound may be ``None``), as an expression (see ``AsyncEagerSession.clip``)."""
-        if numpy_kwargs:
-            return _numpy_method(self, "clip", (min, max,), numpy_kwargs)
-        return Expr(_clip, *_clip.spec(self, min, max))
-
-    def squeeze(self, axis: AxisLike = None, **numpy_kwargs: Any) -> Expr:
-        """Dimensions of size 1 removed (only ``axis`` if given), as an expression (see ``AsyncEagerSession.squeeze``)."""
-        if numpy_kwargs:
-            return _numpy_method(self, "squeeze", (axis,), numpy_kwargs)
-        return Expr(_squeeze, *_squeeze.spec(self, axis))
-    # --- end generated ---
 
 
 class Expr(Operand):
@@ -729,11 +500,14 @@ def _spec_keywords(d: OpDef) -> frozenset[str]:
 _KEYWORDS: dict[OpDef, frozenset[str]] = {}
 
 
-def _numpy_method(x: Operand, method: str, args: Any, numpy_kwargs: dict[str, Any]) -> Expr:
-    # Keywords the op itself takes (t.std(correction=1), t.sum(dtype=...)) build the
-    # expression, as the session method does with them. Others: np.mean(t) and friends
-    # call t.mean(..., out=None): give numpy's answer on the buffer (a local tensor is
-    # readable without suspending, as np.asarray(t) is).
+def numpy_method(x: OperandMethods, method: str, args: Any, numpy_kwargs: dict[str, Any]) -> Expr:
+    """An ndarray-named method (``t.sum(...)``) called with keywords beyond its own: an expression, or numpy's answer.
+
+    Keywords the op itself takes (``t.std(correction=1)``, ``t.sum(dtype=...)``) build the
+    expression, as the session method does with them. Others: ``np.mean(t)`` and friends
+    call ``t.mean(..., out=None)``: numpy's answer on the buffer (a local tensor is
+    readable without suspending, as ``np.asarray(t)`` is).
+    """
     d = OPS["permute_dims" if method == "transpose" else method]
     if _spec_keywords(d).issuperset(numpy_kwargs):
         if isinstance(args, dict):
@@ -775,43 +549,3 @@ def _short(x: Any) -> str:
 
 _permute_dims = OPS["permute_dims"]
 _matrix_transpose = OPS.get("matrix_transpose") or INTERNAL_OPS["swap_matrix_axes"]
-
-# generated bindings
-_abs = OPS["abs"]
-_add = OPS["add"]
-_argmax = OPS["argmax"]
-_argmin = OPS["argmin"]
-_astype = OPS["astype"]
-_bitwise_and = OPS["bitwise_and"]
-_bitwise_invert = OPS["bitwise_invert"]
-_bitwise_left_shift = OPS["bitwise_left_shift"]
-_bitwise_or = OPS["bitwise_or"]
-_bitwise_right_shift = OPS["bitwise_right_shift"]
-_bitwise_xor = OPS["bitwise_xor"]
-_clip = OPS["clip"]
-_divide = OPS["divide"]
-_equal = OPS["equal"]
-_floor_divide = OPS["floor_divide"]
-_getitem = OPS["getitem"]
-_greater = OPS["greater"]
-_greater_equal = OPS["greater_equal"]
-_less = OPS["less"]
-_less_equal = OPS["less_equal"]
-_matmul = OPS["matmul"]
-_max = OPS["max"]
-_mean = OPS["mean"]
-_min = OPS["min"]
-_multiply = OPS["multiply"]
-_negative = OPS["negative"]
-_not_equal = OPS["not_equal"]
-_permute_dims = OPS["permute_dims"]
-_positive = OPS["positive"]
-_pow = OPS["pow"]
-_prod = OPS["prod"]
-_remainder = OPS["remainder"]
-_reshape = OPS["reshape"]
-_squeeze = OPS["squeeze"]
-_std = OPS["std"]
-_subtract = OPS["subtract"]
-_sum = OPS["sum"]
-_var = OPS["var"]

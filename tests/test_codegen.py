@@ -8,6 +8,7 @@ import aiotensor as at
 from aiotensor import _codegen
 from aiotensor._expr import Operand
 from aiotensor._fusion._function import FusedOps
+from aiotensor._generated_operand import OperandMethods
 from aiotensor._opdef import ALIASES, OPS
 
 
@@ -30,12 +31,12 @@ def test_every_op_has_every_surface() -> None:
 
 def test_operand_methods_and_operators_come_from_the_table() -> None:
     for stem, _ in _codegen._BINARY:
-        assert f"__{stem}__" in vars(Operand)
-        assert f"__r{stem}__" in vars(Operand)
+        assert f"__{stem}__" in vars(OperandMethods)
+        assert f"__r{stem}__" in vars(OperandMethods)
     for method, *_ in _codegen._METHODS:
-        assert method in vars(Operand)
+        assert method in vars(OperandMethods)
     for stem, _ in _codegen._COMPARE:  # element-wise comparisons (issue 28), hash by identity
-        assert f"__{stem}__" in vars(Operand)
+        assert f"__{stem}__" in vars(OperandMethods)
     assert {f"__{stem}__" for stem, _ in _codegen._COMPARE} == {
         "__eq__",
         "__ne__",
@@ -44,4 +45,5 @@ def test_operand_methods_and_operators_come_from_the_table() -> None:
         "__gt__",
         "__ge__",
     }
+    assert issubclass(Operand, OperandMethods)
     assert Operand.__hash__ is object.__hash__  # type: ignore[comparison-overlap]
