@@ -486,9 +486,20 @@ class BatchedFunction:
             # The batch's bookkeeping (and the callers' rows) live in this process.
             raise InvalidArgumentError(f"{label}: batched functions run on local backends only")
         params = group.params
-        bufs = (tuple([c[0] for c in callers]), *[_buffers(engine, p, label) for p in params])
         x0 = callers[0][0]
-        key = (rows, x0.shape[1:], x0.dtype, *[_shape_of(p) for p in params])
+        found: list[Any] = [tuple([c[0] for c in callers])]
+        key: tuple[Any, ...] = (rows, x0.shape[1:], x0.dtype)
+        for p in params:
+            # The common param, a live tensor of this session: its buffer and its part of
+            # the key in one step, as a fused function call takes them.
+            entry = p._registry._buffers.get(p._rid) if type(p) is Tensor and p._engine is engine else None
+            if entry is None:
+                found.append(_buffers(engine, p, label))
+                key += (_shape_of(p),)
+            else:
+                found.append(entry[0])
+                key += ((p._shape, p._dtype),)
+        bufs = tuple(found)
         budget = Budget("a batched function")
         est = self._placement.estimate(key)
         measure = est is None  # the first run for these shapes: on the pool, measured
