@@ -287,7 +287,8 @@ class BatchedFunction:
                 return tuple(tensors) if multi else tensors[0]
             return await self._deliver(engine, runner, tensors, multi)
         # Alone: its batch of one runs in this task, as a fused function call would.
-        self._close(key, group)
+        if pending.get(key) is group:
+            del pending[key]
         self._count(1, n)
         try:
             if self._concurrent is None:  # (no lane to take: one coroutine frame less)
@@ -423,7 +424,8 @@ class BatchedFunction:
         counts["calls"] += calls
         counts["batches"] += 1
         counts["rows"] += rows
-        counts["max_rows"] = max(counts["max_rows"], rows)
+        if rows > counts["max_rows"]:
+            counts["max_rows"] = rows
 
     def _spawn(self, key: tuple[Any, ...], group: _Group, loop: asyncio.AbstractEventLoop) -> None:
         task = loop.create_task(self._run(key, group), context=group.ctx)
@@ -488,18 +490,18 @@ class BatchedFunction:
         params = group.params
         x0 = callers[0][0]
         found: list[Any] = [tuple([c[0] for c in callers])]
-        key: tuple[Any, ...] = (rows, x0.shape[1:], x0.dtype)
+        shapes: list[Any] = [rows, x0.shape[1:], x0.dtype]
         for p in params:
             # The common param, a live tensor of this session: its buffer and its part of
             # the key in one step, as a fused function call takes them.
             entry = p._registry._buffers.get(p._rid) if type(p) is Tensor and p._engine is engine else None
             if entry is None:
                 found.append(_buffers(engine, p, label))
-                key += (_shape_of(p),)
+                shapes.append(_shape_of(p))
             else:
                 found.append(entry[0])
-                key += ((p._shape, p._dtype),)
-        bufs = tuple(found)
+                shapes.append((p._shape, p._dtype))
+        bufs, key = tuple(found), tuple(shapes)
         budget = Budget("a batched function")
         est = self._placement.estimate(key)
         measure = est is None  # the first run for these shapes: on the pool, measured
