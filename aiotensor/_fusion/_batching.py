@@ -508,7 +508,8 @@ class BatchedFunction:
         if est is None:
             est = math.inf
         blas, recycle = self._learned.get(key, (True, True))
-        described = (_Rows((rows, *x0.shape[1:]), x0.dtype), *params)  # for error messages
+        # For error messages: the stacked rows as they would read (a caller alone: its own rows).
+        described = (x0 if len(callers) == 1 else _Rows((rows, *x0.shape[1:]), x0.dtype), *params)
         kernel: Callable[..., Any]
         ops: FusedOps | None = None
         if len(callers) == 1 and not recycle:
