@@ -234,8 +234,7 @@ class BatchedFunction:
         arr = x if tx is _ndarray and self._plain_rows(x) else self._rows(x, engine)
         shape = arr.shape
         n = shape[0]
-        # (the runner's engine is bound to this loop: the key needs no loop)
-        key = (runner, *map(id, params), shape[1:], arr.dtype)
+        key = (loop, runner, *map(id, params), shape[1:], arr.dtype)
         future = loop.create_future()
         caller = (arr, engine, future)
         pending = self._pending
@@ -257,6 +256,9 @@ class BatchedFunction:
                     raise
                 if engine is runner:  # its tensors are its session's already
                     return tuple(tensors) if multi else tensors[0]
+                moved = self._moved(engine, runner, tensors, multi)
+                if moved is not None:  # (no coroutine: the common case of a child session's caller)
+                    return moved
                 return await self._deliver(engine, runner, tensors, multi)
             del pending[key]  # this call would take it over the limit: it leads the next one
         # The first call leads the group: one loop iteration (not a timer) lets the calls
@@ -285,6 +287,9 @@ class BatchedFunction:
                 raise
             if engine is runner:
                 return tuple(tensors) if multi else tensors[0]
+            moved = self._moved(engine, runner, tensors, multi)
+            if moved is not None:  # (no coroutine: the common case of a child session's caller)
+                return moved
             return await self._deliver(engine, runner, tensors, multi)
         # Alone: its batch of one runs in this task, as a fused function call would.
         if pending.get(key) is group:
@@ -303,6 +308,9 @@ class BatchedFunction:
             raise
         if engine is runner:  # its tensors are its session's already
             return tuple(tensors) if multi else tensors[0]
+        moved = self._moved(engine, runner, tensors, multi)
+        if moved is not None:  # (no coroutine: the common case of a child session's caller)
+            return moved
         return await self._deliver(engine, runner, tensors, multi)
 
     async def _call_on_values(self, x: Any, params: tuple[Any, ...]) -> Tensor | tuple[Tensor, ...]:
@@ -316,6 +324,15 @@ class BatchedFunction:
             for t in made:
                 engine.discard(t)
 
+    def _moved(self, engine: Engine, runner: Engine, tensors: list[Tensor], multi: bool) -> Tensor | None:
+        """One output's rows moved into the caller's session when nothing is to await (no memory limit), else None."""
+        if multi or engine.registry.memory_limit is not None or engine.state is not _OPEN:
+            return None  # (then _deliver: it fits them under the limit, or says the session closed)
+        label = self._label
+        arr = runner.buffer(tensors[0], label)
+        _discard(tensors, runner)
+        return engine._register(arr, label, None, engine.place(label))
+
     async def _deliver(
         self, engine: Engine, runner: Engine, tensors: list[Tensor], multi: bool
     ) -> Tensor | tuple[Tensor, ...]:
@@ -327,8 +344,6 @@ class BatchedFunction:
             if engine.state is not _OPEN:
                 raise SessionClosedError(f"{label}: the session was closed while the call waited for its batch")
             device = engine.place(label)
-            if not multi and engine.registry.memory_limit is None:
-                return engine._register(arrays[0], label, None, device)
             result = KernelResult([info(a) for a in arrays], multi)
             tensors = await engine._own(result, label, None, None, device)
         return tuple(tensors) if multi else tensors[0]
