@@ -559,6 +559,23 @@ async def test_a_caller_cancelled_before_its_batch_starts_is_removed_from_it(
         assert await held(s) == 4
 
 
+async def test_a_caller_cancelled_while_it_waits_alone_leaves_no_group_behind(s: at.AsyncEagerSession) -> None:
+    w = await weights(s)
+    f = at.batched(mlp)
+    task = asyncio.create_task(f(rows(2), *w))
+    await asyncio.sleep(0)  # it leads its group and waits one loop iteration for others
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert f.stats().batches == 0
+    x = rows(3, seed=3)
+    y = await f(x, *w)  # a group of its own: nothing joins the cancelled call's
+    close(y, x)
+    stats = f.stats()
+    assert (stats.batches, stats.calls, stats.rows) == (1, 1, 3)
+    assert await held(s) == 5  # the weights and this result
+
+
 async def test_a_caller_cancelled_while_its_batch_runs_leaves_nothing_and_the_others_get_their_rows(
     strategy: at.ResourceCleanupStrategy,
 ) -> None:
