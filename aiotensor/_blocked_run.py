@@ -67,11 +67,12 @@ BLOCK_ITEMS = 65536
 MIN_ITEMS = 1 << 16
 #: Output elements from which a run is cut in blocks; below, a run that can compute in
 #: place in its result alone is one block, each op once over the whole arrays. Measured
-#: (``--calibrate``): blocks do not beat one pass per op in place below 2048x2048
-#: float32 (1024x1024: 0.65x and 0.66x numpy's chain), and only tie above it with
-#: the machine shared (2048x2048 0.46-0.53x against 0.41-0.48x; 4096x4096 0.40-0.44x
-#: against 0.40-0.43x; once, under heavier load, 0.21x against 0.33x).
-BLOCK_FROM_ITEMS = 1 << 22
+#: (``--calibrate``, variants interleaved call by call, fastest quarter, machine shared):
+#: the kernel alone ties at 1024x1024 float32 (blocks 0.63-0.68x numpy's chain, one pass
+#: per op 0.65-0.67x), blocks win from 2048x2048 (0.43-0.45x against 0.64-0.65x), and
+#: awaited at 1024x1024 blocks read 0.81-0.90x against 0.86-0.92x in three A/B runs
+#: (a block's ops stay in L2: one pass over memory instead of ten).
+BLOCK_FROM_ITEMS = 1 << 20
 #: Output bytes from which a blocked run on the pool shares its blocks with the other
 #: workers. Measured (``--calibrate --only-split``, split time / one worker, blocks):
 #: 1 MiB 1.07-1.15, 4 MiB 0.93-1.12, 16 MiB 0.90-0.99, 32 MiB 0.80-0.91, 64 MiB 0.74-0.81.
@@ -237,7 +238,6 @@ class _Layout:
     """A run on inputs of given shapes and dtypes: block shapes, scratch buffers, ops hoisted out of the loop."""
 
     __slots__ = (
-        "buffer_of",
         "h",
         "hoisted",
         "loop",
@@ -249,6 +249,7 @@ class _Layout:
         "scratch",
         "sliced",
         "template",
+        "whole",
     )
 
     def __init__(
@@ -319,16 +320,16 @@ class _Layout:
                 self.scratch.append(spec)
             buf_of[slot] = buf
             self.loop.append((run.ufuncs[k], args, buf, slot))
-        #: Per op: its buffer (-1: the result, -2: none, hoisted), for _whole.
-        self.buffer_of = [buf_of.get(nbase + k, -1 if varies[nbase + k] else -2) for k in range(n)]
+        #: One block (the run's rows at once, no reduction): per op, for _whole, its ufunc,
+        #: arguments and buffer (-1: the result, -2: none, hoisted); else None.
+        self.whole: list[tuple[Any, tuple[int, ...], int]] | None = None
+        if h >= oshape[0] and not self.reducer:
+            self.whole = [
+                (run.ufuncs[k], run.ops[k][1], buf_of.get(nbase + k, -1 if varies[nbase + k] else -2)) for k in range(n)
+            ]
 
     def run(self, inputs: tuple[Any, ...], flagged: list[str]) -> Any:
         """The result, computed in blocks; floating-point flags raised go to ``flagged``."""
-        watch = {kind: ("ignore" if mode == "ignore" else "call") for kind, mode in np.geterr().items()}
-
-        def record(kind: str, flag: int) -> None:
-            flagged.append(kind)
-
         vals = list(self.template)
         vals[: len(inputs)] = inputs
         holder = _OUT.get()
@@ -337,10 +338,15 @@ class _Layout:
             holder[0] = None  # type: ignore[index]
         else:
             out = np.empty(self.rshape, self.out_dtype)
-        rows = self.oshape[0]
-        if self.h >= rows and not self.reducer:  # one block: each op once, as op by op (numpy's own warnings)
+        if self.whole is not None:  # one block: each op once, as op by op (numpy's own warnings)
             self._whole(vals, out)
             return out
+        watch = {kind: ("ignore" if mode == "ignore" else "call") for kind, mode in np.geterr().items()}
+
+        def record(kind: str, flag: int) -> None:
+            flagged.append(kind)
+
+        rows = self.oshape[0]
         pool = _POOL.get()
         with np.errstate(call=record, **watch):  # type: ignore[arg-type]
             for ufunc, args, slot in self.hoisted:
@@ -376,21 +382,30 @@ class _Layout:
         return out
 
     def _whole(self, vals: list[Any], out: Any) -> None:
-        # The ops in program order on whole arrays, each writing where _rows would.
-        scratch = [np.empty(shape, dtype) for shape, dtype in self.scratch]
-        run = self.run_
-        for k, (d, args) in enumerate(run.ops):
-            buf = self.buffer_of[k]
-            a = [vals[i] for i in args]
-            try:
-                if buf == -2:  # reads whole inputs alone (hoisted out of _rows' loop)
-                    vals[run.nin + len(run.consts) + k] = run.ufuncs[k](*a)
+        # The ops in program order on whole arrays, each writing where _rows would. (On
+        # the inline path of runs of ~64K elements: per-op Python work is kept small.)
+        scratch = [np.empty(shape, dtype) for shape, dtype in self.scratch] if self.scratch else ()
+        slot = self.run_.nin + len(self.run_.consts)
+        try:
+            for ufunc, args, buf in self.whole:  # type: ignore[union-attr]
+                if buf == -1:
+                    dst = out
+                elif buf == -2:  # reads whole inputs alone (hoisted out of _rows' loop)
+                    vals[slot] = ufunc(*[vals[i] for i in args])
+                    slot += 1
+                    continue
                 else:
-                    dst = out if buf == -1 else scratch[buf]
-                    vals[run.nin + len(run.consts) + k] = run.ufuncs[k](*a, out=dst)
-            except Exception as exc:
-                error = kernel_error(d.name, tuple(a), exc, False)
-                raise error from error.__cause__
+                    dst = scratch[buf]
+                if len(args) == 2:
+                    vals[slot] = ufunc(vals[args[0]], vals[args[1]], out=dst)
+                else:
+                    vals[slot] = ufunc(*[vals[i] for i in args], out=dst)
+                slot += 1
+        except Exception as exc:
+            d, args = self.run_.ops[slot - self.run_.nin - len(self.run_.consts)]
+            a = tuple(vals[i] for i in args)
+            error = kernel_error(d.name, a, exc, False)
+            raise error from error.__cause__
 
     def _rows(self, shared: list[Any], out: Any, lo: int, hi: int) -> None:
         # Rows [lo, hi) of the result, block by block, with scratch buffers of this call's own.
