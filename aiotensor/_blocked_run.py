@@ -3,9 +3,9 @@
 :class:`BlockedRun` evaluates the ops of a run (``_blocked`` finds runs in a compiled
 expression and makes each one step with this kernel). From :data:`BLOCK_FROM_ITEMS`
 elements it walks the output in blocks of rows of about :data:`BLOCK_ITEMS` elements:
-each op writes its block into the result's own block when it has the result's dtype
-(a chain then runs in place there, in cache) or into a small scratch block, buffers
-reused from op to op and from block to block. Below it, a run that can compute in place
+each op writes its block into a small cache-line-aligned scratch block (a chain then
+runs in place there, in cache), buffers reused from op to op and from block to block,
+and the last op writes into the result's block. Below it, a run that can compute in place
 in its result alone is one block: each op once, over whole arrays. Large runs on the
 pool share their blocks with the other workers (:data:`SPLIT_MIN_BYTES`, through
 :func:`with_pool`, the backend's hook), and write into a buffer the session's cache
@@ -295,9 +295,14 @@ class _Layout:
         # The loop: (ufunc, args, scratch index or -1 for the result's block, value slot)
         # per op that varies. Ops whose values do not overlap in time share a buffer (an
         # op may write over an input that dies there: same shape and dtype, in place).
-        # The result's own block is one of them (-1), taken first: a chain of ops on
-        # arrays of the result's dtype runs in place in it, in cache, with no scratch.
-        free: dict[Any, list[int]] = {} if self.reducer else {((h, *oshape[1:]), dtypes[-1]): [-1]}
+        # In blocks, only the last op writes into the result's block: the others write
+        # into 64-byte-aligned scratch blocks (a chain runs in place in one of them, in
+        # cache). The result's buffer, recycled or fresh, is mostly only 16-byte aligned
+        # (malloc), and ten ops storing into it there ran ~10% slower (1024x1024: 0.77x
+        # numpy's chain against 0.70x into aligned scratch). One block (the whole rows)
+        # runs in place in the result itself (-1), taken first: no full-size scratch.
+        one_block = h >= oshape[0]
+        free: dict[Any, list[int]] = {((h, *oshape[1:]), dtypes[-1]): [-1]} if one_block and not self.reducer else {}
         buf_of: dict[int, int] = {}
         self.loop: list[tuple[Any, tuple[int, ...], int, int]] = []
         self.scratch: list[tuple[tuple[int, ...], np.dtype[Any]]] = []
@@ -411,7 +416,7 @@ class _Layout:
         # Rows [lo, hi) of the result, block by block, with scratch buffers of this call's own.
         h = self.h
         vals = list(shared)
-        scratch = [np.empty(shape, dtype) for shape, dtype in self.scratch]
+        scratch = [_aligned_empty(shape, dtype) for shape, dtype in self.scratch]
         steps = [(ufunc, args, scratch[b] if b >= 0 else None, slot, len(args)) for ufunc, args, b, slot in self.loop]
         inputs = [(i, vals[i]) for i in self.sliced]
         reducer = self.reducer
@@ -434,6 +439,15 @@ class _Layout:
                     vals[slot] = ufunc(*[vals[i] for i in args], out=dst)
             if reducer is not None:  # each row of the block reduced as numpy reduces it
                 reducer[0].reduce(vals[last], axis=-1, keepdims=reducer[1], out=out[r0:r1])
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+    # An uninitialized array whose data starts on a 64-byte boundary (a cache line; AVX
+    # stores that do not straddle lines). Scratch only: it is a view, never a result.
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + 64, np.uint8)
+    off = -raw.ctypes.data % 64
+    return raw[off : off + nbytes].view(dtype).reshape(shape)
 
 
 def _aligned(rows: int, parts: int, h: int) -> list[tuple[int, int]]:
