@@ -61,21 +61,24 @@ __all__ = [
 #: Output elements per block (256 KiB of float32: a block and the input rows it reads
 #: stay in the 1 MiB L2). Measured on the 10-op float32 chain at 2048x2048, ratio to
 #: numpy's chain (``python -m benchmarks.bench_blocked --calibrate``): 4096 items 0.98x,
-#: 16384 0.69x, 32768 0.43x, 65536 0.35x, 131072 0.33x (see docs/performance.md).
+#: 16384 0.69x, 32768 0.43x, 65536 0.35x, 131072 0.33x (see docs/performance.md); with
+#: calls interleaved (first quartile), 16384 to 131072 all within 0.30-0.34x.
 BLOCK_ITEMS = 65536
 #: Output elements from which a run is one step (below: the op-by-op program).
 MIN_ITEMS = 1 << 16
 #: Output elements from which a run is cut in blocks; below, a run that can compute in
 #: place in its result alone is one block, each op once over the whole arrays. Measured
-#: (``--calibrate``, variants interleaved call by call, fastest quarter, machine shared):
-#: the kernel alone ties at 1024x1024 float32 (blocks 0.63-0.68x numpy's chain, one pass
-#: per op 0.65-0.67x), blocks win from 2048x2048 (0.43-0.45x against 0.64-0.65x), and
-#: awaited at 1024x1024 blocks read 0.81-0.90x against 0.86-0.92x in three A/B runs
-#: (a block's ops stay in L2: one pass over memory instead of ten).
+#: (``--calibrate``: variants interleaved call by call, first quartile, machine shared,
+#: load 4-6), ratio to numpy's chain, blocks of 65,536 against one pass per op: 512x512
+#: 0.71 / 0.73, 1024x1024 0.70 / 0.73, 2048x2048 0.30 / 0.33, 4096x4096 0.22 / 0.23;
+#: again 0.68 / 0.71, 0.62 / 0.64, 0.34 / 0.62, 0.25 / 0.25; awaited at 1024x1024, blocks read
+#: 0.81-0.90x against 0.86-0.92x in three A/B runs. A block's ops stay in L2.
 BLOCK_FROM_ITEMS = 1 << 20
 #: Output bytes from which a blocked run on the pool shares its blocks with the other
 #: workers. Measured (``--calibrate --only-split``, split time / one worker, blocks):
-#: 1 MiB 1.07-1.15, 4 MiB 0.93-1.12, 16 MiB 0.90-0.99, 32 MiB 0.80-0.91, 64 MiB 0.74-0.81.
+#: 1 MiB 1.07-1.15, 4 MiB 0.93-1.12, 16 MiB 0.90-0.99, 32 MiB 0.80-0.91, 64 MiB 0.74-0.81;
+#: again under heavier load (4-6, first quartile): 1 MiB 1.19, 4 MiB 1.09, 8 MiB 1.03,
+#: 16 MiB 1.04, 32 MiB 1.05. It pays only when the other core is free.
 SPLIT_MIN_BYTES = 32 << 20
 #: Output bytes per part handed to a participant of a split run.
 _PART_BYTES = 4 << 20
