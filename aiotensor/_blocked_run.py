@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from ._backends._chunked import Spawn, _Blocks
+from ._blocked_var import aligned_empty
 from ._errors import AioTensorError
 from ._kernels import NUMERIC_KINDS, kernel_error
 from ._opdef import OpDef
@@ -419,7 +420,7 @@ class _Layout:
         # Rows [lo, hi) of the result, block by block, with scratch buffers of this call's own.
         h = self.h
         vals = list(shared)
-        scratch = [_aligned_empty(shape, dtype) for shape, dtype in self.scratch]
+        scratch = [aligned_empty(shape, dtype) for shape, dtype in self.scratch]
         steps = [(ufunc, args, scratch[b] if b >= 0 else None, slot, len(args)) for ufunc, args, b, slot in self.loop]
         inputs = [(i, vals[i]) for i in self.sliced]
         reducer = self.reducer
@@ -442,15 +443,6 @@ class _Layout:
                     vals[slot] = ufunc(*[vals[i] for i in args], out=dst)
             if reducer is not None:  # each row of the block reduced as numpy reduces it
                 reducer[0].reduce(vals[last], axis=-1, keepdims=reducer[1], out=out[r0:r1])
-
-
-def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-    # An uninitialized array whose data starts on a 64-byte boundary (a cache line; AVX
-    # stores that do not straddle lines). Scratch only: it is a view, never a result.
-    nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + 64, np.uint8)
-    off = -raw.ctypes.data % 64
-    return raw[off : off + nbytes].view(dtype).reshape(shape)
 
 
 def _aligned(rows: int, parts: int, h: int) -> list[tuple[int, int]]:
