@@ -213,6 +213,7 @@ class BlockedRun:
             return None
         sliced = [len(s) == len(oshape) and s[0] == rows for s in shapes]
         h = min(rows, max(1, BLOCK_ITEMS // (size // rows)))
+        dtypes = [*[x.dtype for x in inputs], *dtypes]  # (every array value's dtype, the inputs' first)
         if self.reduce is not None:  # blocks (no full-size value), if numpy reduces each row alone
             return _Layout(self, shapes, sliced, oshape, h, dtypes) if _rowwise(self.reduce, oshape, dtypes) else None
         if size < BLOCK_FROM_ITEMS:
@@ -263,9 +264,10 @@ class _Layout:
         sliced: list[bool],
         oshape: tuple[int, ...],
         h: int,
-        dtypes: list[np.dtype[Any]],
+        all_dtypes: list[np.dtype[Any]],
     ) -> None:
         self.run_ = run
+        dtypes = all_dtypes[run.nin :]  # the ops' values' dtypes
         self.oshape = oshape
         self.h = h
         self.sliced = [i for i, s in enumerate(sliced) if s]
@@ -283,8 +285,6 @@ class _Layout:
         for k, (_, args) in enumerate(run.ops):
             for i in args:
                 last_use[i] = k
-        # Ops on whole inputs alone (``std + 1e-8``): once per call, not per block.
-        self.hoisted = [(run.ufuncs[k], run.ops[k][1], nbase + k) for k in range(n) if not varies[nbase + k]]
         self.out_dtype = dtypes[-1]
         #: With a trailing reduction: (ufunc whose reduce it is, keepdims, count to divide by
         #: for a mean or 0), and the result's shape; else None and the run's shape.
@@ -296,6 +296,9 @@ class _Layout:
             self.reducer = (_REDUCERS[d.name], keep, oshape[-1] if d.name == "mean" else 0)
             self.rshape = (*oshape[:-1], 1) if keep else oshape[:-1]
         self.template: list[Any] = [None] * run.nin + [*run.consts] + [None] * n
+        typed = _typed_constants(run, all_dtypes, self.template)
+        # Ops on whole inputs alone (``std + 1e-8``): once per call, not per block.
+        self.hoisted = [(run.ufuncs[k], typed[k], nbase + k) for k in range(n) if not varies[nbase + k]]
         # The loop: (ufunc, args, scratch index or -1 for the result's block, value slot)
         # per op that varies. Ops whose values do not overlap in time share a buffer (an
         # op may write over an input that dies there: same shape and dtype, in place).
@@ -318,7 +321,7 @@ class _Layout:
                 if i in buf_of and last_use.get(i) == k:
                     free.setdefault((shapes[i], dtypes[i - nbase]), []).append(buf_of[i])
             if k == n - 1 and not self.reducer:
-                self.loop.append((run.ufuncs[k], args, -1, slot))
+                self.loop.append((run.ufuncs[k], typed[k], -1, slot))
                 continue
             spec = (shapes[slot], dtypes[k])
             pool = free.get(spec)
@@ -328,13 +331,13 @@ class _Layout:
                 buf = len(self.scratch)
                 self.scratch.append(spec)
             buf_of[slot] = buf
-            self.loop.append((run.ufuncs[k], args, buf, slot))
+            self.loop.append((run.ufuncs[k], typed[k], buf, slot))
         #: One block (the run's rows at once, no reduction): per op, for _whole, its ufunc,
         #: arguments and buffer (-1: the result, -2: none, hoisted); else None.
         self.whole: list[tuple[Any, tuple[int, ...], int]] | None = None
         if h >= oshape[0] and not self.reducer:
             self.whole = [
-                (run.ufuncs[k], run.ops[k][1], buf_of.get(nbase + k, -1 if varies[nbase + k] else -2)) for k in range(n)
+                (run.ufuncs[k], typed[k], buf_of.get(nbase + k, -1 if varies[nbase + k] else -2)) for k in range(n)
             ]
 
     def run(self, inputs: tuple[Any, ...], flagged: list[str]) -> Any:
@@ -424,7 +427,7 @@ class _Layout:
         steps = [(ufunc, args, scratch[b] if b >= 0 else None, slot, len(args)) for ufunc, args, b, slot in self.loop]
         inputs = [(i, vals[i]) for i in self.sliced]
         reducer = self.reducer
-        last = len(vals) - 1  # the last op's value
+        last = self.run_.nin + len(self.run_.consts) + len(self.run_.ops) - 1  # the last op's value
         for r0 in range(lo, hi, h):
             r1 = min(r0 + h, hi)
             tail = r1 - r0 != h
@@ -443,6 +446,49 @@ class _Layout:
                     vals[slot] = ufunc(*[vals[i] for i in args], out=dst)
             if reducer is not None:  # each row of the block reduced as numpy reduces it
                 reducer[0].reduce(vals[last], axis=-1, keepdims=reducer[1], out=out[r0:r1])
+
+
+def _typed_constants(run: BlockedRun, dtypes: list[np.dtype[Any]], template: list[Any]) -> list[tuple[int, ...]]:
+    # Each op's argument slots, where a Python float read with one array value is replaced
+    # by a slot appended to ``template`` holding it as a 0-d array of the dtype numpy's loop
+    # casts it to (NEP 50: ``ufunc.resolve_dtypes`` with the weak ``float``): the same loop
+    # on the same values, without converting the scalar at every call (~0.25 µs each; a
+    # 1024x1024 chain makes 160 calls). Kept as it is when the typed operand would not
+    # select the same loop, or the cast would overflow.
+    nin, nconst = run.nin, len(run.consts)
+    nbase = nin + nconst
+    found: dict[tuple[int, np.dtype[Any]], int] = {}
+    out: list[tuple[int, ...]] = []
+    for ufunc, (_, args) in zip(run.ufuncs, run.ops, strict=True):
+        if len(args) != 2 or not isinstance(ufunc, np.ufunc):
+            out.append(args)
+            continue
+        kinds = [type(run.consts[i - nin]) if nin <= i < nbase else dtypes[i if i < nin else i - nconst] for i in args]
+        pos = [j for j, kind in enumerate(kinds) if kind is float]
+        if len(pos) != 1 or not isinstance(kinds[1 - pos[0]], np.dtype):
+            out.append(args)
+            continue
+        j = pos[0]
+        try:
+            loop = ufunc.resolve_dtypes((*kinds, None))
+            target = loop[j]
+            if target.kind not in "fc":
+                raise TypeError
+            with np.errstate(all="ignore"):
+                value = np.array(run.consts[args[j] - nin], target)
+            if not np.isfinite(value) and math.isfinite(run.consts[args[j] - nin]):
+                raise OverflowError
+            if ufunc.resolve_dtypes((*[target if i == j else kinds[i] for i in range(2)], None)) != loop:
+                raise TypeError
+        except (TypeError, ValueError, OverflowError, np.exceptions.DTypePromotionError):
+            out.append(args)
+            continue
+        key = (args[j], target)
+        if key not in found:
+            found[key] = len(template)
+            template.append(value)
+        out.append(tuple(found[key] if i == j else a for i, a in enumerate(args)))
+    return out
 
 
 def _aligned(rows: int, parts: int, h: int) -> list[tuple[int, int]]:
