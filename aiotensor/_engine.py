@@ -445,10 +445,11 @@ class Engine:
             if nbytes is None and d.returns == "one" and self.registry.memory_limit is None:
                 # Nothing to reserve or wait for: run and own it without another coroutine frame.
                 policy = self.policy
-                if policy.safe_point is not None:
-                    policy.safe_point()
-                if policy.inline_point is not None:
-                    policy.inline_point()
+                if self.registry._dropped:  # (the hooks free what is queued there: nothing queued, no call)
+                    if policy.safe_point is not None:
+                        policy.safe_point()
+                    if policy.inline_point is not None:
+                        policy.inline_point()
                 out = self._run_inline(d, label, bufs, kw, checked, args)
                 if type(out) is not KernelResult:
                     return self._register(out, label, name, device)
@@ -540,12 +541,16 @@ class Engine:
             if shape is not None and cost_ns <= self._inline_ns and (cost_ns <= self._busy_ns or stays_inline()):
                 policy = self.policy
                 safe_point = policy.safe_point
-                if safe_point is not None:
-                    safe_point()
-                if policy.inline_point is not None:
-                    policy.inline_point()
-                kernel = d._np_kernel
                 registry = self.registry
+                # Both hooks free what the registry queued as dropped (_cleanup): with
+                # nothing queued they would do nothing, so they are not called.
+                dropped = registry._dropped
+                if dropped:
+                    if safe_point is not None:
+                        safe_point()
+                    if policy.inline_point is not None:
+                        policy.inline_point()
+                kernel = d._np_kernel
                 cache = registry.cache
                 start = _clock()
                 try:
@@ -580,7 +585,7 @@ class Engine:
                     t._nbytes = nbytes
                     t._label = name or d.label
                     t._device = self._device
-                    if safe_point is not None:
+                    if safe_point is not None and dropped:
                         safe_point()
                     return t
                 # A numpy scalar (0-d inputs), an input returned as it is: owned as _own would
@@ -695,7 +700,7 @@ class Engine:
         t._label = name or (label, -1)
         t._device = device
         safe_point = self.policy.safe_point
-        if safe_point is not None:
+        if safe_point is not None and registry._dropped:  # (nothing queued: nothing to free)
             safe_point()
         if self._log:
             logger.info("%s: %s on %s", label, t.name, device)
@@ -1247,7 +1252,8 @@ class Engine:
         if self._held >= self._hold_s:
             await self._yield_held()  # a small fetch copies on the loop without suspending
         safe_point = self.policy.safe_point
-        if safe_point is not None:
+        dropped = self.registry._dropped  # (the hook frees what is queued here: nothing queued, no call)
+        if safe_point is not None and dropped:
             safe_point()
         if self._local_fetch and sum(h.nbytes for h in handles) <= _COPY_ON_POOL_BYTES:
             values = [h.copy() for h in handles]  # what LocalBackend.fetch does, one coroutine less
@@ -1256,7 +1262,7 @@ class Engine:
         # Counted whether or not the backend suspended (it does not say): at worst the
         # next yield comes one fetch early.
         self._held += HOLD_PER_OP_S
-        if safe_point is not None:
+        if safe_point is not None and dropped:
             safe_point()
         return values
 
