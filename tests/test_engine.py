@@ -197,6 +197,7 @@ async def test_arrays_and_broadcast_rows_are_owned_results(
     from aiotensor._opdef import OPS
 
     expected = getattr(np, op)(x, p)
+    make: Callable[[], at.AsyncEagerSession]
     for make in (lambda: at.AsyncEagerSession(cleanup=strategy), _general):
         async with make() as s:
             param = await s.constant(p)
