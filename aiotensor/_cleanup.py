@@ -37,6 +37,8 @@ class CleanupPolicy(ABC):
     #: Whether pressure on ``memory_limit`` may free pending buffers early.
     reclaims: bool
     #: Called by the session before and after each op; ``None`` if there is nothing to do.
+    #: Like ``inline_point``, it frees what the registry queued as dropped and nothing
+    #: else: the engine's hottest paths skip the call while nothing is queued.
     safe_point: Callable[[], object] | None = None
     #: Called before an op that runs inline on the loop (and so gives no task a turn);
     #: ``None`` if the strategy has nothing to do there.

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import _defaults, _fpwarn
 from ._backends._allocator import out_for
-from ._backends._base import Backend
+from ._backends._base import _COPY_ON_POOL_BYTES, Backend, LocalBackend
 from ._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS, OVERHEAD_NS, PER_BYTE, SLICED_MAX, estimate_us
 from ._errors import (
     AioTensorError,
@@ -39,7 +39,7 @@ from ._errors import (
     WrongEventLoopError,
 )
 from ._expr import Expr
-from ._kernels import KernelResult, as_numeric, finalize, forgotten_await, info, kernel_error, normalize
+from ._kernels import NUMERIC_KINDS, KernelResult, as_numeric, finalize, forgotten_await, info, kernel_error, normalize
 from ._loopload import BUSY_INLINE_US, offload, stays_inline
 from ._opdef import OPS, Cost, OpDef, namespace
 from ._ops._apply import label as apply_label
@@ -71,6 +71,7 @@ _UNPLACED: contextvars.ContextVar[str | None] = contextvars.ContextVar("aiotenso
 _clock = time.perf_counter
 _new = object.__new__
 _base_run_inline = Backend.run_inline
+_local_fetch = LocalBackend.fetch
 # Ops the lean path of Engine.op takes: plain element-wise ops of one output, kernels of numpy's.
 _ELEMENTWISE = frozenset(d for d in OPS.values() if d.elementwise and d.kernel_for(np) is not None)
 # Their cost model's ns per byte, by op (an enum's hash is a Python call: too slow here).
@@ -127,6 +128,8 @@ class Engine:
         self._xp = namespace(backend.namespace)
         # A backend that keeps the base class's run_inline lets the engine call kernels itself.
         self._plain_inline = type(backend).run_inline is _base_run_inline
+        # A backend that keeps LocalBackend's fetch: the engine copies small values itself.
+        self._local_fetch = type(backend).fetch is _local_fetch
         # Seconds the inline ops since this engine last suspended have held the loop, and
         # how many make the next op yield first (see HOLD_THRESHOLDS).
         self._held = 0.0
@@ -199,9 +202,7 @@ class Engine:
             if not self.backend.needs_start:
                 # Nothing to await (the local backend): open now, without a task or a
                 # trip through the loop, which is most of a request session's cost.
-                self._bind(loop)
-                self.policy.start(self.registry, loop)
-                self._set_open()
+                self._open_on(loop)
                 return
             self.state = _OPENING
             self._opening = loop.create_task(self._start())
@@ -209,6 +210,25 @@ class Engine:
             raise SessionClosedError(f"{self.session!r} is closed")
         assert self._opening is not None
         await asyncio.shield(self._opening)
+
+    def open_now(self) -> bool:
+        """Open an unopened session on the running loop if that needs no await (a local backend); whether it is open.
+
+        A web request session is opened so when the handler asks for it: its first op
+        then takes the lean path (an unopened session's op goes through :meth:`open`).
+        """
+        if self.state is _UNOPENED and not self.backend.needs_start:
+            try:
+                loop = _get_loop()
+            except RuntimeError:
+                return False
+            self._open_on(loop)
+        return self.state is _OPEN
+
+    def _open_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._bind(loop)
+        self.policy.start(self.registry, loop)
+        self._set_open()
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -427,10 +447,11 @@ class Engine:
             if nbytes is None and d.returns == "one" and self.registry.memory_limit is None:
                 # Nothing to reserve or wait for: run and own it without another coroutine frame.
                 policy = self.policy
-                if policy.safe_point is not None:
-                    policy.safe_point()
-                if policy.inline_point is not None:
-                    policy.inline_point()
+                if self.registry._dropped:  # (the hooks free what is queued there: nothing queued, no call)
+                    if policy.safe_point is not None:
+                        policy.safe_point()
+                    if policy.inline_point is not None:
+                        policy.inline_point()
                 out = self._run_inline(d, label, bufs, kw, checked, args)
                 if type(out) is not KernelResult:
                     return self._register(out, label, name, device)
@@ -460,11 +481,14 @@ class Engine:
             and (not self.placed or self.device_var.get() is None)
         ):
             return None
-        # The hottest path: an element-wise op on tensors of one shape and numbers, cheap
-        # enough to run inline, in a session without a memory limit. Each step is the
+        # The hottest path: an element-wise op on tensors (or numeric ndarrays, for a
+        # ufunc) and numbers, cheap enough to run inline, in a session without a memory
+        # limit. Shapes are one shape, or broadcast as a row against rows (the shorter
+        # shape is the end of the longer one: a scaler's mean, a bias). Each step is the
         # general path's below, without its calls; anything unusual falls through to it.
         bufs = []
         shape = None
+        broadcast = False
         total = largest = 0
         for a in args:
             ta = type(a)
@@ -473,32 +497,62 @@ class Engine:
                 if owner is not self and owner not in self.ancestors:
                     break
                 try:
-                    entry = a._registry._buffers[a._rid]
+                    buf = a._registry._buffers[a._rid][0]
                 except KeyError:
                     break
-                if shape is not None and a._shape != shape:
-                    break
-                shape = a._shape
+                a_shape = a._shape
                 n = a._nbytes
-                total += n
-                if n > largest:
-                    largest = n
-                bufs.append(entry[0])
             elif ta is float or ta is int:
                 bufs.append(a)
+                continue
+            elif ta is _ndarray and a.dtype.kind in NUMERIC_KINDS and type(d._np_kernel) is _ufunc:
+                # (a ufunc's output is always fresh: a non-ufunc kernel might return the
+                # caller's array itself, which the general path checks for)
+                buf = a
+                a_shape = a.shape
+                n = a.nbytes
             else:
                 break
+            if shape is None:
+                shape = a_shape
+            elif a_shape != shape:
+                k, m = len(a_shape), len(shape)
+                if k < m and shape[m - k :] == a_shape:
+                    pass
+                elif k > m and a_shape[k - m :] == shape:
+                    shape = a_shape
+                else:
+                    break  # any other broadcast, or shapes that do not: the general path
+                broadcast = True
+            total += n
+            if n > largest:
+                largest = n
+            bufs.append(buf)
         else:
-            cost_ns = (total + largest) * _PER_BYTE_OF[d]
+            # The cost model's element-wise estimate (_cost.estimate_us): bytes read plus
+            # the output's (its size x the widest item); without broadcasting, the output
+            # is as large as the largest input.
+            out_bytes = largest
+            if broadcast:
+                itemsize = 1
+                for b in bufs:
+                    if type(b) is _ndarray and b.itemsize > itemsize:
+                        itemsize = b.itemsize
+                out_bytes = math.prod(shape) * itemsize  # type: ignore[arg-type]
+            cost_ns = (total + out_bytes) * _PER_BYTE_OF[d]
             if shape is not None and cost_ns <= self._inline_ns and (cost_ns <= self._busy_ns or stays_inline()):
                 policy = self.policy
                 safe_point = policy.safe_point
-                if safe_point is not None:
-                    safe_point()
-                if policy.inline_point is not None:
-                    policy.inline_point()
-                kernel = d._np_kernel
                 registry = self.registry
+                # Both hooks free what the registry queued as dropped (_cleanup): with
+                # nothing queued they would do nothing, so they are not called.
+                dropped = registry._dropped
+                if dropped:
+                    if safe_point is not None:
+                        safe_point()
+                    if policy.inline_point is not None:
+                        policy.inline_point()
+                kernel = d._np_kernel
                 cache = registry.cache
                 start = _clock()
                 try:
@@ -527,12 +581,13 @@ class Engine:
                     t._engine = self
                     t._registry = registry
                     t._rid = registry.add(out, nbytes)
-                    t._shape = shape  # (tensors of this shape and numbers: the output's; out.shape is a new tuple)
+                    # (without broadcasting the inputs' shape is the output's; out.shape is a new tuple)
+                    t._shape = out.shape if broadcast else shape
                     t._dtype = out.dtype
                     t._nbytes = nbytes
                     t._label = name or d.label
                     t._device = self._device
-                    if safe_point is not None:
+                    if safe_point is not None and dropped:
                         safe_point()
                     return t
                 # A numpy scalar (0-d inputs), an input returned as it is: owned as _own would
@@ -647,7 +702,7 @@ class Engine:
         t._label = name or (label, -1)
         t._device = device
         safe_point = self.policy.safe_point
-        if safe_point is not None:
+        if safe_point is not None and registry._dropped:  # (nothing queued: nothing to free)
             safe_point()
         if self._log:
             logger.info("%s: %s on %s", label, t.name, device)
@@ -1193,18 +1248,23 @@ class Engine:
         """Copies of the tensors' values, owned by the caller."""
         if self.state is not _OPEN:
             await self.open()
-        self.check_loop()
+        if _get_loop() is not self._loop:  # (check_loop, inline: a running loop is certain in a coroutine)
+            raise self._wrong_loop()
         handles = [self.buffer(t, api) for t in tensors]
         if self._held >= self._hold_s:
             await self._yield_held()  # a small fetch copies on the loop without suspending
         safe_point = self.policy.safe_point
-        if safe_point is not None:
+        dropped = self.registry._dropped  # (the hook frees what is queued here: nothing queued, no call)
+        if safe_point is not None and dropped:
             safe_point()
-        values = await self.backend.fetch(handles)
+        if self._local_fetch and sum(h.nbytes for h in handles) <= _COPY_ON_POOL_BYTES:
+            values = [h.copy() for h in handles]  # what LocalBackend.fetch does, one coroutine less
+        else:
+            values = await self.backend.fetch(handles)
         # Counted whether or not the backend suspended (it does not say): at worst the
         # next yield comes one fetch early.
         self._held += HOLD_PER_OP_S
-        if safe_point is not None:
+        if safe_point is not None and dropped:
             safe_point()
         return values
 

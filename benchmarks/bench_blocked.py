@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -170,56 +171,52 @@ def _time(fn: Callable[..., Any], n: int) -> float:
     return (time.perf_counter() - start) / n * 1e6
 
 
+def _quartiles(variants: dict[Any, Callable[[], Any]], calls: int) -> dict[Any, float]:
+    # Each variant's first-quartile time of one call, the variants called in turn call by
+    # call: on a shared machine a slow stretch hits every variant alike, and the fastest
+    # quarter of the calls is what each costs when the core and the memory bus are its.
+    times: dict[Any, list[float]] = {k: [] for k in variants}
+    for _ in range(calls):
+        for k, fn in variants.items():
+            start = time.perf_counter_ns()
+            fn()
+            times[k].append(time.perf_counter_ns() - start)
+    return {k: float(np.percentile(v, 25)) for k, v in times.items()}
+
+
 def calibrate(rounds: int, only_split: bool = False) -> None:
-    """Print the chain's time per block size (one thread), and split vs one thread on the pool."""
+    """Print the chain's time per block size (one thread), and split vs one thread on the pool.
+
+    Ratios to numpy's chain (or to one worker), first quartile of ``rounds * 10`` calls
+    per variant, the variants interleaved call by call (see :func:`_quartiles`).
+    """
     from aiotensor._backends._base import default_executor
     from aiotensor._programs import _blocked_run as _blocked
 
     settle_allocator()
     pool = default_executor()
-    chosen, threshold = _blocked.BLOCK_ITEMS, _blocked.BLOCK_FROM_ITEMS
-    print("block items: ratio to numpy's chain (median over rounds, one thread)")
-    for shape in () if only_split else ((1024, 1024), (2048, 2048)):
-        _blocked.BLOCK_FROM_ITEMS = 0  # blocks at every size
-        program, value = _kernel_program(shape)
-        n = max(3, int(2e6 // value.size))
-        row = {}
-        for items in (4096, 8192, 16384, 32768, 65536, 131072):
-            _blocked.BLOCK_ITEMS = items
-            for step in program.steps:
-                step[0].run._memo.clear()
-            ratios = []
-            for _ in range(rounds):
-                base = _time(lambda v=value: chain(v), n)
-                ratios.append(_time(lambda v=value, p=program: p.fresh()(v), n) / base)
-            row[items] = statistics.median(ratios)
-        print(shape, "  ".join(f"{k}: {v:.2f}" for k, v in row.items()))
-    _blocked.BLOCK_ITEMS = chosen
-    print("blocks vs one pass per op in place in the result: ratio to numpy's chain (BLOCK_FROM_ITEMS)")
-    for n in () if only_split else (1024, 2048, 2896, 4096):
-        _blocked.BLOCK_FROM_ITEMS = 0
-        blocked, value = _kernel_program((n, n))
+    chosen, threshold, split_from = _blocked.BLOCK_ITEMS, _blocked.BLOCK_FROM_ITEMS, _blocked.SPLIT_MIN_BYTES
+    calls = rounds * 10
+    print("block items, and one pass per op in place ('whole'): ratio to numpy's chain, one thread")
+    for n in () if only_split else (512, 1024, 2048, 4096):
         _blocked.BLOCK_FROM_ITEMS = 1 << 62
-        whole, _ = _kernel_program((n, n))
-        calls = max(3, int(4e6 // value.size))
-        pairs = []
-        for _ in range(rounds):
-            base = _time(lambda v=value: chain(v), calls)
-            pairs.append(
-                (
-                    _time(lambda v=value, p=blocked: p.fresh()(v), calls) / base,
-                    _time(lambda v=value, p=whole: p.fresh()(v), calls) / base,
-                )
-            )
-        blocks, one_pass = (statistics.median(p[i] for p in pairs) for i in (0, 1))
-        print(f"{n}x{n}: blocks {blocks:.2f}, one pass {one_pass:.2f}")
-    _blocked.BLOCK_FROM_ITEMS = threshold
-    print("split over the pool's workers vs one worker, in blocks: ratio (median over rounds)")
-    split_from = _blocked.SPLIT_MIN_BYTES
+        whole, value = _kernel_program((n, n))
+        variants: dict[Any, Callable[[], Any]] = {
+            "numpy": functools.partial(chain, value),
+            "whole": functools.partial(whole.fresh(), value),
+        }
+        _blocked.BLOCK_FROM_ITEMS = 0
+        for items in (16384, 32768, 65536, 131072):
+            _blocked.BLOCK_ITEMS = items
+            program, _ = _kernel_program((n, n))  # (its layout, with these blocks, is kept by its run)
+            variants[items] = functools.partial(program.fresh(), value)
+        found = _quartiles(variants, max(5, calls * 1024 * 1024 // (n * n) // 4))
+        print(f"{n}x{n}", "  ".join(f"{k}: {t / found['numpy']:.2f}" for k, t in found.items() if k != "numpy"))
+    _blocked.BLOCK_ITEMS, _blocked.BLOCK_FROM_ITEMS = chosen, threshold
+    print("split over the pool's workers vs one worker, in blocks: ratio")
     _blocked.BLOCK_FROM_ITEMS = _blocked.SPLIT_MIN_BYTES = 0
-    for shape in ((512, 512), (1024, 1024), (2048, 1024), (2048, 2048), (4096, 2048), (4096, 4096)):
+    for shape in ((512, 512), (1024, 1024), (2048, 1024), (2048, 2048), (4096, 2048)):
         program, value = _kernel_program(shape)
-        n = max(3, int(2e6 // value.size))
 
         def one(program: Any = program, value: Any = value) -> Any:
             return pool.submit(program.fresh(), value).result()
@@ -227,8 +224,8 @@ def calibrate(rounds: int, only_split: bool = False) -> None:
         def split(program: Any = program, value: Any = value) -> Any:
             return pool.submit(_blocked.with_pool(program.fresh(), pool.spawn, pool.max_workers), value).result()
 
-        ratios = [_time(split, n) / _time(one, n) for _ in range(rounds)]
-        print(f"{shape} ({value.nbytes:,} bytes): {statistics.median(ratios):.2f}")
+        found = _quartiles({"one": one, "split": split}, calls)
+        print(f"{shape} ({value.nbytes:,} bytes): {found['split'] / found['one']:.2f}")
     _blocked.BLOCK_FROM_ITEMS, _blocked.SPLIT_MIN_BYTES = threshold, split_from
 
 

@@ -12,7 +12,8 @@ two rungs' loop CPU per request is what that piece costs the loop thread:
   its NumPy twins.
 
 The requests are driven in process (no sockets, no HTTP parsing: what uvicorn adds is
-the same for every rung): 32 clients keep one request each in flight, and the loop
+the same for every rung): 32 clients keep one request each in flight (each yields to the
+loop between its requests, as a server's connection does), and the loop
 thread's CPU time (``time.thread_time``) over a run, divided by the requests, is the
 figure. Rungs take turns in interleaved rounds; the table gives the median over rounds.
 
@@ -180,6 +181,12 @@ async def _load(app: App, bodies: list[bytes], n: int) -> float:
             status = await _request(app, bodies[(k + i) % len(bodies)])
             if status != 200:
                 raise RuntimeError(f"status {status}")
+            # A server reads a connection's next request on a later turn of the loop. Without
+            # this, a request that never suspends runs whole in its client's step, the
+            # client goes straight on to its next one, and the 32 clients run one after
+            # the other, each round in one step: what the loop queued meanwhile (a
+            # disconnect watcher's start) waits for the end of the client's round.
+            await asyncio.sleep(0)
 
     start = time.thread_time()
     async with asyncio.TaskGroup() as tg:

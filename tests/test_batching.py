@@ -250,6 +250,47 @@ async def test_a_caller_alone_waits_one_loop_iteration_not_a_timer(s: at.AsyncEa
     close(await task, x)
 
 
+async def test_a_batch_is_submitted_in_the_loop_iteration_after_its_first_call() -> None:
+    # As a hand-written batcher's call_soon flush: the first call to join starts the
+    # group's task, which submits the kernel as the leader resumes (not one iteration later).
+    started, release = threading.Event(), threading.Event()
+    slow = _held_mlp(started, release)
+    async with at.AsyncEagerSession(config=POOL_ONLY) as s:
+        w = await weights(s)
+        f = at.batched(slow)
+        xs = [rows(2, seed=i) for i in range(3)]
+        tasks = [asyncio.create_task(f(x, *w)) for x in xs]
+        try:
+            await asyncio.sleep(0)  # the three calls have joined one group
+            assert s.stats().in_flight == 0
+            await asyncio.sleep(0)  # the next iteration: its kernel is on the pool
+            assert s.stats().in_flight == 1
+            assert f.stats().batches == 1
+        finally:
+            release.set()
+        for x, y in zip(xs, await asyncio.gather(*tasks), strict=True):
+            close(y, x)
+        assert f.stats().calls_per_batch == 3.0
+
+
+async def test_a_full_group_closes_at_once_and_the_next_call_leads_another(s: at.AsyncEagerSession) -> None:
+    w = await weights(s)
+    seen: list[int] = []
+
+    @at.batched(max_batch_size=4)
+    def recording(ops: at.FusedOps, x: Any, *params: Any) -> Any:
+        seen.append(x.shape[0])
+        return mlp(ops, x, *params)
+
+    xs = [rows(2, seed=i) for i in range(5)]
+    ys = await asyncio.gather(*[recording(x, *w) for x in xs])
+    for x, y in zip(xs, ys, strict=True):
+        close(y, x)
+    assert seen == [4, 4, 2]
+    stats = recording.stats()
+    assert (stats.batches, stats.calls, stats.rows, stats.max_rows) == (3, 5, 10, 4)
+
+
 async def test_callers_from_child_sessions_share_a_batch_and_own_their_results(
     strategy: at.ResourceCleanupStrategy,
 ) -> None:
@@ -516,6 +557,23 @@ async def test_a_caller_cancelled_before_its_batch_starts_is_removed_from_it(
         assert f.stats().cancelled == 1
         del done, tasks
         assert await held(s) == 4
+
+
+async def test_a_caller_cancelled_while_it_waits_alone_leaves_no_group_behind(s: at.AsyncEagerSession) -> None:
+    w = await weights(s)
+    f = at.batched(mlp)
+    task = asyncio.create_task(f(rows(2), *w))
+    await asyncio.sleep(0)  # it leads its group and waits one loop iteration for others
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert f.stats().batches == 0
+    x = rows(3, seed=3)
+    y = await f(x, *w)  # a group of its own: nothing joins the cancelled call's
+    close(y, x)
+    stats = f.stats()
+    assert (stats.batches, stats.calls, stats.rows) == (1, 1, 3)
+    assert await held(s) == 5  # the weights and this result
 
 
 async def test_a_caller_cancelled_while_its_batch_runs_leaves_nothing_and_the_others_get_their_rows(

@@ -471,6 +471,25 @@ async def test_large_runs_split_over_the_pool_with_the_same_values(
     assert got.tobytes() == want.tobytes()
     assert runs
     assert split  # shared out between the workers
+    # The other workers' threads record the flags the caller does not ignore, not their own errstate's.
+    again: list[int] = []
+    real_op_by_op = _blocked_run.BlockedRun.op_by_op
+
+    def op_by_op(self: Any, inputs: Any) -> Any:
+        again.append(1)
+        return real_op_by_op(self, inputs)
+
+    monkeypatch.setattr(_blocked_run.BlockedRun, "op_by_op", op_by_op)
+    split.clear()
+    async with at.AsyncEagerSession(config=at.SessionConfig(inline_threshold_us=0.0)) as pooled:  # on the pool
+        y = await pooled.constant(v)
+        with np.errstate(divide="ignore"):
+            got = await ((y * 2.0) / 0.0 + 1.0).eval()
+            want = (v * 2.0) / 0.0 + 1.0
+        del y
+    assert got.tobytes() == want.tobytes()
+    assert split
+    assert not again  # no flag recorded: no op-by-op rerun
 
 
 async def test_cancelling_a_split_run_leaks_nothing(

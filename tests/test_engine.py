@@ -177,6 +177,55 @@ async def test_lean_and_general_paths_agree(
         assert got.dtype == np.asarray(expected).dtype
 
 
+@pytest.mark.parametrize(
+    ("op", "x", "p", "lean"),
+    [
+        ("subtract", np.arange(64, dtype=np.float32).reshape(2, 32), np.ones(32, np.float32), True),  # a row of rows
+        ("divide", np.arange(6.0).reshape(2, 3), np.arange(1.0, 7.0).reshape(2, 3), True),  # one shape
+        ("add", np.arange(3.0).reshape(3, 1), np.arange(4.0), False),  # both broadcast: the general path
+        ("multiply", np.arange(6, dtype=np.int16).reshape(3, 2), np.float64(2.5), True),  # a 0-d parameter
+    ],
+)
+async def test_arrays_and_broadcast_rows_are_owned_results(
+    strategy: at.ResourceCleanupStrategy, op: str, x: np.ndarray[Any, Any], p: np.ndarray[Any, Any], lean: bool
+) -> None:
+    """A request's ndarray against a session's parameter: numpy's values in a fresh owned read-only buffer.
+
+    Lean (the shorter shape ends the longer one) or general (any other broadcast), the
+    result is the same, and the caller's array is neither kept nor made read-only.
+    """
+    from aiotensor._opdef import OPS
+
+    expected = getattr(np, op)(x, p)
+    make: Callable[[], at.AsyncEagerSession]
+    for make in (lambda: at.AsyncEagerSession(cleanup=strategy), _general):
+        async with make() as s:
+            param = await s.constant(p)
+            before = s.stats()
+            t = await getattr(s, op)(x, param)
+            after = s.stats()
+            assert (after.live_tensors, after.allocated) == (before.live_tensors + 1, before.allocated + 1)
+            assert after.live_bytes == before.live_bytes + t.nbytes
+            assert (t.shape, t.dtype) == (expected.shape, expected.dtype)
+            got = await t.numpy()
+            np.testing.assert_array_equal(got, expected)
+            view = np.asarray(t)
+            assert not view.flags.writeable
+            assert not np.shares_memory(view, x)
+            assert x.flags.writeable
+            took_lean = s._engine.lean(OPS[op], (x, param), None) is not None
+            assert took_lean is (lean and make is not _general)
+
+
+async def test_lean_path_refuses_arrays_that_are_not_numbers(s: at.AsyncEagerSession) -> None:
+    ones = await s.constant(np.ones(2))
+    with pytest.raises(at.InvalidArgumentError, match="not numeric"):
+        await s.add(np.array(["a", "b"]), ones)
+    with pytest.raises(at.InvalidArgumentError, match="not numeric"):
+        await s.add(np.array([None, 1], dtype=object), ones)
+    assert s.stats().allocated == 1
+
+
 async def test_lean_path_errors_are_the_ops_own(s: at.AsyncEagerSession) -> None:
     i = await s.constant(np.arange(3))
     with pytest.raises(at.InvalidArgumentError, match="pow"):

@@ -570,3 +570,36 @@ async def test_requests_are_freed_without_the_garbage_collector() -> None:
     assert "_Request" not in left
     assert "Connection" not in left
     assert "Task" not in left
+
+
+async def test_a_request_answered_without_suspending_frees_its_session_at_once() -> None:
+    """A request that never suspended is not kept (with its closed session) until the loop's next pass.
+
+    Its disconnect watcher would have started there; it needs none once the request is
+    finished, so the request leaves the queue of watchers to start and its session goes
+    with its last reference, not in a burst after the pass (which fed the garbage
+    collector). A request that suspends is still watched (the disconnect tests above).
+    """
+    import weakref
+
+    sessions = web.Sessions()
+    refs: list[weakref.ref[at.AsyncEagerSession]] = []
+
+    async def handler(request: Request) -> Response:
+        await request.body()
+        s = web.request_session(request)
+        refs.append(weakref.ref(s))
+        t = await s.add(await s.ones(2), 1.0)  # inline ops: nothing suspends
+        return Response(json.dumps((await t.numpy()).tolist()).encode())
+
+    app = web.RequestSessionMiddleware(Starlette(routes=[Route("/", handler, methods=["POST"])]), sessions)
+    async with sessions.open():
+        for _ in range(3):
+            conn = Connection(b"{}")
+            await app(conn.scope("POST", "/"), conn.receive, conn.send)
+            assert conn.messages[-1]["body"] == b"[2.0, 2.0]"
+            assert refs[-1]() is None  # freed before the loop ran anything else
+            assert conn.receives == 1  # and no watcher read the connection
+        await asyncio.sleep(0)  # the pass that would have started the watchers starts none
+        assert conn.receives == 1
+        assert sessions.in_flight == 0

@@ -2,15 +2,18 @@
 
 ``@at.batched`` turns ``fn(ops, x, *params)`` (the signature of a fused function, with
 ``x`` holding rows along axis 0) into a coroutine function. Calls made concurrently with
-the *same* param objects and rows of the same trailing shape and dtype join one group.
+the *same* param objects and rows of the same trailing shape and dtype join one group,
+of up to ``max_batch_size`` rows: a call that would take it over starts the next group.
 The group's first call leads it: it lets the event loop run one more iteration (never a
-timer), so every call that was ready joins, then closes the group. A group of one runs
-its kernel in the leader's own task, exactly as a fused call would; a larger one is cut
-into batches of up to ``max_batch_size`` rows, each run by a task of its own so that no
-caller's cancellation can stop it. A batch runs ``fn`` once on the stacked rows, as a
-fused function runs (:mod:`aiotensor._fusion._function`: one kernel, on the pool or inline as
-its cost says), and its kernel (:mod:`aiotensor._fusion._batch_kernel`) splits every output
-into each caller's rows.
+timer), so every call that was ready joins. The first call to join starts the group's
+task, which runs in the next loop iteration (as the leader resumes; the batch's kernel is
+submitted there, as a hand-written batcher's ``call_soon`` flush would), closes the group
+and runs its one kernel call, so that no caller's cancellation can stop it. A group
+nobody joined runs its kernel in the leader's own task, exactly as a fused call would.
+A batch runs ``fn`` once on the stacked rows, as a fused function runs
+(:mod:`aiotensor._fusion._function`: one kernel, on the pool or inline as its cost says),
+and its kernel (:mod:`aiotensor._fusion._batch_kernel`) splits every output into each
+caller's rows.
 
 Sessions: the batch runs in the session that owns the params (the most derived session
 among their tensors; if they hold no tensor, the callers' session, and only callers of
@@ -26,6 +29,7 @@ The kernel runs under the context variables of the batch's first caller.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import functools
 import math
@@ -49,8 +53,13 @@ from ._batch_kernel import BatchKernel
 from ._function import FusedOps, _buffers
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from .._protocols import EngineLike
     from .._types import NDArray
+
+    # A waiting call: (its rows, the engine of its result's session, the future of its result).
+    _Caller: TypeAlias = tuple[NDArray, Engine, asyncio.Future[Any]]
 
 __all__ = ["DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MAX_CONCURRENT_BATCHES", "BatchStats", "BatchedFunction", "batched"]
 
@@ -61,6 +70,7 @@ DEFAULT_MAX_BATCH_SIZE = 512
 DEFAULT_MAX_CONCURRENT_BATCHES: int | None = None
 _OPEN = State.OPEN
 _get_loop = asyncio.get_running_loop
+_ndarray = np.ndarray
 
 
 @types.coroutine
@@ -102,26 +112,18 @@ class BatchStats:
         return self.calls / self.batches if self.batches else 0.0
 
 
-class _Caller:
-    """One waiting call: its rows, the session of its result, and where its result goes."""
-
-    __slots__ = ("engine", "future", "x")
-
-    def __init__(self, x: NDArray, engine: Engine, future: asyncio.Future[Any]) -> None:
-        self.x = x
-        self.engine = engine  # the session of its result
-        self.future = future
-
-
 class _Group:
-    """Calls waiting for their group to close: all with the same params and the same kind of rows."""
+    """Calls of one batch: the same params, the same kind of rows, ``max_batch_size`` rows at most."""
 
-    __slots__ = ("callers", "engine", "params")
+    __slots__ = ("callers", "ctx", "engine", "params", "rows", "task")
 
-    def __init__(self, engine: Engine, params: tuple[Any, ...]) -> None:
+    def __init__(self, engine: Engine, params: tuple[Any, ...], caller: _Caller, rows: int) -> None:
         self.engine = engine  # where the batch runs: the params' session
         self.params = params  # held: the group is keyed by their ids
-        self.callers: list[_Caller] = []
+        self.callers = [caller]
+        self.rows = rows
+        self.ctx = contextvars.copy_context()  # its first caller's: the batch runs under them
+        self.task: asyncio.Task[None] | None = None  # started by the first call to join
 
 
 class BatchedFunction:
@@ -194,11 +196,34 @@ class BatchedFunction:
         return BatchStats(**self._counts)
 
     async def __call__(self, x: Any, *params: Any) -> Tensor | tuple[Tensor, ...]:
-        types = {type(x), *map(type, params)}
-        if Expr in types or ((list in types or tuple in types) and _nested_expr(params)):
-            return await self._call_on_values(x, params)
         loop = _get_loop()
-        engine, runner = self._engines(x, params)
+        tx = type(x)
+        # The common case first, without the general checks' calls: params all tensors of
+        # one session, x an ndarray or a tensor.
+        runner: Any = None
+        for p in params:
+            if type(p) is not Tensor:
+                runner = None
+                break
+            e = p._engine
+            if runner is None:
+                runner = e
+            elif e is not runner:
+                runner = None
+                break
+        if runner is not None and (tx is _ndarray or tx is Tensor):
+            if tx is Tensor:
+                engine = x._engine
+            else:
+                default = _defaults.get_default_session()
+                engine = runner if default is None else session_engine(default)
+            if engine is not runner and runner not in engine.ancestors:
+                engine, runner = self._engines(x, params)  # (it raises the error)
+        else:
+            types = {tx, *map(type, params)}
+            if Expr in types or ((list in types or tuple in types) and _nested_expr(params)):
+                return await self._call_on_values(x, params)
+            engine, runner = self._engines(x, params)
         if engine.state is not _OPEN:
             await engine.open()
         if engine._loop is not loop:
@@ -206,17 +231,41 @@ class BatchedFunction:
         if not engine.backend.in_process:
             # Before reading x's rows: a remote tensor's buffer is a handle, not rows.
             raise InvalidArgumentError(f"{self._label}: batched functions run on local backends only")
-        arr = self._rows(x, engine)
-        key = (loop, runner, *map(id, params), arr.shape[1:], arr.dtype)
-        caller = _Caller(arr, engine, loop.create_future())
-        group = self._pending.get(key)
+        arr = x if tx is _ndarray and self._plain_rows(x) else self._rows(x, engine)
+        shape = arr.shape
+        n = shape[0]
+        key = (loop, runner, *map(id, params), shape[1:], arr.dtype)
+        future = loop.create_future()
+        caller = (arr, engine, future)
+        pending = self._pending
+        group = pending.get(key)
         if group is not None:
-            group.callers.append(caller)
-            return await self._wait(caller)
+            if group.rows + n <= self._max:
+                group.callers.append(caller)
+                group.rows += n
+                if group.task is None:
+                    # The first call to join starts the group's task: it runs in the next
+                    # loop iteration, with the leader's resumption, and submits the kernel.
+                    self._spawn(key, group, loop)
+                if group.rows >= self._max:
+                    del pending[key]  # full: the next call starts a group of its own
+                try:
+                    tensors, multi, runner = await future
+                except asyncio.CancelledError:
+                    _drop_result(future)
+                    raise
+                if engine is runner:  # its tensors are its session's already
+                    return tuple(tensors) if multi else tensors[0]
+                moved = self._moved(engine, runner, tensors, multi)
+                if moved is not None:  # (no coroutine: the common case of a child session's caller)
+                    return moved
+                return await self._deliver(engine, runner, tensors, multi)
+            del pending[key]  # this call would take it over the limit: it leads the next one
         # The first call leads the group: one loop iteration (not a timer) lets the calls
-        # that are ready now join it, then the group is closed and its batches start.
-        group = self._pending[key] = _Group(runner, params)
-        group.callers.append(caller)
+        # that are ready now join it (the first to join starts its batch's task).
+        group = _Group(runner, params, caller, n)
+        if n < self._max:
+            pending[key] = group
         # What this session dropped is freed now, as an inline op would: otherwise the
         # loop iteration below would wake the cleanup task just for it.
         inline_point = engine.policy.inline_point
@@ -225,21 +274,32 @@ class BatchedFunction:
         try:
             await _one_iteration()
         except asyncio.CancelledError:
-            caller.future.cancel()
-            self._flush(key, group)  # the others' batches start anyway
+            if group.task is None:
+                self._close(key, group)
+            else:
+                future.cancel()  # its batch leaves it out
             raise
-        if len(group.callers) > 1:
-            self._flush(key, group)
-            return await self._wait(caller)
+        if group.task is not None:
+            try:
+                tensors, multi, runner = await future
+            except asyncio.CancelledError:
+                _drop_result(future)
+                raise
+            if engine is runner:
+                return tuple(tensors) if multi else tensors[0]
+            moved = self._moved(engine, runner, tensors, multi)
+            if moved is not None:  # (no coroutine: the common case of a child session's caller)
+                return moved
+            return await self._deliver(engine, runner, tensors, multi)
         # Alone: its batch of one runs in this task, as a fused function call would.
-        del self._pending[key]
-        rows = arr.shape[0]
-        self._count(1, rows)
+        if pending.get(key) is group:
+            del pending[key]
+        self._count(1, n)
         try:
             if self._concurrent is None:  # (no lane to take: one coroutine frame less)
-                tensors, multi = await self._kernel_call(group, [caller], rows)
+                tensors, multi = await self._kernel_call(group, [caller], n)
             else:
-                tensors, multi = await self._execute(group, [caller], rows)
+                tensors, multi = await self._execute(group, [caller], n)
         except asyncio.CancelledError:
             self._counts["cancelled"] += 1
             raise
@@ -248,7 +308,10 @@ class BatchedFunction:
             raise
         if engine is runner:  # its tensors are its session's already
             return tuple(tensors) if multi else tensors[0]
-        return await self._deliver(caller, runner, tensors, multi)
+        moved = self._moved(engine, runner, tensors, multi)
+        if moved is not None:  # (no coroutine: the common case of a child session's caller)
+            return moved
+        return await self._deliver(engine, runner, tensors, multi)
 
     async def _call_on_values(self, x: Any, params: tuple[Any, ...]) -> Tensor | tuple[Tensor, ...]:
         # Expressions given: evaluated first where the rule of evaluation says (the
@@ -261,33 +324,26 @@ class BatchedFunction:
             for t in made:
                 engine.discard(t)
 
-    async def _wait(self, caller: _Caller) -> Tensor | tuple[Tensor, ...]:
-        """Wait for the batch holding ``caller`` and take its rows."""
-        try:
-            tensors, multi, runner = await caller.future
-        except asyncio.CancelledError:
-            future = caller.future
-            if future.done() and not future.cancelled() and future.exception() is None:
-                tensors, _, runner = future.result()
-                _discard(tensors, runner)  # handed over, but not taken: dropped now
-            raise
-        if caller.engine is runner:  # its tensors are its session's already: no coroutine for that
-            return tuple(tensors) if multi else tensors[0]
-        return await self._deliver(caller, runner, tensors, multi)
+    def _moved(self, engine: Engine, runner: Engine, tensors: list[Tensor], multi: bool) -> Tensor | None:
+        """One output's rows moved into the caller's session when nothing is to await (no memory limit), else None."""
+        if multi or engine.registry.memory_limit is not None or engine.state is not _OPEN:
+            return None  # (then _deliver: it fits them under the limit, or says the session closed)
+        label = self._label
+        arr = runner.buffer(tensors[0], label)
+        _discard(tensors, runner)
+        return engine._register(arr, label, None, engine.place(label))
 
     async def _deliver(
-        self, caller: _Caller, runner: Engine, tensors: list[Tensor], multi: bool
+        self, engine: Engine, runner: Engine, tensors: list[Tensor], multi: bool
     ) -> Tensor | tuple[Tensor, ...]:
-        """The caller's rows as tensors of its own session (registered in the batch's until now)."""
-        engine, label = caller.engine, self._label
+        """The caller's rows as tensors of its own session, ``engine`` (registered in the batch's until now)."""
+        label = self._label
         if engine is not runner:
             arrays = [runner.buffer(t, label) for t in tensors]
             _discard(tensors, runner)
             if engine.state is not _OPEN:
                 raise SessionClosedError(f"{label}: the session was closed while the call waited for its batch")
             device = engine.place(label)
-            if not multi and engine.registry.memory_limit is None:
-                return engine._register(arrays[0], label, None, device)
             result = KernelResult([info(a) for a in arrays], multi)
             tensors = await engine._own(result, label, None, None, device)
         return tuple(tensors) if multi else tensors[0]
@@ -336,6 +392,16 @@ class BatchedFunction:
             )
         return cast("tuple[Engine, Engine]", (engine, owner))  # (tensors see their engine as EngineLike)
 
+    def _plain_rows(self, x: NDArray) -> bool:
+        """Whether the ndarray ``x`` may join a batch as it is, with no option to check (else :meth:`_rows`)."""
+        return (
+            x.ndim > 0
+            and x.shape[0] > 0
+            and x.dtype.kind in NUMERIC_KINDS
+            and self._row_shape is None
+            and self._dtype is None
+        )
+
     def _rows(self, x: Any, engine: Engine) -> NDArray:
         """``x`` as an array of rows, checked before it may join a batch."""
         label = self._label
@@ -363,40 +429,37 @@ class BatchedFunction:
             raise InvalidArgumentError(f"{label}: x has dtype {arr.dtype}, expected {self._dtype}")
         return arr
 
-    def _flush(self, key: tuple[Any, ...], group: _Group) -> None:
-        """Close the group (one loop iteration after its first call): its waiting callers, in batches."""
+    def _close(self, key: tuple[Any, ...], group: _Group) -> None:
+        """Take the group out of the pending ones (if it is still there): no call joins it now."""
         if self._pending.get(key) is group:
             del self._pending[key]
-        live = [c for c in group.callers if not c.future.done()]
-        self._counts["cancelled"] += len(group.callers) - len(live)
-        batch: list[_Caller] = []
-        rows = 0
-        limit = self._max
-        for c in live:  # in arrival order; a call with more rows than the limit runs alone
-            n = c.x.shape[0]
-            if batch and rows + n > limit:
-                self._start(group, batch, rows)
-                batch, rows = [], 0
-            batch.append(c)
-            rows += n
-        if batch:
-            self._start(group, batch, rows)
 
     def _count(self, calls: int, rows: int) -> None:
         counts = self._counts
         counts["calls"] += calls
         counts["batches"] += 1
         counts["rows"] += rows
-        counts["max_rows"] = max(counts["max_rows"], rows)
+        if rows > counts["max_rows"]:
+            counts["max_rows"] = rows
 
-    def _start(self, group: _Group, callers: list[_Caller], rows: int) -> None:
-        self._count(len(callers), rows)
-        task = _get_loop().create_task(self._run(group, callers, rows))
+    def _spawn(self, key: tuple[Any, ...], group: _Group, loop: asyncio.AbstractEventLoop) -> None:
+        task = loop.create_task(self._run(key, group), context=group.ctx)
+        group.task = task
         self._running.add(task)  # the loop keeps only a weak reference to tasks
         task.add_done_callback(self._running.discard)
 
-    async def _run(self, group: _Group, callers: list[_Caller], rows: int) -> None:
-        """A task running one batch of several callers: each gets its rows, or the batch's error."""
+    async def _run(self, key: tuple[Any, ...], group: _Group) -> None:
+        """The task of a group that several calls joined: close it and run its batch.
+
+        Each caller gets its rows, or the batch's error.
+        """
+        self._close(key, group)
+        callers = [c for c in group.callers if not c[2].done()]  # (a cancelled call's future is done)
+        self._counts["cancelled"] += len(group.callers) - len(callers)
+        if not callers:
+            return
+        rows = group.rows if len(callers) == len(group.callers) else sum([c[0].shape[0] for c in callers])
+        self._count(len(callers), rows)
         try:
             tensors, multi = await self._execute(group, callers, rows)
         except BaseException as exc:
@@ -405,20 +468,23 @@ class BatchedFunction:
             if isinstance(exc, asyncio.CancelledError):  # the loop is closing: the callers must not hang
                 error = BackendError(f"{self._label}: the batch was cancelled before it finished")
             for i, c in enumerate(callers):
-                if not c.future.done():
-                    c.future.set_exception(error if i == 0 else _copy_error(error))
+                if not c[2].done():
+                    c[2].set_exception(error if i == 0 else _copy_error(error))
             if not isinstance(exc, Exception):
                 raise
             return
-        k = len(tensors) // len(callers)
         runner = group.engine
-        for i, c in enumerate(callers):
-            mine = tensors[i * k : (i + 1) * k]
-            if c.future.done():  # cancelled while the batch ran: its rows are dropped now
+        if multi:
+            k = len(tensors) // len(callers)
+            pieces = [tensors[i : i + k] for i in range(0, len(tensors), k)]
+        else:
+            pieces = [[t] for t in tensors]
+        for (_, _, future), mine in zip(callers, pieces, strict=True):
+            if future.done():  # cancelled while the batch ran: its rows are dropped now
                 self._counts["cancelled"] += 1
                 _discard(mine, runner)
             else:
-                c.future.set_result((mine, multi, runner))
+                future.set_result((mine, multi, runner))
 
     async def _execute(self, group: _Group, callers: list[_Caller], rows: int) -> tuple[list[Tensor], bool]:
         """One kernel call on the callers' rows, when a lane is free: per caller, its tensors (batch's session)."""
@@ -437,16 +503,28 @@ class BatchedFunction:
             # The batch's bookkeeping (and the callers' rows) live in this process.
             raise InvalidArgumentError(f"{label}: batched functions run on local backends only")
         params = group.params
-        bufs = (tuple([c.x for c in callers]), *[_buffers(engine, p, label) for p in params])
-        x0 = callers[0].x
-        key = (rows, x0.shape[1:], x0.dtype, *[_shape_of(p) for p in params])
+        x0 = callers[0][0]
+        found: list[Any] = [tuple([c[0] for c in callers])]
+        shapes: list[Any] = [rows, x0.shape[1:], x0.dtype]
+        for p in params:
+            # The common param, a live tensor of this session: its buffer and its part of
+            # the key in one step, as a fused function call takes them.
+            entry = p._registry._buffers.get(p._rid) if type(p) is Tensor and p._engine is engine else None
+            if entry is None:
+                found.append(_buffers(engine, p, label))
+                shapes.append(_shape_of(p))
+            else:
+                found.append(entry[0])
+                shapes.append((p._shape, p._dtype))
+        bufs, key = tuple(found), tuple(shapes)
         budget = Budget("a batched function")
         est = self._placement.estimate(key)
         measure = est is None  # the first run for these shapes: on the pool, measured
         if est is None:
             est = math.inf
         blas, recycle = self._learned.get(key, (True, True))
-        described = (_Rows((rows, *x0.shape[1:]), x0.dtype), *params)  # for error messages
+        # For error messages: the stacked rows as they would read (a caller alone: its own rows).
+        described = (x0 if len(callers) == 1 else _Rows((rows, *x0.shape[1:]), x0.dtype), *params)
         kernel: Callable[..., Any]
         ops: FusedOps | None = None
         if len(callers) == 1 and not recycle:
@@ -456,7 +534,7 @@ class BatchedFunction:
             kernel = ops._kernel
             bufs = (x0, *bufs[1:])
         else:
-            counts = [c.x.shape[0] for c in callers]
+            counts = [c[0].shape[0] for c in callers]
             kernel = BatchKernel(self._fn, engine, budget, counts, label, measure=measure, recycle=recycle)
         done = engine.call_inline(label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget)
         if done is None:
@@ -506,6 +584,13 @@ def _check_rows(tensors: list[Tensor], rows: int, label: str, engine: Engine) ->
                 f"{label}: fn must return arrays with one row per input row ({rows} rows along axis 0);"
                 f" output {i} is {t._shape}"
             )
+
+
+def _drop_result(future: asyncio.Future[Any]) -> None:
+    """A cancelled caller's rows, if its batch had handed them over already: dropped now, not taken."""
+    if future.done() and not future.cancelled() and future.exception() is None:
+        tensors, _, runner = future.result()
+        _discard(tensors, runner)
 
 
 def _discard(tensors: list[Tensor], runner: Engine) -> None:

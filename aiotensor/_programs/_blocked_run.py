@@ -3,9 +3,9 @@
 :class:`BlockedRun` evaluates the ops of a run (``_blocked`` finds runs in a compiled
 expression and makes each one step with this kernel). From :data:`BLOCK_FROM_ITEMS`
 elements it walks the output in blocks of rows of about :data:`BLOCK_ITEMS` elements:
-each op writes its block into the result's own block when it has the result's dtype
-(a chain then runs in place there, in cache) or into a small scratch block, buffers
-reused from op to op and from block to block. Below it, a run that can compute in place
+each op writes its block into a small cache-line-aligned scratch block (a chain then
+runs in place there, in cache), buffers reused from op to op and from block to block,
+and the last op writes into the result's block. Below it, a run that can compute in place
 in its result alone is one block: each op once, over whole arrays. Large runs on the
 pool share their blocks with the other workers (:data:`SPLIT_MIN_BYTES`, through
 :func:`with_pool`, the backend's hook), and write into a buffer the session's cache
@@ -46,6 +46,7 @@ from .._backends._chunked import Spawn, _Blocks
 from .._errors import AioTensorError
 from .._kernels import NUMERIC_KINDS, kernel_error
 from .._opdef import OpDef
+from ._blocked_var import aligned_empty
 
 __all__ = [
     "BLOCK_FROM_ITEMS",
@@ -61,20 +62,24 @@ __all__ = [
 #: Output elements per block (256 KiB of float32: a block and the input rows it reads
 #: stay in the 1 MiB L2). Measured on the 10-op float32 chain at 2048x2048, ratio to
 #: numpy's chain (``python -m benchmarks.bench_blocked --calibrate``): 4096 items 0.98x,
-#: 16384 0.69x, 32768 0.43x, 65536 0.35x, 131072 0.33x (see docs/performance.md).
+#: 16384 0.69x, 32768 0.43x, 65536 0.35x, 131072 0.33x (see docs/performance.md); with
+#: calls interleaved (first quartile), 16384 to 131072 all within 0.30-0.34x.
 BLOCK_ITEMS = 65536
 #: Output elements from which a run is one step (below: the op-by-op program).
 MIN_ITEMS = 1 << 16
 #: Output elements from which a run is cut in blocks; below, a run that can compute in
 #: place in its result alone is one block, each op once over the whole arrays. Measured
-#: (``--calibrate``): blocks do not beat one pass per op in place below 2048x2048
-#: float32 (1024x1024: 0.65x and 0.66x numpy's chain), and only tie above it with
-#: the machine shared (2048x2048 0.46-0.53x against 0.41-0.48x; 4096x4096 0.40-0.44x
-#: against 0.40-0.43x; once, under heavier load, 0.21x against 0.33x).
-BLOCK_FROM_ITEMS = 1 << 22
+#: (``--calibrate``: variants interleaved call by call, first quartile, machine shared,
+#: load 4-6), ratio to numpy's chain, blocks of 65,536 against one pass per op: 512x512
+#: 0.71 / 0.73, 1024x1024 0.70 / 0.73, 2048x2048 0.30 / 0.33, 4096x4096 0.22 / 0.23;
+#: again 0.68 / 0.71, 0.62 / 0.64, 0.34 / 0.62, 0.25 / 0.25; awaited at 1024x1024, blocks read
+#: 0.81-0.90x against 0.86-0.92x in three A/B runs. A block's ops stay in L2.
+BLOCK_FROM_ITEMS = 1 << 20
 #: Output bytes from which a blocked run on the pool shares its blocks with the other
 #: workers. Measured (``--calibrate --only-split``, split time / one worker, blocks):
-#: 1 MiB 1.07-1.15, 4 MiB 0.93-1.12, 16 MiB 0.90-0.99, 32 MiB 0.80-0.91, 64 MiB 0.74-0.81.
+#: 1 MiB 1.07-1.15, 4 MiB 0.93-1.12, 16 MiB 0.90-0.99, 32 MiB 0.80-0.91, 64 MiB 0.74-0.81;
+#: again under heavier load (4-6, first quartile): 1 MiB 1.19, 4 MiB 1.09, 8 MiB 1.03,
+#: 16 MiB 1.04, 32 MiB 1.05. It pays only when the other core is free.
 SPLIT_MIN_BYTES = 32 << 20
 #: Output bytes per part handed to a participant of a split run.
 _PART_BYTES = 4 << 20
@@ -208,6 +213,7 @@ class BlockedRun:
             return None
         sliced = [len(s) == len(oshape) and s[0] == rows for s in shapes]
         h = min(rows, max(1, BLOCK_ITEMS // (size // rows)))
+        dtypes = [*[x.dtype for x in inputs], *dtypes]  # (every array value's dtype, the inputs' first)
         if self.reduce is not None:  # blocks (no full-size value), if numpy reduces each row alone
             return _Layout(self, shapes, sliced, oshape, h, dtypes) if _rowwise(self.reduce, oshape, dtypes) else None
         if size < BLOCK_FROM_ITEMS:
@@ -237,7 +243,6 @@ class _Layout:
     """A run on inputs of given shapes and dtypes: block shapes, scratch buffers, ops hoisted out of the loop."""
 
     __slots__ = (
-        "buffer_of",
         "h",
         "hoisted",
         "loop",
@@ -249,6 +254,7 @@ class _Layout:
         "scratch",
         "sliced",
         "template",
+        "whole",
     )
 
     def __init__(
@@ -258,9 +264,10 @@ class _Layout:
         sliced: list[bool],
         oshape: tuple[int, ...],
         h: int,
-        dtypes: list[np.dtype[Any]],
+        all_dtypes: list[np.dtype[Any]],
     ) -> None:
         self.run_ = run
+        dtypes = all_dtypes[run.nin :]  # the ops' values' dtypes
         self.oshape = oshape
         self.h = h
         self.sliced = [i for i, s in enumerate(sliced) if s]
@@ -278,8 +285,6 @@ class _Layout:
         for k, (_, args) in enumerate(run.ops):
             for i in args:
                 last_use[i] = k
-        # Ops on whole inputs alone (``std + 1e-8``): once per call, not per block.
-        self.hoisted = [(run.ufuncs[k], run.ops[k][1], nbase + k) for k in range(n) if not varies[nbase + k]]
         self.out_dtype = dtypes[-1]
         #: With a trailing reduction: (ufunc whose reduce it is, keepdims, count to divide by
         #: for a mean or 0), and the result's shape; else None and the run's shape.
@@ -291,12 +296,20 @@ class _Layout:
             self.reducer = (_REDUCERS[d.name], keep, oshape[-1] if d.name == "mean" else 0)
             self.rshape = (*oshape[:-1], 1) if keep else oshape[:-1]
         self.template: list[Any] = [None] * run.nin + [*run.consts] + [None] * n
+        typed = _typed_constants(run, all_dtypes, self.template)
+        # Ops on whole inputs alone (``std + 1e-8``): once per call, not per block.
+        self.hoisted = [(run.ufuncs[k], typed[k], nbase + k) for k in range(n) if not varies[nbase + k]]
         # The loop: (ufunc, args, scratch index or -1 for the result's block, value slot)
         # per op that varies. Ops whose values do not overlap in time share a buffer (an
         # op may write over an input that dies there: same shape and dtype, in place).
-        # The result's own block is one of them (-1), taken first: a chain of ops on
-        # arrays of the result's dtype runs in place in it, in cache, with no scratch.
-        free: dict[Any, list[int]] = {} if self.reducer else {((h, *oshape[1:]), dtypes[-1]): [-1]}
+        # In blocks, only the last op writes into the result's block: the others write
+        # into 64-byte-aligned scratch blocks (a chain runs in place in one of them, in
+        # cache). The result's buffer, recycled or fresh, is mostly only 16-byte aligned
+        # (malloc), and ten ops storing into it there ran ~10% slower (1024x1024: 0.77x
+        # numpy's chain against 0.70x into aligned scratch). One block (the whole rows)
+        # runs in place in the result itself (-1), taken first: no full-size scratch.
+        one_block = h >= oshape[0]
+        free: dict[Any, list[int]] = {((h, *oshape[1:]), dtypes[-1]): [-1]} if one_block and not self.reducer else {}
         buf_of: dict[int, int] = {}
         self.loop: list[tuple[Any, tuple[int, ...], int, int]] = []
         self.scratch: list[tuple[tuple[int, ...], np.dtype[Any]]] = []
@@ -308,7 +321,7 @@ class _Layout:
                 if i in buf_of and last_use.get(i) == k:
                     free.setdefault((shapes[i], dtypes[i - nbase]), []).append(buf_of[i])
             if k == n - 1 and not self.reducer:
-                self.loop.append((run.ufuncs[k], args, -1, slot))
+                self.loop.append((run.ufuncs[k], typed[k], -1, slot))
                 continue
             spec = (shapes[slot], dtypes[k])
             pool = free.get(spec)
@@ -318,17 +331,17 @@ class _Layout:
                 buf = len(self.scratch)
                 self.scratch.append(spec)
             buf_of[slot] = buf
-            self.loop.append((run.ufuncs[k], args, buf, slot))
-        #: Per op: its buffer (-1: the result, -2: none, hoisted), for _whole.
-        self.buffer_of = [buf_of.get(nbase + k, -1 if varies[nbase + k] else -2) for k in range(n)]
+            self.loop.append((run.ufuncs[k], typed[k], buf, slot))
+        #: One block (the run's rows at once, no reduction): per op, for _whole, its ufunc,
+        #: arguments and buffer (-1: the result, -2: none, hoisted); else None.
+        self.whole: list[tuple[Any, tuple[int, ...], int]] | None = None
+        if h >= oshape[0] and not self.reducer:
+            self.whole = [
+                (run.ufuncs[k], typed[k], buf_of.get(nbase + k, -1 if varies[nbase + k] else -2)) for k in range(n)
+            ]
 
     def run(self, inputs: tuple[Any, ...], flagged: list[str]) -> Any:
         """The result, computed in blocks; floating-point flags raised go to ``flagged``."""
-        watch = {kind: ("ignore" if mode == "ignore" else "call") for kind, mode in np.geterr().items()}
-
-        def record(kind: str, flag: int) -> None:
-            flagged.append(kind)
-
         vals = list(self.template)
         vals[: len(inputs)] = inputs
         holder = _OUT.get()
@@ -337,10 +350,15 @@ class _Layout:
             holder[0] = None  # type: ignore[index]
         else:
             out = np.empty(self.rshape, self.out_dtype)
-        rows = self.oshape[0]
-        if self.h >= rows and not self.reducer:  # one block: each op once, as op by op (numpy's own warnings)
+        if self.whole is not None:  # one block: each op once, as op by op (numpy's own warnings)
             self._whole(vals, out)
             return out
+        watch = {kind: ("ignore" if mode == "ignore" else "call") for kind, mode in np.geterr().items()}
+
+        def record(kind: str, flag: int) -> None:
+            flagged.append(kind)
+
+        rows = self.oshape[0]
         pool = _POOL.get()
         with np.errstate(call=record, **watch):  # type: ignore[arg-type]
             for ufunc, args, slot in self.hoisted:
@@ -376,31 +394,40 @@ class _Layout:
         return out
 
     def _whole(self, vals: list[Any], out: Any) -> None:
-        # The ops in program order on whole arrays, each writing where _rows would.
-        scratch = [np.empty(shape, dtype) for shape, dtype in self.scratch]
-        run = self.run_
-        for k, (d, args) in enumerate(run.ops):
-            buf = self.buffer_of[k]
-            a = [vals[i] for i in args]
-            try:
-                if buf == -2:  # reads whole inputs alone (hoisted out of _rows' loop)
-                    vals[run.nin + len(run.consts) + k] = run.ufuncs[k](*a)
+        # The ops in program order on whole arrays, each writing where _rows would. (On
+        # the inline path of runs of ~64K elements: per-op Python work is kept small.)
+        scratch = [np.empty(shape, dtype) for shape, dtype in self.scratch] if self.scratch else ()
+        slot = self.run_.nin + len(self.run_.consts)
+        try:
+            for ufunc, args, buf in self.whole:  # type: ignore[union-attr]
+                if buf == -1:
+                    dst = out
+                elif buf == -2:  # reads whole inputs alone (hoisted out of _rows' loop)
+                    vals[slot] = ufunc(*[vals[i] for i in args])
+                    slot += 1
+                    continue
                 else:
-                    dst = out if buf == -1 else scratch[buf]
-                    vals[run.nin + len(run.consts) + k] = run.ufuncs[k](*a, out=dst)
-            except Exception as exc:
-                error = kernel_error(d.name, tuple(a), exc, False)
-                raise error from error.__cause__
+                    dst = scratch[buf]
+                if len(args) == 2:
+                    vals[slot] = ufunc(vals[args[0]], vals[args[1]], out=dst)
+                else:
+                    vals[slot] = ufunc(*[vals[i] for i in args], out=dst)
+                slot += 1
+        except Exception as exc:
+            d, args = self.run_.ops[slot - self.run_.nin - len(self.run_.consts)]
+            a = tuple(vals[i] for i in args)
+            error = kernel_error(d.name, a, exc, False)
+            raise error from error.__cause__
 
     def _rows(self, shared: list[Any], out: Any, lo: int, hi: int) -> None:
         # Rows [lo, hi) of the result, block by block, with scratch buffers of this call's own.
         h = self.h
         vals = list(shared)
-        scratch = [np.empty(shape, dtype) for shape, dtype in self.scratch]
+        scratch = [aligned_empty(shape, dtype) for shape, dtype in self.scratch]
         steps = [(ufunc, args, scratch[b] if b >= 0 else None, slot, len(args)) for ufunc, args, b, slot in self.loop]
         inputs = [(i, vals[i]) for i in self.sliced]
         reducer = self.reducer
-        last = len(vals) - 1  # the last op's value
+        last = self.run_.nin + len(self.run_.consts) + len(self.run_.ops) - 1  # the last op's value
         for r0 in range(lo, hi, h):
             r1 = min(r0 + h, hi)
             tail = r1 - r0 != h
@@ -419,6 +446,49 @@ class _Layout:
                     vals[slot] = ufunc(*[vals[i] for i in args], out=dst)
             if reducer is not None:  # each row of the block reduced as numpy reduces it
                 reducer[0].reduce(vals[last], axis=-1, keepdims=reducer[1], out=out[r0:r1])
+
+
+def _typed_constants(run: BlockedRun, dtypes: list[np.dtype[Any]], template: list[Any]) -> list[tuple[int, ...]]:
+    # Each op's argument slots, where a Python float read with one array value is replaced
+    # by a slot appended to ``template`` holding it as a 0-d array of the dtype numpy's loop
+    # casts it to (NEP 50: ``ufunc.resolve_dtypes`` with the weak ``float``): the same loop
+    # on the same values, without converting the scalar at every call (~0.25 µs each; a
+    # 1024x1024 chain makes 160 calls). Kept as it is when the typed operand would not
+    # select the same loop, or the cast would overflow.
+    nin, nconst = run.nin, len(run.consts)
+    nbase = nin + nconst
+    found: dict[tuple[int, np.dtype[Any]], int] = {}
+    out: list[tuple[int, ...]] = []
+    for ufunc, (_, args) in zip(run.ufuncs, run.ops, strict=True):
+        if len(args) != 2 or not isinstance(ufunc, np.ufunc):
+            out.append(args)
+            continue
+        kinds = [type(run.consts[i - nin]) if nin <= i < nbase else dtypes[i if i < nin else i - nconst] for i in args]
+        pos = [j for j, kind in enumerate(kinds) if kind is float]
+        if len(pos) != 1 or not isinstance(kinds[1 - pos[0]], np.dtype):
+            out.append(args)
+            continue
+        j = pos[0]
+        try:
+            loop = ufunc.resolve_dtypes((*kinds, None))
+            target = loop[j]
+            if target.kind not in "fc":
+                raise TypeError
+            with np.errstate(all="ignore"):
+                value = np.array(run.consts[args[j] - nin], target)
+            if not np.isfinite(value) and math.isfinite(run.consts[args[j] - nin]):
+                raise OverflowError
+            if ufunc.resolve_dtypes((*[target if i == j else kinds[i] for i in range(2)], None)) != loop:
+                raise TypeError
+        except (TypeError, ValueError, OverflowError, np.exceptions.DTypePromotionError):
+            out.append(args)
+            continue
+        key = (args[j], target)
+        if key not in found:
+            found[key] = len(template)
+            template.append(value)
+        out.append(tuple(found[key] if i == j else a for i, a in enumerate(args)))
+    return out
 
 
 def _aligned(rows: int, parts: int, h: int) -> list[tuple[int, int]]:

@@ -10,7 +10,7 @@ from .._config import ResourceCleanupStrategy, SessionConfig
 from .._session import AsyncEagerSession
 from ._errors import install_error_handlers
 from ._limits import BodyLimitMiddleware, Limits
-from ._middleware import RequestSessionMiddleware
+from ._middleware import RequestSessionMiddleware, _Watches
 from ._stats import RequestStats
 
 __all__ = ["Sessions"]
@@ -81,6 +81,7 @@ class Sessions:
         self._app_session: AsyncEagerSession | None = None
         self._open: set[AsyncEagerSession] = set()
         self._opened = 0
+        self._watches = _Watches()  # disconnect watchers to start at the loop's next pass
 
     @property
     def app_session(self) -> AsyncEagerSession:
