@@ -233,6 +233,20 @@ def _diff(x: Any, axis: int = -1, n: int = 1, prepend: Any = None, append: Any =
     return np.diff(x, n=n, axis=axis, **kwargs)
 
 
+async def test_include_initial_applies_the_identity_to_the_first_element(s: at.AsyncEagerSession) -> None:
+    # ``1 * (0+infj)`` is ``nan+infj`` and ``0 + -0.0`` is ``0.0``: the identity is combined
+    # with x[0] as array_api_strict computes it, not just written in front of the result.
+    x = np.array([0 + np.inf * 1j, 2 + 0j], dtype=np.complex64)
+    with np.errstate(invalid="ignore"):
+        want = to_numpy(array_api_strict.cumulative_prod(array_api_strict.asarray(x), include_initial=True))
+        got = await (await s.cumulative_prod(await s.constant(x), include_initial=True)).numpy()
+    np.testing.assert_array_equal(got, want, strict=True)
+    assert np.isnan(got[1].real)
+    z = np.array([-0.0, 1.0])
+    got = await (await s.cumulative_sum(await s.constant(z), include_initial=True)).numpy()
+    assert not np.signbit(got[1])
+
+
 async def test_diff(s: at.AsyncEagerSession) -> None:
     for dt in DTYPES[:-1]:
         x = values((3, 5), dt)

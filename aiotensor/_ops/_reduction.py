@@ -126,13 +126,15 @@ def _k_cumulative(xp: Any, x: Any, fn: str, axis: int | None, dtype: Any, includ
         if x.ndim != 1:  # the standard requires the axis unless x is 1-d
             raise ValueError(f"axis is required for a {x.ndim}-d input (axis=None only for 1-d)")
         axis = 0
-    out = getattr(xp, fn)(x, axis=axis, dtype=dtype)
     if include_initial:
-        shape = list(out.shape)
+        # The identity goes in front of the input, not of the result: the first element
+        # after it is then ``identity op x[0]``, as the reference computes it (for complex
+        # ``1 * (0+infj)`` is ``nan+infj``, and ``0 + -0.0`` is ``0.0``).
+        shape = list(x.shape)
         shape[axis] = 1
-        initial = xp.full(shape, 0 if fn == "cumsum" else 1, dtype=out.dtype)
-        out = xp.concatenate([initial, out], axis=axis)
-    return out
+        initial = xp.full(shape, 0 if fn == "cumsum" else 1, dtype=x.dtype)
+        x = xp.concatenate([initial, x], axis=axis)
+    return getattr(xp, fn)(x, axis=axis, dtype=dtype)
 
 
 @op(_k_cumulative, data=1, cost=M)
