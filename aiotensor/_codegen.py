@@ -194,7 +194,7 @@ def session_ops() -> str:
     """The source of ``_generated_session_ops.py``."""
     out = [
         _HEADER.format(doc="The session's op methods (``await s.add(a, b)``)."),
-        "\nif TYPE_CHECKING:\n    from ._engine import Engine\n"
+        "\nif TYPE_CHECKING:\n    from ._engine._core import Engine\n"
         + _result_imports()
         + "    from ._tensor import Tensor\n"
         "    from ._types import AxisLike, DTypeLike, ShapeLike, TensorLike\n\n",
@@ -224,7 +224,9 @@ def functional() -> str:
             " session method of the same name."
         ).replace(
             "from ._opdef import OPS\n",
-            "from ._engine import engine_of\nfrom ._generated_session_ops import SessionOps\nfrom ._opdef import OPS\n",
+            "from ._engine._session_rule import engine_of\n"
+            "from ._generated_session_ops import SessionOps\n"
+            "from ._opdef import OPS\n",
         ),
         "\nif TYPE_CHECKING:\n" + _result_imports() + "    from ._tensor import Tensor\n"
         "    from ._types import AxisLike, DTypeLike, ShapeLike, TensorLike\n\n",

@@ -28,14 +28,15 @@ import numpy as np
 
 __all__ = ["Collector", "collecting", "install", "reissue", "rerun"]
 
-#: The module whose direct kernel calls the filter covers: the engine's inline paths.
-ENGINE = "aiotensor._engine"
+#: The modules whose direct kernel calls the filter covers: the engine's inline paths
+#: (one op in ``_core``, the lean path in ``_lean``, any kernel run inline in ``_call``).
+ENGINE = r"aiotensor\._engine\._(core|lean|call)\Z"
 
 
 def install() -> None:
     """Append the filter that turns numpy's RuntimeWarning at the engine's kernel calls into an exception."""
     # Appended: a filter of the user's ("ignore", "error") comes first and decides.
-    warnings.filterwarnings("error", category=RuntimeWarning, module=r"aiotensor\._engine\Z", append=True)
+    warnings.filterwarnings("error", category=RuntimeWarning, module=ENGINE, append=True)
 
 
 class Collector:

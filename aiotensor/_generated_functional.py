@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._engine import engine_of
+from ._engine._session_rule import engine_of
 from ._generated_session_ops import SessionOps
 from ._opdef import OPS
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ._opdef import OPS
 
 if TYPE_CHECKING:
-    from ._engine import Engine
+    from ._engine._core import Engine
     from ._ops._linalg import EighResult, QRResult, SlogdetResult, SVDResult
     from ._ops._nn import TopKResult
     from ._ops._search import UniqueAllResult, UniqueCountsResult, UniqueInverseResult

@@ -1,6 +1,6 @@
 """AsyncEagerSession: a facade holding its engine, registry, cleanup policy and backend.
 
-The op path, lifecycle state and fetches live in :class:`~aiotensor._engine.Engine`;
+The op path, lifecycle state and fetches live in :class:`~aiotensor._engine._core.Engine`;
 the op methods are generated from the op table (``_generated_session_ops.py``). This module keeps
 the public surface: construction, ``async with``, ``close``, ``run``, devices,
 defaults and ``stats``.
@@ -22,7 +22,8 @@ from ._backends._pool import WorkerPool
 from ._cleanup import make_policy
 from ._config import ResourceCleanupStrategy, SessionConfig
 from ._devices import canonical_device
-from ._engine import Engine, State
+from ._engine._core import Engine
+from ._engine._lifecycle import State
 from ._errors import InvalidArgumentError
 from ._expr import Expr
 from ._fusion._function import FusedFunction

@@ -148,7 +148,7 @@ def plot(series: dict[str, list[tuple[float, float]]], path: Path) -> None:
 # -- calibration: the block size and the split threshold, measured on the kernel ------------
 def _kernel_program(shape: tuple[int, ...]) -> tuple[Any, Any]:
     # The chain's compiled program (one blocked step) and its input.
-    from aiotensor._engine import _is_tensor
+    from aiotensor._engine._expressions import _is_tensor
     from aiotensor._expr import Expr
     from aiotensor._programs._compile import compile_program
 

@@ -239,7 +239,7 @@ def _centered_cases(x: Any, y: Any) -> list[tuple[Callable[[], Expr], bool]]:
 async def test_a_run_fused_with_its_mean_and_variance_keeps_numpy_values(
     s: at.AsyncEagerSession, blocking: Callable[[bool], None], centered: list[bool], dtype: str, shape: tuple[int, ...]
 ) -> None:
-    from aiotensor._engine import _is_tensor
+    from aiotensor._engine._expressions import _is_tensor
 
     v = np.random.default_rng(23).standard_normal(shape).astype(dtype) * 30 + 5
     x = await s.constant(v)
@@ -316,7 +316,7 @@ async def test_a_trailing_reduction_over_the_last_axis_keeps_numpy_values(
     # Joined to the run and reduced block by block when each row's reduction is numpy's
     # (the last axis: pairwise sums along each row); numpy's call on the run's result
     # otherwise (other dtypes for sum and mean, other axes, 1-d results).
-    from aiotensor._engine import _is_tensor
+    from aiotensor._engine._expressions import _is_tensor
 
     v = _values(dtype, (97, 3, 301), 21)
     x = await s.constant(v)
@@ -421,7 +421,7 @@ async def test_warnings_and_errors_follow_errstate_as_op_by_op(
 
 
 async def test_the_blocked_program_pickles(s: at.AsyncEagerSession, blocking: Callable[[bool], None]) -> None:
-    from aiotensor._engine import _is_tensor
+    from aiotensor._engine._expressions import _is_tensor
 
     blocking(True)
     x = await s.constant(np.linspace(-3.0, 3.0, 900).reshape(30, 30))

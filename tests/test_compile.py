@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor._engine import _is_tensor
+from aiotensor._engine._expressions import _is_tensor
 from aiotensor._expr import Expr
 from aiotensor._programs import _compile
 from aiotensor._programs._compile import compile_program, compiled

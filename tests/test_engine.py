@@ -263,7 +263,7 @@ _V = np.linspace(-2.0, 2.0, 4096)
 
 async def _estimate(e: Any) -> float:
     # What the engine estimates for this expression under the default threshold.
-    from aiotensor._engine import _is_tensor
+    from aiotensor._engine._expressions import _is_tensor
     from aiotensor._expr import Expr
     from aiotensor._programs._compile import compile_program
     from aiotensor._programs._placement import program_cost
@@ -284,12 +284,12 @@ def _no_pool(s: at.AsyncEagerSession) -> list[Any]:
 def _every_step_a_slice(monkeypatch: pytest.MonkeyPatch, *, yields: bool = True) -> None:
     # A clock past every deadline: each step ends its slice. With ``yields``, sessions
     # made afterwards have no hold budget, so the loop runs other tasks after each slice.
-    from aiotensor import _engine
+    from aiotensor._engine import _core
     from aiotensor._programs import _interpreter
 
     monkeypatch.setattr(_interpreter, "_clock", lambda: math.inf)
     if yields:
-        monkeypatch.setattr(_engine, "HOLD_THRESHOLDS", 0)
+        monkeypatch.setattr(_core, "HOLD_THRESHOLDS", 0)
 
 
 async def _session_for(estimate: float, factor: float, strategy: at.ResourceCleanupStrategy, **config: Any) -> Any:
@@ -449,8 +449,8 @@ async def test_an_expression_that_runs_inline_needs_no_coroutine_and_the_others_
     # Expr.__await__ gets an inline program's result at once from Engine.evaluate_expr; a
     # session that is not lean, or a program over the inline threshold, awaits the
     # general path (_run_program), on the program compiled once.
-    from aiotensor import _engine
-    from aiotensor._engine import Engine
+    from aiotensor._engine import _expressions
+    from aiotensor._engine._core import Engine
     from aiotensor._programs import _compile
 
     general: list[Any] = []
@@ -467,7 +467,7 @@ async def test_an_expression_that_runs_inline_needs_no_coroutine_and_the_others_
         return compiled(*args)
 
     monkeypatch.setattr(Engine, "_run_program", counted)
-    monkeypatch.setattr(_engine, "compiled", counted_compile)
+    monkeypatch.setattr(_expressions, "compiled", counted_compile)
     v = np.arange(6.0)
     configs: list[tuple[at.SessionConfig, bool]] = [
         (at.SessionConfig(), True),

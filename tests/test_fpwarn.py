@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
+from aiotensor import _fpwarn
 
 Log: TypeAlias = list[warnings.WarningMessage]
 
@@ -45,6 +46,24 @@ async def test_an_inline_kernels_warning_names_the_callers_line(s: at.AsyncEager
     z = await s.divide(a, 0.0)
     assert where(shown)[1:] == [("divide by zero encountered in divide", __file__, line)]
     assert np.isposinf(await z.numpy()).all()
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean path", "op path"])
+async def test_the_engines_own_filter_reaches_each_inline_kernel_call(lean: bool) -> None:
+    # pytest's "error" filter makes every RuntimeWarning an exception, which would hide a
+    # module of the engine that its filter (_fpwarn.install) misses: here that filter alone
+    # decides, as in a plain interpreter (a miss shows the warning at the engine's line).
+    config = at.SessionConfig() if lean else at.SessionConfig(memory_limit=1 << 20)  # a limit: not lean
+    async with at.AsyncEagerSession(config=config) as s:
+        a = await s.constant(np.full(4, 100.0, np.float32))
+        with warnings.catch_warnings(record=True) as log:
+            warnings.resetwarnings()
+            _fpwarn.install()
+            warnings.simplefilter("always", append=True)
+            line = next_line()
+            y = await s.exp(a)
+        assert np.isposinf(await y.numpy()).all()
+    assert where(log) == [("overflow encountered in exp", __file__, line)]
 
 
 async def test_a_pool_kernels_warning_names_the_callers_line(shown: Log) -> None:

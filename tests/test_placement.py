@@ -10,7 +10,7 @@ import pytest
 
 import aiotensor as at
 from aiotensor._cost import OVERHEAD_NS, PER_BYTE, estimate_us
-from aiotensor._engine import _is_tensor
+from aiotensor._engine._expressions import _is_tensor
 from aiotensor._expr import Expr
 from aiotensor._opdef import Cost
 from aiotensor._programs._compile import compile_program

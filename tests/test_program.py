@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor._engine import _is_tensor
+from aiotensor._engine._expressions import _is_tensor
 from aiotensor._expr import Expr
 from aiotensor._opdef import OPS
 from aiotensor._programs import _program, _recycler

@@ -45,7 +45,7 @@ from .._programs._interpreter import RECYCLER, Budget
 from ._function import FusedOps, FusedValue, _result, _wrap_arg, unknown_op
 
 if TYPE_CHECKING:
-    from .._engine import Engine
+    from .._engine._core import Engine
     from .._types import NDArray
 
 __all__ = ["BatchKernel"]

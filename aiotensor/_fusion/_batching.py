@@ -42,7 +42,9 @@ from typing import TYPE_CHECKING, Any, cast, overload
 import numpy as np
 
 from .. import _defaults
-from .._engine import Engine, State, engine_of, session_engine
+from .._engine._core import Engine
+from .._engine._lifecycle import State
+from .._engine._session_rule import engine_of, session_engine
 from .._errors import BackendError, InvalidArgumentError, NoSessionError, SessionClosedError
 from .._expr import Expr, Operand
 from .._kernels import NUMERIC_KINDS, KernelResult, info, numeric_array

@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .._engine import Engine, engine_of, session_engine
+from .._engine._core import Engine
+from .._engine._session_rule import engine_of, session_engine
 from .._errors import InvalidArgumentError
 from .._expr import Expr
 from .._kernels import SEQUENCES, read_only_view, unshared
