@@ -146,7 +146,7 @@ class Expr(Operand):
     _meta: Any  # (shape, dtype) or a list of them, computed on first read (see _metadata)
     #: The structure of the expression, by value (ops, constants, where tensors go), or
     #: None when it holds something only identity describes (an array) or is too large:
-    #: the key of the compiled-program cache (``_engine``), so a formula evaluated in a
+    #: the key of the compiled-program cache (``_programs/_compile``), so a formula evaluated in a
     #: loop compiles once.
     _sig: tuple[Any, ...] | None
     #: The tensors it reads, one entry per occurrence, in the order ``_sig`` meets them.
@@ -327,7 +327,7 @@ class Expr(Operand):
 
     def _evaluator(self) -> EngineLike:
         # An engine to ask; it applies the one rule of which session evaluates
-        # (_engine.evaluating_engine) to this expression's tensors and the default session.
+        # (_engine/_session_rule.evaluating_engine) to this expression's tensors and the default session.
         leaf = self._tensor()
         if leaf is not None:
             engine: EngineLike = leaf._engine
