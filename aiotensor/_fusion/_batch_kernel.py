@@ -41,7 +41,7 @@ import numpy as np
 
 from .._errors import InvalidArgumentError
 from .._interpreter import RECYCLER, Budget
-from .._kernels import SEQUENCES
+from .._kernels import NUMERIC_KINDS, SEQUENCES, BadOutputError, BufferInfo, KernelResult
 from ._function import FusedOps, FusedValue, _result, _wrap_arg, unknown_op
 
 if TYPE_CHECKING:
@@ -55,7 +55,9 @@ class BatchKernel:
     """One batch as one kernel: stack the rows, call ``fn`` as a fused function does, split its outputs.
 
     Runs where the kernel runs (a pool thread, or the loop when inline); the split copies
-    each caller's rows there, so the loop thread only registers finished buffers.
+    each caller's rows there, so the loop thread only registers finished buffers: a
+    batch of several callers returns its pieces as a :class:`~aiotensor._kernels.KernelResult`
+    of owned read-only copies, which the engine takes as they are.
     """
 
     __slots__ = (
@@ -132,6 +134,10 @@ class BatchKernel:
                     f"{self.label}: fn must return arrays with one row per input row ({rows} rows along axis 0);"
                     f" output {i} is {shape}"
                 )
+            if a.dtype.kind not in NUMERIC_KINDS:  # (finalize's check, which split pieces skip)
+                raise BadOutputError(
+                    f"kernel returned dtype {a.dtype}; tensors hold bool, integer, float or complex data"
+                )
             if len(xs) > 1 and made:
                 budget.escaped -= 1  # split below: the whole output is an intermediate, its pieces the results
             arrays.append(a)
@@ -143,12 +149,24 @@ class BatchKernel:
         if ops._estimate is not None:
             self.estimate = ops._estimate
         if len(xs) == 1:
-            pieces: list[NDArray] = arrays
-        else:
-            pieces = []
-            lo = 0
-            for n in self.counts:
-                pieces.extend(a[lo : lo + n] for a in arrays)  # views: the result normalization copies them
-                lo += n
+            self.elapsed = (time.perf_counter() - start) * 1e6
+            return arrays if multi else arrays[0]
+        # Each caller's rows of each output, copied into an array of its own (a view would
+        # keep the whole batch's output alive behind its session's back, and let one
+        # caller reach another's rows through ``.base``), made read-only: what
+        # ``normalize`` would make of them, without its per-array checks (done above,
+        # once per output).
+        buffers = []
+        lo = 0
+        for n in self.counts:
+            hi = lo + n
+            for a in arrays:
+                piece = a[lo:hi].copy()
+                piece.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
+                buffers.append(_buffer_info(BufferInfo, (piece, piece.shape, piece.dtype, piece.nbytes)))
+            lo = hi
         self.elapsed = (time.perf_counter() - start) * 1e6
-        return pieces if multi or len(xs) > 1 else pieces[0]
+        return KernelResult(buffers, True)
+
+
+_buffer_info = tuple.__new__  # BufferInfo(...) without the NamedTuple's __new__ (half the cost)
