@@ -210,3 +210,21 @@ def test_split_outputs_of_a_non_numeric_dtype_are_refused_as_normalize_would() -
     kernel = bk.BatchKernel(lambda ops, x: np.full(x.shape, "a"), ENGINE, Budget("b"), [2, 1], "batched(f)")
     with pytest.raises(BadOutputError, match="dtype <U1"):
         kernel((np.ones((2, 4)), np.ones((1, 4))))
+
+
+@pytest.mark.parametrize("counts", [[2, 2, 2], [1, 3, 2]], ids=["equal", "unequal"])
+def test_split_pieces_are_per_caller_then_per_output_owned_and_read_only(counts: list[int]) -> None:
+    xs = tuple(np.arange(4.0 * n).reshape(n, 4) + 100 * i for i, n in enumerate(counts))
+    kernel = bk.BatchKernel(lambda ops, x: (x * 2.0, x[:, :1]), ENGINE, Budget("b"), counts, "batched(f)")
+    result = kernel(xs)
+    assert type(result) is KernelResult
+    assert len(result.buffers) == 2 * len(counts)
+    for i, x in enumerate(xs):
+        doubled, first = result.buffers[2 * i], result.buffers[2 * i + 1]
+        np.testing.assert_array_equal(doubled.handle, x * 2.0)
+        np.testing.assert_array_equal(first.handle, x[:, :1])
+        for b in (doubled, first):
+            assert b.handle.base is None
+            assert not b.handle.flags.writeable
+            assert b.handle.flags.c_contiguous
+            assert (b.shape, b.dtype, b.nbytes) == (b.handle.shape, b.handle.dtype, b.handle.nbytes)
