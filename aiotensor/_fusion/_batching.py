@@ -33,6 +33,7 @@ import contextvars
 import copy
 import functools
 import math
+import operator
 import types
 import weakref
 from collections.abc import Callable, Generator, Sequence
@@ -69,6 +70,10 @@ DEFAULT_MAX_BATCH_SIZE = 512
 #: ``max_concurrent_batches`` says otherwise: no limit (the pool's workers are the limit).
 DEFAULT_MAX_CONCURRENT_BATCHES: int | None = None
 _OPEN = State.OPEN
+# A waiting caller's rows and future (C-level getters: the group's task maps them over its callers).
+_rows_of = operator.itemgetter(0)
+_future = operator.itemgetter(2)
+_done = operator.methodcaller("done")  # (any loop's future type)
 _get_loop = asyncio.get_running_loop
 _ndarray = np.ndarray
 
@@ -450,8 +455,10 @@ class BatchedFunction:
         Each caller gets its rows, or the batch's error.
         """
         self._close(key, group)
-        callers = [c for c in group.callers if not c[2].done()]  # (a cancelled call's future is done)
-        self._counts["cancelled"] += len(group.callers) - len(callers)
+        callers = group.callers
+        if any(map(_done, map(_future, callers))):  # (a cancelled call's future is done)
+            callers = [c for c in callers if not c[2].done()]
+            self._counts["cancelled"] += len(group.callers) - len(callers)
         if not callers:
             return
         rows = group.rows if len(callers) == len(group.callers) else sum([c[0].shape[0] for c in callers])
@@ -512,7 +519,8 @@ class BatchedFunction:
             raise InvalidArgumentError(f"{label}: batched functions run on local backends only")
         params = group.params
         x0 = callers[0][0]
-        found: list[Any] = [tuple([c[0] for c in callers])]
+        xs = tuple(map(_rows_of, callers))
+        found: list[Any] = [xs]
         shapes: list[Any] = [rows, x0.shape[1:], x0.dtype]
         for p in params:
             # The common param, a live tensor of this session: its buffer and its part of
@@ -542,7 +550,7 @@ class BatchedFunction:
             kernel = ops._kernel
             bufs = (x0, *bufs[1:])
         else:
-            counts = [c[0].shape[0] for c in callers]
+            counts = list(map(len, xs))  # (an array's len: its rows)
             kernel = BatchKernel(self._fn, engine, budget, counts, label, measure=measure, recycle=recycle)
         done = engine.call_inline(label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget)
         if done is None:
