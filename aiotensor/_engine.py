@@ -876,23 +876,10 @@ class Engine:
 
     def _take(self, result: KernelResult, label: str, name: str | None, device: str) -> list[Tensor]:
         # _own once the result fits: registered, given handles; then the safe point after the op.
-        # (_wrap, written out: a batch registers one buffer per caller here)
-        registry = self.registry
-        add = registry.add
-        multi = result.multi
-        unnamed = (label, -1)
-        tensors = []
-        for i, (handle, shape, dtype, nbytes) in enumerate(result.buffers):
-            t = _new(Tensor)
-            t._engine = self
-            t._registry = registry
-            t._rid = add(handle, nbytes)
-            t._shape = shape
-            t._dtype = dtype
-            t._nbytes = nbytes
-            t._label = unnamed if name is None else ((name, i) if multi else name)
-            t._device = device
-            tensors.append(t)
+        tensors = [
+            self._wrap(b.handle, b.shape, b.dtype, b.nbytes, label, name, i, result.multi, device)
+            for i, b in enumerate(result.buffers)
+        ]
         safe_point = self.policy.safe_point
         if safe_point is not None:
             safe_point()
