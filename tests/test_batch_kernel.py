@@ -15,7 +15,6 @@ from aiotensor import _interpreter as interp
 from aiotensor._fusion import _batch_kernel as bk
 from aiotensor._fusion._function import FusedOps
 from aiotensor._interpreter import RECYCLER, Budget
-from aiotensor._kernels import BadOutputError, KernelResult, normalize
 
 BIG = (128, 256)  # float32: 128 KiB, over MIN_BYTES
 ENGINE: Any = types.SimpleNamespace(_xp=np)  # what the ops read of an engine for array arguments
@@ -119,6 +118,8 @@ def test_the_reference_count_of_a_lone_array_is_calibrated() -> None:
 
 
 def test_the_kernel_stacks_splits_and_copies_what_it_does_not_own() -> None:
+    from aiotensor._kernels import KernelResult, normalize
+
     xs = (np.arange(6.0).reshape(3, 2), np.arange(6.0, 10.0).reshape(2, 2))
     kernel = bk.BatchKernel(lambda ops, x, k: (x * k, x + 0.0), ENGINE, Budget("b"), [3, 2], "batched(f)")
     result = kernel(xs, 2.0)
@@ -207,6 +208,8 @@ def test_a_lone_caller_known_to_make_small_outputs_takes_plain_fused_ops() -> No
 
 
 def test_split_outputs_of_a_non_numeric_dtype_are_refused_as_normalize_would() -> None:
+    from aiotensor._kernels import BadOutputError
+
     kernel = bk.BatchKernel(lambda ops, x: np.full(x.shape, "a"), ENGINE, Budget("b"), [2, 1], "batched(f)")
     with pytest.raises(BadOutputError, match="dtype <U1"):
         kernel((np.ones((2, 4)), np.ones((1, 4))))
@@ -214,6 +217,8 @@ def test_split_outputs_of_a_non_numeric_dtype_are_refused_as_normalize_would() -
 
 @pytest.mark.parametrize("counts", [[2, 2, 2], [1, 3, 2]], ids=["equal", "unequal"])
 def test_split_pieces_are_per_caller_then_per_output_owned_and_read_only(counts: list[int]) -> None:
+    from aiotensor._kernels import KernelResult
+
     xs = tuple(np.arange(4.0 * n).reshape(n, 4) + 100 * i for i, n in enumerate(counts))
     kernel = bk.BatchKernel(lambda ops, x: (x * 2.0, x[:, :1]), ENGINE, Budget("b"), counts, "batched(f)")
     result = kernel(xs)

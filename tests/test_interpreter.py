@@ -12,7 +12,7 @@ import pytest
 
 import aiotensor as at
 from aiotensor import _interpreter as interp
-from aiotensor._fusion._function import FusedOps, FusedValue
+from aiotensor._fusion._function import FusedOps
 from aiotensor._interpreter import RECYCLER, Budget, Interpreter, checked
 
 BIG = (128, 256)  # float32: 128 KiB, over MIN_BYTES
@@ -106,6 +106,8 @@ def test_a_budget_limit_raises_on_every_path() -> None:
 
 
 def test_the_hot_path_of_a_batch_kernel_recycles_as_the_general_path_does() -> None:
+    from aiotensor._fusion._function import FusedValue
+
     a, b = big(0), big(1)
     ops = FusedOps(ENGINE, Budget("a test"), measure=False, recycle=True)  # _keeps: ops and operators take _kept
     v = ops.multiply(a, b)  # learns the output's shape and dtype

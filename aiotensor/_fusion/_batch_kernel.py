@@ -42,9 +42,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import _kernels
 from .._errors import InvalidArgumentError
 from .._interpreter import RECYCLER, Budget
-from .._kernels import NUMERIC_KINDS, SEQUENCES, BadOutputError, BufferInfo, KernelResult
+from .._kernels import SEQUENCES
 from ._function import FusedOps, FusedValue, _result, _wrap_arg, unknown_op
 
 if TYPE_CHECKING:
@@ -137,8 +138,8 @@ class BatchKernel:
                     f"{self.label}: fn must return arrays with one row per input row ({rows} rows along axis 0);"
                     f" output {i} is {shape}"
                 )
-            if a.dtype.kind not in NUMERIC_KINDS:  # (finalize's check, which split pieces skip)
-                raise BadOutputError(
+            if a.dtype.kind not in _kernels.NUMERIC_KINDS:  # (finalize's check, which split pieces skip)
+                raise _kernels.BadOutputError(
                     f"kernel returned dtype {a.dtype}; tensors hold bool, integer, float or complex data"
                 )
             if len(xs) > 1 and made:
@@ -167,7 +168,7 @@ class BatchKernel:
             split = [_pieces(a, counts) for a in arrays]
         buffers = split[0] if len(split) == 1 else [b for mine in zip(*split, strict=True) for b in mine]
         self.elapsed = (time.perf_counter() - start) * 1e6
-        return KernelResult(buffers, True)
+        return _kernels.KernelResult(buffers, True)
 
 
 _new_tuple = tuple.__new__  # BufferInfo(...) without the NamedTuple's __new__ (half the cost)
@@ -175,17 +176,17 @@ _copy = np.ndarray.copy
 _read_only = operator.methodcaller("setflags", False)
 
 
-def _equal_pieces(a: NDArray, k: int, n: int) -> list[BufferInfo]:
+def _equal_pieces(a: NDArray, k: int, n: int) -> list[_kernels.BufferInfo]:
     # ``a``'s rows as k owned read-only arrays of n rows each: a 3-d view iterated, copied,
     # flagged and described by map (no bytecode per piece: half the cost of a loop).
     pieces = list(map(_copy, a.reshape(k, n, *a.shape[1:])))
     collections.deque(map(_read_only, pieces), 0)
     p = pieces[0]
     shape, dtype, nbytes = itertools.repeat(p.shape), itertools.repeat(p.dtype), itertools.repeat(p.nbytes)
-    return list(map(_new_tuple, itertools.repeat(BufferInfo), zip(pieces, shape, dtype, nbytes, strict=False)))
+    return list(map(_new_tuple, itertools.repeat(_kernels.BufferInfo), zip(pieces, shape, dtype, nbytes, strict=False)))
 
 
-def _pieces(a: NDArray, counts: list[int]) -> list[BufferInfo]:
+def _pieces(a: NDArray, counts: list[int]) -> list[_kernels.BufferInfo]:
     # ``a``'s rows as owned read-only arrays of ``counts`` rows each.
     buffers = []
     lo = 0
@@ -193,6 +194,6 @@ def _pieces(a: NDArray, counts: list[int]) -> list[BufferInfo]:
         hi = lo + n
         piece = a[lo:hi].copy()
         piece.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
-        buffers.append(_new_tuple(BufferInfo, (piece, piece.shape, piece.dtype, piece.nbytes)))
+        buffers.append(_new_tuple(_kernels.BufferInfo, (piece, piece.shape, piece.dtype, piece.nbytes)))
         lo = hi
     return buffers
