@@ -184,6 +184,8 @@ def run_kernel(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
 
 def normalize(out: Any) -> KernelResult:
     """A kernel's return value as owned, read-only buffers."""
+    if type(out) is KernelResult:  # made so by the kernel itself (a batch's split rows)
+        return out
     if isinstance(out, SEQUENCES):
         if not out:
             raise BadOutputError("kernel returned an empty sequence; expected at least one ndarray")

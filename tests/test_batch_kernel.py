@@ -119,11 +119,22 @@ def test_the_reference_count_of_a_lone_array_is_calibrated() -> None:
 
 
 def test_the_kernel_stacks_splits_and_copies_what_it_does_not_own() -> None:
+    from aiotensor._kernels import KernelResult, normalize
+
     xs = (np.arange(6.0).reshape(3, 2), np.arange(6.0, 10.0).reshape(2, 2))
     kernel = bk.BatchKernel(lambda ops, x, k: (x * k, x + 0.0), ENGINE, Budget("b"), [3, 2], "batched(f)")
-    pieces = kernel(xs, 2.0)
+    result = kernel(xs, 2.0)
     assert kernel.multi
-    assert len(pieces) == 4  # per caller, per output
+    # Per caller, per output: owned, read-only copies, taken by the engine as they are.
+    assert type(result) is KernelResult
+    assert result.multi
+    pieces = [b.handle for b in result.buffers]
+    assert len(pieces) == 4
+    for piece, b in zip(pieces, result.buffers, strict=True):
+        assert piece.base is None
+        assert not piece.flags.writeable
+        assert (b.shape, b.dtype, b.nbytes) == (piece.shape, piece.dtype, piece.nbytes)
+    assert normalize(result) is result
     np.testing.assert_array_equal(pieces[0], xs[0] * 2)
     np.testing.assert_array_equal(pieces[1], xs[0])
     np.testing.assert_array_equal(pieces[2], xs[1] * 2)
@@ -189,9 +200,37 @@ def test_a_lone_caller_known_to_make_small_outputs_takes_plain_fused_ops() -> No
     assert kernel.big is None
     # Several callers always stack into recycled buffers, whatever the lone runs said.
     stacked = bk.BatchKernel(f, ENGINE, Budget("b"), [3, 3], "batched(f)", measure=False, recycle=False)
-    pieces = stacked((x, x + 1.0), w)
-    np.testing.assert_array_equal(pieces[1], np.maximum((x + 1.0) @ w - 3.0, 0) * 2.0)
+    result = stacked((x, x + 1.0), w)
+    np.testing.assert_array_equal(result.buffers[1].handle, np.maximum((x + 1.0) @ w - 3.0, 0) * 2.0)
     assert stacked.big is False
     assert stacked.blas is True
     alone = bk.BatchKernel(lambda ops, x: x, ENGINE, Budget("b"), [3], "batched(f)", measure=False, recycle=False)
     assert alone((x,)) is not x  # the caller's array is never taken over, on this path either
+
+
+def test_split_outputs_of_a_non_numeric_dtype_are_refused_as_normalize_would() -> None:
+    from aiotensor._kernels import BadOutputError
+
+    kernel = bk.BatchKernel(lambda ops, x: np.full(x.shape, "a"), ENGINE, Budget("b"), [2, 1], "batched(f)")
+    with pytest.raises(BadOutputError, match="dtype <U1"):
+        kernel((np.ones((2, 4)), np.ones((1, 4))))
+
+
+@pytest.mark.parametrize("counts", [[2, 2, 2], [1, 3, 2]], ids=["equal", "unequal"])
+def test_split_pieces_are_per_caller_then_per_output_owned_and_read_only(counts: list[int]) -> None:
+    from aiotensor._kernels import KernelResult
+
+    xs = tuple(np.arange(4.0 * n).reshape(n, 4) + 100 * i for i, n in enumerate(counts))
+    kernel = bk.BatchKernel(lambda ops, x: (x * 2.0, x[:, :1]), ENGINE, Budget("b"), counts, "batched(f)")
+    result = kernel(xs)
+    assert type(result) is KernelResult
+    assert len(result.buffers) == 2 * len(counts)
+    for i, x in enumerate(xs):
+        doubled, first = result.buffers[2 * i], result.buffers[2 * i + 1]
+        np.testing.assert_array_equal(doubled.handle, x * 2.0)
+        np.testing.assert_array_equal(first.handle, x[:, :1])
+        for b in (doubled, first):
+            assert b.handle.base is None
+            assert not b.handle.flags.writeable
+            assert b.handle.flags.c_contiguous
+            assert (b.shape, b.dtype, b.nbytes) == (b.handle.shape, b.handle.dtype, b.handle.nbytes)

@@ -49,6 +49,8 @@ def test_fused_ops_are_the_interpreter_driven_by_python() -> None:
                 if name != "_budget":
                     assert getattr(ours, name) == getattr(base, name), name
     assert not FusedOps(ENGINE, Budget("a test"), measure=False, recycle=True)._fast
+    assert FusedOps(ENGINE, Budget("a test"), measure=False, recycle=True)._keeps  # a batch's hot path
+    assert not FusedOps(ENGINE, Budget("a test"), measure=True, recycle=True)._keeps
     assert not FusedOps(ENGINE, Budget("a test"), measure=True)._fast
 
 
@@ -79,7 +81,7 @@ def test_what_one_thread_keeps_is_not_served_on_another() -> None:
 
 def test_values_count_in_the_budget_until_they_die_whatever_the_path() -> None:
     a = big()
-    for measure, recycle in ((False, False), (True, False), (True, True)):
+    for measure, recycle in ((False, False), (True, False), (True, True), (False, True)):
         budget = Budget("a test")
         ops = FusedOps(ENGINE, budget, measure=measure, recycle=recycle)
         v = ops.add(a, a)
@@ -93,7 +95,7 @@ def test_values_count_in_the_budget_until_they_die_whatever_the_path() -> None:
 
 def test_a_budget_limit_raises_on_every_path() -> None:
     a = big()
-    for measure, recycle in ((False, False), (True, False), (True, True)):
+    for measure, recycle in ((False, False), (True, False), (True, True), (False, True)):
         budget = Budget("a test")
         budget.limit = a.nbytes
         ops = FusedOps(ENGINE, budget, measure=measure, recycle=recycle)
@@ -101,6 +103,31 @@ def test_a_budget_limit_raises_on_every_path() -> None:
         with pytest.raises(at.ResourceExhaustedError, match="inside a test"):
             ops.multiply(v, 2.0)
         del v
+
+
+def test_the_hot_path_of_a_batch_kernel_recycles_as_the_general_path_does() -> None:
+    from aiotensor._fusion._function import FusedValue
+
+    a, b = big(0), big(1)
+    ops = FusedOps(ENGINE, Budget("a test"), measure=False, recycle=True)  # _keeps: ops and operators take _kept
+    v = ops.multiply(a, b)  # learns the output's shape and dtype
+    want = a * b
+    np.testing.assert_array_equal(v._arr, want)
+    assert not v._arr.flags.writeable
+    del v  # dropped: kept
+    kept = id(next(iter(RECYCLER.free.values()))[0])
+    x: Any = FusedValue(a, ops)  # (as a kernel's arguments arrive)
+    y: Any = FusedValue(b, ops)
+    w = x * y  # an operator on values: served the kept buffer
+    assert id(w._arr) == kept
+    np.testing.assert_array_equal(w._arr, want)
+    assert not w._arr.flags.writeable
+    np.testing.assert_array_equal((-x)._arr, -a)
+    np.testing.assert_array_equal((2.0 * x)._arr, 2.0 * a)
+    with pytest.raises(at.InvalidArgumentError):
+        ops.add(x, np.ones(3, np.float32))  # shapes that do not broadcast: the op's own error
+    with pytest.raises(at.InvalidArgumentError):
+        _ = x + FusedValue(np.ones(3, np.float32), ops)
 
 
 def test_measured_runs_sum_the_cost_model_over_their_ops() -> None:

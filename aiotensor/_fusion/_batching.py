@@ -33,9 +33,10 @@ import contextvars
 import copy
 import functools
 import math
+import operator
 import types
 import weakref
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast, overload
 
@@ -71,6 +72,10 @@ DEFAULT_MAX_BATCH_SIZE = 512
 #: ``max_concurrent_batches`` says otherwise: no limit (the pool's workers are the limit).
 DEFAULT_MAX_CONCURRENT_BATCHES: int | None = None
 _OPEN = State.OPEN
+# A waiting caller's rows and future (C-level getters: the group's task maps them over its callers).
+_rows_of = operator.itemgetter(0)
+_future = operator.itemgetter(2)
+_done = operator.methodcaller("done")  # (any loop's future type)
 _get_loop = asyncio.get_running_loop
 _ndarray = np.ndarray
 
@@ -172,6 +177,7 @@ class BatchedFunction:
             weakref.WeakKeyDictionary()
         )
         self._row_shape = row_shape
+        self._any_rows = row_shape is None and self._dtype is None  # (no option to check rows against)
         self._label = f"batched({getattr(fn, '__name__', type(fn).__name__)})"
         self._placement = Placement()
         self._pending: dict[tuple[Any, ...], _Group] = {}
@@ -233,10 +239,13 @@ class BatchedFunction:
         if not engine.backend.in_process:
             # Before reading x's rows: a remote tensor's buffer is a handle, not rows.
             raise InvalidArgumentError(f"{self._label}: batched functions run on local backends only")
-        arr = x if tx is _ndarray and self._plain_rows(x) else self._rows(x, engine)
+        if tx is _ndarray and self._any_rows and x.ndim and x.shape[0] and x.dtype.kind in NUMERIC_KINDS:
+            arr = x  # rows as they are: no option to check them against
+        else:
+            arr = self._rows(x, engine)
         shape = arr.shape
         n = shape[0]
-        key = (loop, runner, *map(id, params), shape[1:], arr.dtype)
+        key = (loop, runner, tuple(map(id, params)), shape[1:], arr.dtype)
         future = loop.create_future()
         caller = (arr, engine, future)
         pending = self._pending
@@ -252,16 +261,16 @@ class BatchedFunction:
                 if group.rows >= self._max:
                     del pending[key]  # full: the next call starts a group of its own
                 try:
-                    tensors, multi, runner = await future
+                    out: Tensor | tuple[Tensor, ...] = await future  # its tensor (a tuple: several outputs), in runner
                 except asyncio.CancelledError:
-                    _drop_result(future)
+                    _drop_result(future, runner)
                     raise
                 if engine is runner:  # its tensors are its session's already
-                    return tuple(tensors) if multi else tensors[0]
-                moved = self._moved(engine, runner, tensors, multi)
+                    return out
+                moved = self._moved(engine, runner, out)
                 if moved is not None:  # (no coroutine: the common case of a child session's caller)
                     return moved
-                return await self._deliver(engine, runner, tensors, multi)
+                return await self._deliver(engine, runner, out)
             del pending[key]  # this call would take it over the limit: it leads the next one
         # The first call leads the group: one loop iteration (not a timer) lets the calls
         # that are ready now join it (the first to join starts its batch's task).
@@ -283,16 +292,16 @@ class BatchedFunction:
             raise
         if group.task is not None:
             try:
-                tensors, multi, runner = await future
+                out = await future
             except asyncio.CancelledError:
-                _drop_result(future)
+                _drop_result(future, runner)
                 raise
             if engine is runner:
-                return tuple(tensors) if multi else tensors[0]
-            moved = self._moved(engine, runner, tensors, multi)
+                return out
+            moved = self._moved(engine, runner, out)
             if moved is not None:  # (no coroutine: the common case of a child session's caller)
                 return moved
-            return await self._deliver(engine, runner, tensors, multi)
+            return await self._deliver(engine, runner, out)
         # Alone: its batch of one runs in this task, as a fused function call would.
         if pending.get(key) is group:
             del pending[key]
@@ -308,12 +317,13 @@ class BatchedFunction:
         except Exception:
             self._counts["failed"] += 1
             raise
+        out = tuple(tensors) if multi else tensors[0]
         if engine is runner:  # its tensors are its session's already
-            return tuple(tensors) if multi else tensors[0]
-        moved = self._moved(engine, runner, tensors, multi)
+            return out
+        moved = self._moved(engine, runner, out)
         if moved is not None:  # (no coroutine: the common case of a child session's caller)
             return moved
-        return await self._deliver(engine, runner, tensors, multi)
+        return await self._deliver(engine, runner, out)
 
     async def _call_on_values(self, x: Any, params: tuple[Any, ...]) -> Tensor | tuple[Tensor, ...]:
         # Expressions given: evaluated first where the rule of evaluation says (the
@@ -326,28 +336,29 @@ class BatchedFunction:
             for t in made:
                 engine.discard(t)
 
-    def _moved(self, engine: Engine, runner: Engine, tensors: list[Tensor], multi: bool) -> Tensor | None:
+    def _moved(self, engine: Engine, runner: Engine, out: Tensor | tuple[Tensor, ...]) -> Tensor | None:
         """One output's rows moved into the caller's session when nothing is to await (no memory limit), else None."""
-        if multi or engine.registry.memory_limit is not None or engine.state is not _OPEN:
+        if type(out) is not Tensor or engine.registry.memory_limit is not None or engine.state is not _OPEN:
             return None  # (then _deliver: it fits them under the limit, or says the session closed)
         label = self._label
-        arr = runner.buffer(tensors[0], label)
-        _discard(tensors, runner)
+        arr = runner.buffer(out, label)
+        runner.discard(out)
         return engine._register(arr, label, None, engine.place(label))
 
     async def _deliver(
-        self, engine: Engine, runner: Engine, tensors: list[Tensor], multi: bool
+        self, engine: Engine, runner: Engine, out: Tensor | tuple[Tensor, ...]
     ) -> Tensor | tuple[Tensor, ...]:
         """The caller's rows as tensors of its own session, ``engine`` (registered in the batch's until now)."""
         label = self._label
-        if engine is not runner:
-            arrays = [runner.buffer(t, label) for t in tensors]
-            _discard(tensors, runner)
-            if engine.state is not _OPEN:
-                raise SessionClosedError(f"{label}: the session was closed while the call waited for its batch")
-            device = engine.place(label)
-            result = KernelResult([info(a) for a in arrays], multi)
-            tensors = await engine._own(result, label, None, None, device)
+        mine: tuple[Tensor, ...] = out if type(out) is tuple else (cast(Tensor, out),)
+        arrays = [runner.buffer(t, label) for t in mine]
+        _discard(mine, runner)
+        if engine.state is not _OPEN:
+            raise SessionClosedError(f"{label}: the session was closed while the call waited for its batch")
+        device = engine.place(label)
+        multi = type(out) is tuple
+        result = KernelResult([info(a) for a in arrays], multi)
+        tensors = await engine._own(result, label, None, None, device)
         return tuple(tensors) if multi else tensors[0]
 
     def _engines(self, x: Any, params: tuple[Any, ...]) -> tuple[Engine, Engine]:
@@ -393,16 +404,6 @@ class BatchedFunction:
                 f" {engine.session!r} cannot read; call it from that session or a child of it (parent=)"
             )
         return cast("tuple[Engine, Engine]", (engine, owner))  # (tensors see their engine as EngineLike)
-
-    def _plain_rows(self, x: NDArray) -> bool:
-        """Whether the ndarray ``x`` may join a batch as it is, with no option to check (else :meth:`_rows`)."""
-        return (
-            x.ndim > 0
-            and x.shape[0] > 0
-            and x.dtype.kind in NUMERIC_KINDS
-            and self._row_shape is None
-            and self._dtype is None
-        )
 
     def _rows(self, x: Any, engine: Engine) -> NDArray:
         """``x`` as an array of rows, checked before it may join a batch."""
@@ -456,14 +457,19 @@ class BatchedFunction:
         Each caller gets its rows, or the batch's error.
         """
         self._close(key, group)
-        callers = [c for c in group.callers if not c[2].done()]  # (a cancelled call's future is done)
-        self._counts["cancelled"] += len(group.callers) - len(callers)
+        callers = group.callers
+        if any(map(_done, map(_future, callers))):  # (a cancelled call's future is done)
+            callers = [c for c in callers if not c[2].done()]
+            self._counts["cancelled"] += len(group.callers) - len(callers)
         if not callers:
             return
         rows = group.rows if len(callers) == len(group.callers) else sum([c[0].shape[0] for c in callers])
         self._count(len(callers), rows)
         try:
-            tensors, multi = await self._execute(group, callers, rows)
+            if self._concurrent is None:  # (no lane to take: one coroutine frame less)
+                tensors, multi = await self._kernel_call(group, callers, rows)
+            else:
+                tensors, multi = await self._execute(group, callers, rows)
         except BaseException as exc:
             self._counts["failed"] += 1
             error: BaseException = exc
@@ -475,18 +481,27 @@ class BatchedFunction:
             if not isinstance(exc, Exception):
                 raise
             return
+        # Each caller's future gets what its call returns: its tensor, or a tuple of them.
         runner = group.engine
+        cancelled = 0
         if multi:
             k = len(tensors) // len(callers)
-            pieces = [tensors[i : i + k] for i in range(0, len(tensors), k)]
+            for i, (_, _, future) in enumerate(callers):
+                mine = tuple(tensors[i * k : i * k + k])
+                if future.done():  # cancelled while the batch ran: its rows are dropped now
+                    cancelled += 1
+                    _discard(mine, runner)
+                else:
+                    future.set_result(mine)
         else:
-            pieces = [[t] for t in tensors]
-        for (_, _, future), mine in zip(callers, pieces, strict=True):
-            if future.done():  # cancelled while the batch ran: its rows are dropped now
-                self._counts["cancelled"] += 1
-                _discard(mine, runner)
-            else:
-                future.set_result((mine, multi, runner))
+            for (_, _, future), t in zip(callers, tensors, strict=True):
+                if future.done():
+                    cancelled += 1
+                    runner.discard(t)
+                else:
+                    future.set_result(t)
+        if cancelled:
+            self._counts["cancelled"] += cancelled
 
     async def _execute(self, group: _Group, callers: list[_Caller], rows: int) -> tuple[list[Tensor], bool]:
         """One kernel call on the callers' rows, when a lane is free: per caller, its tensors (batch's session)."""
@@ -506,7 +521,8 @@ class BatchedFunction:
             raise InvalidArgumentError(f"{label}: batched functions run on local backends only")
         params = group.params
         x0 = callers[0][0]
-        found: list[Any] = [tuple([c[0] for c in callers])]
+        xs = tuple(map(_rows_of, callers))
+        found: list[Any] = [xs]
         shapes: list[Any] = [rows, x0.shape[1:], x0.dtype]
         for p in params:
             # The common param, a live tensor of this session: its buffer and its part of
@@ -536,7 +552,7 @@ class BatchedFunction:
             kernel = ops._kernel
             bufs = (x0, *bufs[1:])
         else:
-            counts = [c[0].shape[0] for c in callers]
+            counts = list(map(len, xs))  # (an array's len: its rows)
             kernel = BatchKernel(self._fn, engine, budget, counts, label, measure=measure, recycle=recycle)
         done = engine.call_inline(label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget)
         if done is None:
@@ -588,14 +604,14 @@ def _check_rows(tensors: list[Tensor], rows: int, label: str, engine: Engine) ->
             )
 
 
-def _drop_result(future: asyncio.Future[Any]) -> None:
+def _drop_result(future: asyncio.Future[Any], runner: Engine) -> None:
     """A cancelled caller's rows, if its batch had handed them over already: dropped now, not taken."""
     if future.done() and not future.cancelled() and future.exception() is None:
-        tensors, _, runner = future.result()
-        _discard(tensors, runner)
+        out = future.result()
+        _discard((out,) if type(out) is Tensor else out, runner)
 
 
-def _discard(tensors: list[Tensor], runner: Engine) -> None:
+def _discard(tensors: Sequence[Tensor], runner: Engine) -> None:
     """Free tensors of the batch's session at once, whatever its strategy (their rows left it or are dropped)."""
     for t in tensors:
         runner.discard(t)

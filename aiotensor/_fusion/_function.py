@@ -175,6 +175,7 @@ class FusedOps(Interpreter):
         self._estimate = 0.0 if measure else None
         self._recycle = RECYCLER if recycle else None
         self._fast = not measure and not recycle and xp is np
+        self._keeps = not measure and recycle and xp is np
         self._blas = self._big = False
         self._engine = engine
         self._fn = fn  # the fused function whose call this is (see _kernel)
@@ -264,7 +265,7 @@ def _fused_op(d: OpDef) -> Callable[..., Any]:
     if _plain_numpy(d):
 
         def run(self: FusedOps, *args: Any, **kwargs: Any) -> Any:
-            if self._fast and not kwargs:
+            if (self._fast or self._keeps) and not kwargs:
                 vals = []
                 for a in args:
                     ta = type(a)
@@ -275,7 +276,7 @@ def _fused_op(d: OpDef) -> Callable[..., Any]:
                     else:
                         break
                 else:
-                    return self._plain(d, tuple(vals))
+                    return self._plain(d, tuple(vals)) if self._fast else self._kept(d, tuple(vals), args)
             return self._run(d, *args, **kwargs)
 
     else:
@@ -311,6 +312,14 @@ def _operator(name: str, reflected: bool = False) -> Callable[..., Any]:
                 return ops._plain(d, (o, self._arr) if reflected else (self._arr, o))
             if to is float or to is int:
                 return ops._plain(d, (other, self._arr) if reflected else (self._arr, other))
+        elif fast and ops._keeps:
+            # The same in a batch's kernel: outputs from the recycler.
+            to = type(other)
+            if to is _MadeValue or to is FusedValue or to is float or to is int:
+                o = other._arr if to is _MadeValue or to is FusedValue else other
+                if reflected:
+                    return ops._kept(d, (o, self._arr), (other, self))
+                return ops._kept(d, (self._arr, o), (self, other))
         return ops._run(d, other, self) if reflected else ops._run(d, self, other)
 
     return method
@@ -324,6 +333,8 @@ def _unary_operator(name: str) -> Callable[..., Any]:
         ops = self._ops
         if fast and ops._fast:
             return ops._plain(d, (self._arr,))
+        if fast and ops._keeps:
+            return ops._kept(d, (self._arr,), (self,))
         return ops._run(d, self)
 
     return method

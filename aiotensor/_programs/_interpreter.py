@@ -106,7 +106,7 @@ class Interpreter:
     :class:`Recycler` (batched kernels: their intermediates are large).
     """
 
-    __slots__ = ("_big", "_blas", "_budget", "_estimate", "_fast", "_recycle", "_xp")
+    __slots__ = ("_big", "_blas", "_budget", "_estimate", "_fast", "_keeps", "_recycle", "_xp")
 
     #: The driver's value types (set by ``_fusion._function``).
     _made_type: ClassVar[type[Any]]
@@ -122,6 +122,9 @@ class Interpreter:
         # Whether plain ops on values and numbers may take :meth:`_plain` (numpy kernels,
         # nothing to estimate, nothing to recycle).
         self._fast = not measure and not recycle and xp is np
+        # Whether plain ops on values and numbers may take :meth:`_kept` (numpy kernels,
+        # nothing to estimate, outputs from the recycler: a batch's kernel).
+        self._keeps = not measure and recycle and xp is np
         #: Whether an op called BLAS, and an output worth recycling was made or served.
         self._blas = False
         self._big = False
@@ -205,6 +208,33 @@ class Interpreter:
         if type(out) is _ndarray:
             return self._view_type(out, self)
         return self._made(np.asarray(out), d.name)
+
+    def _kept(self, d: OpDef, vals: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+        # The hot path of a plain op (no spec) on values and Python numbers (``vals``, the
+        # values' arrays; ``args``, as given) when ``_keeps``: :meth:`_step`,
+        # :meth:`_recycled` and :meth:`_made` without what they would not do here.
+        if d.blas:
+            self._blas = True
+        try:
+            out = self._recycled(d, d._np_kernel, vals)  # type: ignore[arg-type]
+        except Exception as exc:
+            error = kernel_error(d.name, vals, exc, d.user)  # (arrays describe as values do)
+            raise error from error.__cause__
+        if type(out) is _ndarray and out.base is None and out.flags.writeable:
+            out.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
+            budget = self._budget  # Budget.made, inline
+            live = budget.live + out.nbytes
+            if budget.limit is not None and live > budget.limit:
+                budget.made(out.nbytes, d.name)  # raises ResourceExhaustedError
+            budget.count += 1
+            budget.live = live
+            if live > budget.peak:
+                budget.peak = live
+            value = _new(self._made_type)  # _made_type(out, self), without the call
+            value._arr = out
+            value._ops = self
+            return value
+        return self._made(out if type(out) is _ndarray else np.asarray(out), d.name, args)
 
     def _made(self, arr: NDArray, op: str, args: tuple[Any, ...] = ()) -> Any:
         # A value the run made: a fresh array counts in the budget until the value dies.
