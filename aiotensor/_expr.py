@@ -6,18 +6,16 @@
 in its structure. Only the results of an evaluation get handles: intermediates are
 freed as soon as the evaluation no longer needs them (see ``_programs``).
 
-:class:`Operand` holds what tensors and expressions share: the operators and the
-methods with numpy's ndarray names (generated from the op table into
-``_generated_operand.py``). Comparisons are element-wise (``x == 0`` is an expression, as in every array library);
-``hash`` stays by identity, so a tensor still keys a dict. An expression's ``shape`` and
-``dtype`` are known before it runs, from its inputs' metadata (``_meta``).
+``Expr`` inherits :class:`~aiotensor._operand.Operand` (what tensors and expressions
+share: the operators and ndarray-named methods, generated into ``_generated_operand``,
+and numpy's protocols), imported from here: this module imports ``_operand`` first.
+An expression's ``shape`` and ``dtype`` are known before it runs, from its inputs'
+metadata (``_meta``); its signature keys constants by value (``_value_keys``).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import math
 import warnings
 from collections.abc import Callable, Generator
 from types import CoroutineType
@@ -27,108 +25,19 @@ import numpy as np
 
 from . import _defaults
 from . import _ops as _ops  # fills OPS
-from ._errors import InvalidDeviceError, NoSessionError
+from ._errors import NoSessionError
 from ._generated_operand import OperandMethods
 from ._kernels import forgotten_await
 from ._meta import Shape, node_meta
-from ._opdef import INTERNAL_OPS, OPS, OpDef, item_op
+from ._opdef import OPS, OpDef, item_op
+from ._operand import Operand
+from ._value_keys import HASHED_BY_VALUE, SCALARS, scalar_key
 
 if TYPE_CHECKING:
     from ._protocols import EngineLike, SessionLike
     from ._types import NDArray
 
-__all__ = ["Expr", "Operand", "numpy_method", "scalar_key"]
-
-
-class Operand(OperandMethods):
-    """What tensors and expressions share: operators and ndarray-named methods returning :class:`Expr`.
-
-    The operators and the methods of one op each are generated (``_generated_operand``);
-    what is written here is what they are not.
-    """
-
-    __slots__ = ()
-
-    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Expr:
-        """A numpy ufunc of tensors and expressions builds an expression, as operators do (``np.exp(t)``).
-
-        ``array + t`` arrives here too (numpy's operators call ufuncs). A ufunc the op
-        table does not have, or one called with ``out=`` and the like, or a method
-        (``np.add.reduce``), raises a ``TypeError`` naming the ways that work.
-        """
-        d = _ufunc_op(ufunc) if method == "__call__" and not kwargs else None
-        if d is None:
-            what = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
-            raise TypeError(
-                f"np.{what}{' with ' + ', '.join(kwargs) if kwargs else ''} on a tensor or expression: use"
-                " aiotensor.xp's functions (lazy, as operators are), or numpy on the value"
-                " (np.asarray(t) of a tensor, await an expression first)"
-            )
-        return Expr(d, inputs, None, None)
-
-    # ``==`` builds an expression; hashing stays by identity (as PyTorch's), so tensors key dicts.
-    __hash__ = object.__hash__
-
-    @property
-    def T(self) -> Expr:
-        """The transpose (dimensions reversed), as an expression."""
-        return Expr(_permute_dims, (self, None), None, None)
-
-    @property
-    def mT(self) -> Expr:
-        """The transpose of the last two dimensions (a stack of matrices), as an expression."""
-        return Expr(_matrix_transpose, (self,), None, None)
-
-    @property
-    def ndim(self) -> int | None:
-        """The number of dimensions (``None`` if unknown before it runs)."""
-        shape = self.shape
-        return None if shape is None else len(shape)
-
-    @property
-    def size(self) -> int | None:
-        """The number of elements (``None`` where a size is known only at run time)."""
-        shape = self.shape
-        if shape is None or None in shape:
-            return None
-        return math.prod(cast("tuple[int, ...]", shape))
-
-    @property
-    def shape(self) -> Shape | None:  # overridden by Tensor and Expr
-        """The shape."""
-        raise NotImplementedError
-
-    @property
-    def device(self) -> str:  # overridden by Tensor and Expr
-        """The device."""
-        raise NotImplementedError
-
-    def __array_namespace__(self, /, *, api_version: str | None = None) -> Any:
-        """The Array API namespace of tensors and expressions: :mod:`aiotensor.xp`."""
-        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
-            raise ValueError(f"aiotensor.xp implements the Array API 2024.12, not {api_version!r}")
-        return importlib.import_module("aiotensor.xp")  # a layer above: see docs/architecture.md
-
-    def to_device(self, device: Any, /, *, stream: int | Any | None = None) -> Operand:
-        """This array on ``device``: itself where it already is (a tensor's device is its session's)."""
-        if stream is not None:
-            raise ValueError("to_device: aiotensor has no streams")
-        if device is not None and str(device) not in (self.device, "cpu"):
-            raise InvalidDeviceError(
-                f"to_device: {self.device!r} to {device!r}: a tensor lives on its session's device;"
-                " place ops with `with session.device(...)`"
-            )
-        return self
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        raise TypeError(
-            "tensors and expressions are immutable: build the updated array instead, e.g."
-            " xp.where(mask, value, x) (aiotensor.xp), or x = expression"
-        )
-
-    def __iter__(self) -> Any:
-        # Without this, Python would iterate through __getitem__(0), (1), ... forever.
-        raise TypeError("an expression is not iterable: await it, or use xp.unstack / session.split")
+__all__ = ["Expr", "Operand", "numpy_method"]
 
 
 class Expr(Operand):
@@ -402,8 +311,6 @@ _MAX_SIG_NODES = 256
 _LEAF = ("T",)
 #: Set by ``_tensor`` (a layer above) to ``Tensor``.
 _Tensor: type = type(None)
-_HASHED_BY_VALUE = frozenset({str, type(None), type(Ellipsis)})
-_SCALARS = frozenset({int, bool, float, complex})
 
 
 def _meta_of(x: Any) -> Any:
@@ -434,9 +341,9 @@ def _value_key(x: Any) -> tuple[Any, tuple[Any, ...], int]:
         return x._sig, x._lv, x._n
     if tx is _Tensor:
         return _LEAF, (x,), 0
-    if tx in _SCALARS:
+    if tx in SCALARS:
         return scalar_key(x), (), 0
-    if tx in _HASHED_BY_VALUE:
+    if tx in HASHED_BY_VALUE:
         return (tx, x), (), 0
     if tx is list or tx is tuple:
         keys: list[Any] = [tx]
@@ -459,34 +366,6 @@ def _value_key(x: Any) -> tuple[Any, tuple[Any, ...], int]:
     if isinstance(x, np.generic):
         return scalar_key(x), (), 0
     return None, (), 0  # arrays, user objects: told apart only by identity
-
-
-def scalar_key(x: Any) -> Any:
-    """A key telling scalars apart exactly as their results differ, or None (never equal).
-
-    The one value key of constants, used by expression signatures (the compiled-program
-    cache) and by the compiler's common-subexpression merging: ``0.0`` and ``-0.0``
-    (and complex numbers whose parts differ only in the sign of a zero) give different
-    results, so they get different keys; a NaN is never equal to itself, so it gets
-    None. Numpy scalars are keyed by type and bytes (NEP 50: their type matters; any
-    dtype, ``longdouble`` included, without converting to a Python number).
-    """
-    tx = type(x)
-    if tx is int or tx is bool:
-        return (tx, x)
-    if tx is float:
-        # 0.0 == -0.0 but they differ in results; NaN: never equal to itself
-        return (float, x, math.copysign(1.0, x)) if x == x else None
-    if tx is complex:
-        re, im = x.real, x.imag
-        if re != re or im != im:
-            return None
-        return (complex, re, math.copysign(1.0, re), im, math.copysign(1.0, im))
-    if isinstance(x, np.generic) and x.dtype.kind in "biufc":
-        if x.dtype.kind in "fc" and np.isnan(x):
-            return None
-        return (tx, x.tobytes())
-    return None
 
 
 def _spec_keywords(d: OpDef) -> frozenset[str]:
@@ -522,22 +401,6 @@ def numpy_method(x: OperandMethods, method: str, args: Any, numpy_kwargs: dict[s
     return cast("Expr", result)  # an ndarray or a numpy scalar: numpy's own result
 
 
-_UFUNC_OPS: dict[np.ufunc, OpDef] = {}
-
-
-def _ufunc_op(ufunc: np.ufunc) -> OpDef | None:
-    # The op of a numpy ufunc: the element-wise op whose kernel it is, else the op of its
-    # name (floor_divide, matmul: ops with kernels of their own and numpy's semantics).
-    if not _UFUNC_OPS:
-        for op in OPS.values():
-            if op.returns == "one" and op.ufunc and isinstance(op.kernel, str):
-                u = getattr(np, op.kernel, None)
-                if isinstance(u, np.ufunc):
-                    _UFUNC_OPS.setdefault(u, op)
-    d = _UFUNC_OPS.get(ufunc) or OPS.get(ufunc.__name__)
-    return d if d is not None and d.returns == "one" else None
-
-
 def _short(x: Any) -> str:
     if type(x) is Expr:
         return f"<{x._d.name}>"
@@ -545,7 +408,3 @@ def _short(x: Any) -> str:
         return repr(getattr(x, "name", "?"))
     text = repr(x)
     return text if len(text) <= 30 else f"{type(x).__name__}"
-
-
-_permute_dims = OPS["permute_dims"]
-_matrix_transpose = OPS.get("matrix_transpose") or INTERNAL_OPS["swap_matrix_axes"]

@@ -192,10 +192,11 @@ def calibrate(rounds: int, only_split: bool = False) -> None:
     """
     from aiotensor._backends._base import default_executor
     from aiotensor._programs import _blocked_run as _blocked
+    from aiotensor._programs import _blocked_split as _split
 
     settle_allocator()
     pool = default_executor()
-    chosen, threshold, split_from = _blocked.BLOCK_ITEMS, _blocked.BLOCK_FROM_ITEMS, _blocked.SPLIT_MIN_BYTES
+    chosen, threshold, split_from = _blocked.BLOCK_ITEMS, _blocked.BLOCK_FROM_ITEMS, _split.SPLIT_MIN_BYTES
     calls = rounds * 10
     print("block items, and one pass per op in place ('whole'): ratio to numpy's chain, one thread")
     for n in () if only_split else (512, 1024, 2048, 4096):
@@ -214,7 +215,7 @@ def calibrate(rounds: int, only_split: bool = False) -> None:
         print(f"{n}x{n}", "  ".join(f"{k}: {t / found['numpy']:.2f}" for k, t in found.items() if k != "numpy"))
     _blocked.BLOCK_ITEMS, _blocked.BLOCK_FROM_ITEMS = chosen, threshold
     print("split over the pool's workers vs one worker, in blocks: ratio")
-    _blocked.BLOCK_FROM_ITEMS = _blocked.SPLIT_MIN_BYTES = 0
+    _blocked.BLOCK_FROM_ITEMS = _split.SPLIT_MIN_BYTES = 0
     for shape in ((512, 512), (1024, 1024), (2048, 1024), (2048, 2048), (4096, 2048)):
         program, value = _kernel_program(shape)
 
@@ -222,11 +223,11 @@ def calibrate(rounds: int, only_split: bool = False) -> None:
             return pool.submit(program.fresh(), value).result()
 
         def split(program: Any = program, value: Any = value) -> Any:
-            return pool.submit(_blocked.with_pool(program.fresh(), pool.spawn, pool.max_workers), value).result()
+            return pool.submit(_split.with_pool(program.fresh(), pool.spawn, pool.max_workers), value).result()
 
         found = _quartiles({"one": one, "split": split}, calls)
         print(f"{shape} ({value.nbytes:,} bytes): {found['split'] / found['one']:.2f}")
-    _blocked.BLOCK_FROM_ITEMS, _blocked.SPLIT_MIN_BYTES = threshold, split_from
+    _blocked.BLOCK_FROM_ITEMS, _split.SPLIT_MIN_BYTES = threshold, split_from
 
 
 def kernel_sweep(rounds: int) -> list[tuple[float, float]]:

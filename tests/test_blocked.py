@@ -21,7 +21,7 @@ import pytest
 import aiotensor as at
 from aiotensor._expr import Expr
 from aiotensor._opdef import OPS
-from aiotensor._programs import _blocked_center, _blocked_run, _blocked_var, _compile
+from aiotensor._programs import _blocked_center, _blocked_layout, _blocked_run, _blocked_split, _blocked_var, _compile
 
 UNARY = sorted(n for n, d in OPS.items() if d.ufunc and d.data == 1)
 BINARY = sorted(n for n, d in OPS.items() if d.ufunc and d.data == 2)
@@ -48,13 +48,13 @@ def blocking(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) ->
 def runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the blocked runs (layouts run), so that a test knows the blocked path ran."""
     seen: list[int] = []
-    real = _blocked_run._Layout.run
+    real = _blocked_layout.Layout.run
 
     def run(self: Any, inputs: Any, flagged: Any) -> Any:
         seen.append(1)
         return real(self, inputs, flagged)
 
-    monkeypatch.setattr(_blocked_run._Layout, "run", run)
+    monkeypatch.setattr(_blocked_layout.Layout, "run", run)
     return seen
 
 
@@ -296,9 +296,9 @@ async def test_a_fused_standardization_of_awkward_inputs_is_op_by_op(
 async def test_a_fused_standardization_on_the_pool_writes_over_its_deviations(
     s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch, centered: list[bool], runs: list[int]
 ) -> None:
-    monkeypatch.setattr(_blocked_run, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(_blocked_split, "SPLIT_MIN_BYTES", 0)
     monkeypatch.setattr(_blocked_run, "BLOCK_FROM_ITEMS", 0)
-    monkeypatch.setattr(_blocked_run, "_PART_BYTES", 1 << 12)
+    monkeypatch.setattr(_blocked_split, "_PART_BYTES", 1 << 12)
     _compile._CACHE.clear()
     v = np.random.default_rng(26).standard_normal((600, 301)).astype(np.float32)
     x = await s.constant(v)
@@ -451,16 +451,16 @@ async def test_large_runs_split_over_the_pool_with_the_same_values(
     s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch, runs: list[int]
 ) -> None:
     split: list[int] = []
-    real = _blocked_run._aligned
+    real = _blocked_split._aligned
 
     def aligned(rows: int, parts: int, h: int) -> Any:
         split.append(parts)
         return real(rows, parts, h)
 
-    monkeypatch.setattr(_blocked_run, "_aligned", aligned)
-    monkeypatch.setattr(_blocked_run, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(_blocked_split, "_aligned", aligned)
+    monkeypatch.setattr(_blocked_split, "SPLIT_MIN_BYTES", 0)
     monkeypatch.setattr(_blocked_run, "BLOCK_FROM_ITEMS", 0)
-    monkeypatch.setattr(_blocked_run, "_PART_BYTES", 1 << 12)
+    monkeypatch.setattr(_blocked_split, "_PART_BYTES", 1 << 12)
     _compile._CACHE.clear()
     v = np.random.default_rng(16).standard_normal((600, 301))
     x = await s.constant(v)
@@ -496,15 +496,15 @@ async def test_cancelling_a_split_run_leaks_nothing(
     strategy: at.ResourceCleanupStrategy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     started, release = threading.Event(), threading.Event()
-    real = _blocked_run._Layout._rows
+    real = _blocked_layout.Layout._rows
 
     def rows(self: Any, *args: Any) -> None:
         started.set()
         release.wait(5.0)
         real(self, *args)
 
-    monkeypatch.setattr(_blocked_run._Layout, "_rows", rows)
-    monkeypatch.setattr(_blocked_run, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(_blocked_layout.Layout, "_rows", rows)
+    monkeypatch.setattr(_blocked_split, "SPLIT_MIN_BYTES", 0)
     monkeypatch.setattr(_blocked_run, "BLOCK_FROM_ITEMS", 0)
     _compile._CACHE.clear()
     v = np.random.default_rng(17).standard_normal((2048, 1024)).astype(np.float32)  # runs on the pool

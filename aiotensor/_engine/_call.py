@@ -24,7 +24,7 @@ from .._errors import AioTensorError, BackendError, SessionClosedError
 from .._kernels import KernelResult, kernel_error, normalize
 from .._loopload import BUSY_INLINE_US, offload, stays_inline
 from .._opdef import OpDef
-from .._programs._blocked_run import result_buffer
+from .._programs._blocked_split import result_buffer
 from .._programs._interpreter import Budget
 from .._programs._program import Program
 from .._tensor import Tensor, make_tensor

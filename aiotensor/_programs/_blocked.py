@@ -22,7 +22,8 @@ from .._cost import PER_BYTE
 from .._opdef import Cost, OpDef
 from . import _blocked_run
 from ._blocked_center import CenteredRun
-from ._blocked_run import BlockedRun, with_pool
+from ._blocked_run import BlockedRun
+from ._blocked_split import with_pool
 from ._blocked_var import VARIANCE, blocked_variance
 from ._program import Program, Ref
 
@@ -93,7 +94,7 @@ def block_runs(program: Program, leaves: list[Any]) -> Program:
     ``sum``, ``mean``, ``max`` or ``min`` over one axis that alone reads it. Programs
     on leaves under ``_blocked_run.MIN_ITEMS`` elements, or with no run of two steps or more,
     are returned as they are. (Steps of a run on small values alone, such as
-    ``std + 1e-8``, run once per call, not per block: see :class:`_Layout`.)
+    ``std + 1e-8``, run once per call, not per block: see ``_blocked_layout.Layout``.)
     """
     nleaves = program.nleaves
     sizes = [math.prod(getattr(t, "_shape", np.shape(t))) for t in leaves]

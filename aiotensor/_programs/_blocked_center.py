@@ -27,7 +27,8 @@ import numpy as np
 
 from .._kernels import kernel_error
 from .._opdef import OpDef
-from ._blocked_run import _OUT, BlockedRun
+from ._blocked_run import BlockedRun
+from ._blocked_split import _OUT
 from ._blocked_var import BlockedVar, blockable, mean_keepdims
 
 __all__ = ["CenteredRun"]

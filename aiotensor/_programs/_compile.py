@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._cost import Spec, out_spec
-from .._expr import scalar_key
 from .._kernels import as_numeric
 from .._opdef import OpDef
+from .._value_keys import scalar_key
 from ._blocked import block_runs
 from ._placement import Unknown, spec_of
 from ._program import Program, Ref

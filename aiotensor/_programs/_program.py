@@ -145,7 +145,7 @@ class Program:
 
     def __call__(self, *leaves: Any, out: Any = None) -> Any:
         # ``out``: a recycled buffer the engine offers a program with blocked runs; only
-        # the backend's wrapper of such a program (``_blocked_run.with_pool``) hands it on.
+        # the backend's wrapper of such a program (``_blocked_split.with_pool``) hands it on.
         plan = self._kernels
         if plan is None:
             plan = self._resolve_kernels()
