@@ -32,9 +32,9 @@ from ._fusion._batching import BatchedFunction as BatchedFunction
 from ._fusion._batching import BatchStats as BatchStats
 from ._fusion._batching import batched as batched
 from ._fusion._function import FusedFunction as FusedFunction
-from ._fusion._function import FusedOps as FusedOps
-from ._fusion._function import FusedValue as FusedValue
 from ._fusion._function import function as function
+from ._fusion._fused_ops import FusedOps as FusedOps
+from ._fusion._fused_value import FusedValue as FusedValue
 from ._generated_functional import *  # noqa: F403 -- the op functions, listed in _generated_functional.__all__
 from ._generated_functional import __all__ as _op_names
 from ._interactive import InteractiveSession as InteractiveSession

@@ -12,7 +12,7 @@ import pytest
 
 import aiotensor as at
 from aiotensor._fusion import _batch_kernel as bk
-from aiotensor._fusion._function import FusedOps
+from aiotensor._fusion._fused_ops import FusedOps
 from aiotensor._programs import _interpreter as interp
 from aiotensor._programs import _recycler
 from aiotensor._programs._interpreter import RECYCLER, Budget

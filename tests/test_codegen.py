@@ -7,7 +7,7 @@ import inspect
 import aiotensor as at
 from aiotensor import _codegen
 from aiotensor._expr import Operand
-from aiotensor._fusion._function import FusedOps
+from aiotensor._fusion._fused_ops import FusedOps
 from aiotensor._generated_operand import OperandMethods
 from aiotensor._opdef import ALIASES, OPS
 

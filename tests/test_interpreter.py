@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor._fusion._function import FusedOps
+from aiotensor._fusion._fused_ops import FusedOps
 from aiotensor._programs import _recycler
 from aiotensor._programs._interpreter import RECYCLER, Budget, Interpreter, checked
 
@@ -106,7 +106,7 @@ def test_a_budget_limit_raises_on_every_path() -> None:
 
 
 def test_the_hot_path_of_a_batch_kernel_recycles_as_the_general_path_does() -> None:
-    from aiotensor._fusion._function import FusedValue
+    from aiotensor._fusion._fused_value import FusedValue
 
     a, b = big(0), big(1)
     ops = FusedOps(ENGINE, Budget("a test"), measure=False, recycle=True)  # _keeps: ops and operators take _kept

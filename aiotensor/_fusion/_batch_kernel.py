@@ -46,7 +46,8 @@ from .. import _kernels
 from .._errors import InvalidArgumentError
 from .._kernels import SEQUENCES
 from .._programs._interpreter import RECYCLER, Budget
-from ._function import FusedOps, FusedValue, _result, _wrap_arg, unknown_op
+from ._fused_ops import FusedOps, unknown_op
+from ._fused_value import FusedValue, _result, _wrap_arg
 
 if TYPE_CHECKING:
     from .._engine._core import Engine

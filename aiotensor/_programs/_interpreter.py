@@ -108,7 +108,7 @@ class Interpreter:
 
     __slots__ = ("_big", "_blas", "_budget", "_estimate", "_fast", "_keeps", "_recycle", "_xp")
 
-    #: The driver's value types (set by ``_fusion._function``).
+    #: The driver's value types (set by ``_fusion._fused_ops``).
     _made_type: ClassVar[type[Any]]
     _view_type: ClassVar[type[Any]]
 
@@ -277,7 +277,7 @@ def _alone() -> int:
         _arr: NDArray
         _ops: Interpreter
 
-        def __del__(self) -> None:  # as _fusion._function._MadeValue.__del__
+        def __del__(self) -> None:  # as _fusion._fused_value._MadeValue.__del__
             ops = self._ops
             if ops._fast:
                 ops._budget.live -= self._arr.nbytes
