@@ -22,7 +22,9 @@ How rows are read: a benchmark that prints through ``benchmarks._report.print_co
 has its ``Report`` captured as JSON instead of printed (row label, ratio, and the table's
 title up to its first parenthesis, where run-dependent figures live); any other
 benchmark's stdout is read as lines ending in three numbers, the last a ratio
-(``bench_engine``'s format).
+(``bench_engine``'s format), or as indented rows ending in a statistic's
+``median (min-max)`` and a ratio written ``0.96x``, each under its table's title, an
+unindented line (``bench_blocked``'s format).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 _NUMBER = r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
 _STDOUT_ROW = re.compile(rf"^(?P<label>\S.*?)\s+{_NUMBER}\s+{_NUMBER}\s+(?P<ratio>{_NUMBER})\s*$")
+# An indented row: label, ``median (min-max)`` (Stat.fmt), ratio with an "x".
+_STAT_ROW = re.compile(rf"^\s+(?P<label>\S.*?)\s+{_NUMBER}\s+\({_NUMBER}-{_NUMBER}\)\s+(?P<ratio>{_NUMBER})x\s*$")
 
 Rows = dict[tuple[str, str], float]
 
@@ -97,9 +101,14 @@ def parse(module: str, stdout: str) -> Rows:
             for r in json.loads(line[len(MARK) :]):
                 rows[(r["table"], r["label"])] = float(r["ratio"])
             return rows
+    title = module  # of the rows in the x format: the last unindented line above them
     for line in stdout.splitlines():
         if m := _STDOUT_ROW.match(line):
             rows[(module, m["label"])] = float(m["ratio"])
+        elif m := _STAT_ROW.match(line):
+            rows[(title, m["label"])] = float(m["ratio"])
+        elif line.strip() and not line[0].isspace():
+            title = line.strip()
     return rows
 
 

@@ -230,6 +230,28 @@ async def test_blocked_benchmark_measures_every_row() -> None:
         assert numpy.median > 0
 
 
+def test_compare_revs_reads_the_rows_bench_blocked_prints() -> None:
+    from benchmarks import bench_blocked, compare_revs
+
+    report = Report(quick=True, rounds=2)
+    for loop_name in ("asyncio", "uvloop"):
+        t = report.table(f"blocked element-wise runs, {loop_name}: float32", "µs", ratio_label="x numpy")
+        t.add("10-op chain 16 floats: aiotensor", Stat((12.5, 11.0, 14.25)), 0.96 if loop_name == "asyncio" else 1.5)
+        t.add("10-op chain 16 floats: numpy", Stat((13.0, 12.0)), 1.0)
+    stdout = "\n".join(["a line before any table", *bench_blocked.lines(report)])
+    rows = compare_revs.parse("bench_blocked", stdout)
+    assert rows == {
+        ("blocked element-wise runs, asyncio: float32", "10-op chain 16 floats: aiotensor"): 0.96,
+        ("blocked element-wise runs, asyncio: float32", "10-op chain 16 floats: numpy"): 1.0,
+        ("blocked element-wise runs, uvloop: float32", "10-op chain 16 floats: aiotensor"): 1.5,
+        ("blocked element-wise runs, uvloop: float32", "10-op chain 16 floats: numpy"): 1.0,
+    }
+    # bench_engine's rows (three numbers, the last the ratio) read as before.
+    assert compare_revs.parse("bench_engine", "add, 1k floats   12.0  10.0  1.20") == {
+        ("bench_engine", "add, 1k floats"): 1.2
+    }
+
+
 def test_gc_profile_reports_every_rung_and_generation(capsys: pytest.CaptureFixture[str]) -> None:
     from benchmarks import profile_gc, profile_web
 
