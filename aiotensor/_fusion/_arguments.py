@@ -18,7 +18,8 @@ from .._tensor import Tensor
 if TYPE_CHECKING:
     from .._engine._core import Engine
 
-__all__: list[str] = []
+# (names of the package's other modules: private to it)
+__all__ = ["_ExprArgument", "_buffers", "_nested_expr", "_shape_key", "_shape_of"]
 
 
 class _ExprArgument(Exception):

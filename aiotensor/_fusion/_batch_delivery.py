@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from .._engine._core import Engine
     from .._protocols import EngineLike
 
-__all__: list[str] = []
+# (names of the package's other modules: private to it)
+__all__ = ["_Delivery", "_discard", "_drop_result"]
 
 _OPEN = State.OPEN
 

@@ -51,7 +51,8 @@ if TYPE_CHECKING:
     # A waiting call: (its rows, the engine of its result's session, the future of its result).
     _Caller: TypeAlias = tuple[NDArray, Engine, asyncio.Future[Any]]
 
-__all__: list[str] = []
+# (names of the package's other modules: private to it)
+__all__ = ["_BatchTasks", "_Group"]
 
 # A waiting caller's rows and future (C-level getters: the group's task maps them over its callers).
 _rows_of = operator.itemgetter(0)

@@ -23,7 +23,8 @@ from ._fused_ops import FusedOps
 if TYPE_CHECKING:
     from .._engine._core import Engine
 
-__all__: list[str] = []
+# (names of the package's other modules: private to it)
+__all__ = ["_OnWorker", "_WorkerEngine", "_captured_tensor"]
 
 
 class _WorkerEngine:
