@@ -143,6 +143,7 @@ async def test_a_saturated_loop_keeps_a_serial_callers_kernels_inline_across_chi
     # A caller awaiting a task of its own, one after another: still one caller at a time.
     clocks.busy = True
     for _ in range(3):
+        await add_ten_times(clocks)  # the parent asks too, between its children
         await asyncio.create_task(add_ten_times(clocks, yield_between=True))
     load = at.loop_load()
     assert load.saturated
