@@ -1,4 +1,4 @@
-"""Whether the event loop's thread is saturated: the input of busy-loop placement.
+"""Whether the event loop's thread is saturated by contending callers: the input of busy-loop placement.
 
 A kernel cheaper than a thread hop runs inline on the loop (``_cost``): on an idle loop
 that saves the hop's latency. On a saturated loop (a server whose loop thread parses
@@ -6,22 +6,41 @@ HTTP for as many requests as it can) the loop thread is the bottleneck, and what
 is the loop's own time: a kernel that takes longer than the hop costs the loop (the
 submit, the wake-up, the future's callbacks: ~16 µs of loop CPU here, measured in
 ``docs/performance.md``) is better computed by the pool, on the other core, while the
-loop parses. So while the loop is saturated, kernels estimated above
+loop serves the others. So while the loop is busy, kernels estimated above
 :data:`BUSY_INLINE_US` go to the pool instead of running inline.
 
-Saturation is measured, per thread (a loop runs on one): the loop thread's CPU time
-(``time.thread_time``) over wall time, in windows of at least :data:`WINDOW_S`, smoothed
-by an EWMA. A thread that never waits in ``select``/``epoll`` has a utilization near 1;
-an idle loop near 0. It needs no private API, so it reads asyncio and uvloop alike, and
-it costs one ``clock_gettime`` per window, taken only by kernels that would run on the
-loop (inline, or a program in slices) and are estimated above :data:`BUSY_INLINE_US`
-(the decision is never asked for smaller ones). The state flips with hysteresis (busy above :data:`BUSY_ABOVE`, idle
-again below :data:`IDLE_BELOW`) so that moving kernels off a busy loop, which lowers its
-utilization, does not at once move them back.
+Busy is two measured conditions, both needed:
+
+* **Saturated**: the loop thread's CPU time (``time.thread_time``) over wall time, in
+  windows of at least :data:`WINDOW_S`, smoothed by an EWMA. A thread that never waits
+  in ``select``/``epoll`` has a utilization near 1; an idle loop near 0. The state flips
+  with hysteresis (saturated above :data:`BUSY_ABOVE`, not again below
+  :data:`IDLE_BELOW`) so that moving kernels off a busy loop, which lowers its
+  utilization, does not at once move them back.
+* **Contended**: at least two callers were on the loop at once in the current window or
+  one of the three before (~20 ms at least), so that the loop has other work to run
+  while the pool computes. One caller awaiting one computation after another (a script,
+  a notebook, a benchmark's loop) also keeps the thread at ~100% CPU, but nothing else
+  is ready: moving its kernel to the pool only adds the hop to its wait. Callers are
+  tasks, counted three ways, all with public asyncio API: HTTP requests between their
+  entry into ``aiotensor.web``'s middleware and their end (:func:`enter`/:func:`leave`:
+  requests in flight); tasks that reach the middleware or a placement decision in the
+  same turn of the loop (they were ready together, so each waited while another ran:
+  one ``call_soon`` per turn marks its end, and only while the loop is saturated); and
+  tasks whose work interleaves (one asks again while another that asked in this window
+  or the three before is still running, ``Task.done()``; a task awaiting a child task
+  of its own is not counted twice: the child is done before the parent asks again).
+
+It needs no private API, so it reads asyncio and uvloop alike; it costs one
+``clock_gettime`` per window and ``asyncio.current_task()`` per decision, taken only by
+kernels that would run on the loop (inline, or a program in slices) and are estimated
+above :data:`BUSY_INLINE_US` (the decision is never asked for smaller ones), and a set
+insert and removal per request in the middleware (~0.3 µs).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +53,8 @@ __all__ = [
     "WINDOW_S",
     "LoopLoad",
     "Sensor",
+    "enter",
+    "leave",
     "loop_load",
     "offload",
     "sensor",
@@ -56,6 +77,13 @@ IDLE_BELOW = 0.6
 _ALPHA = 0.25
 #: A gap longer than this since the last sample: the old average says nothing any more.
 _STALE_S = 0.1
+#: Tasks remembered per window for the interleaving rule (more only cost time to scan) ...
+_MAX_SEEN = 8
+#: ... and per turn of the loop (a count beyond it changes no decision).
+_MAX_TURN = 64
+#: Contention is the most callers at once over this many windows (it decays in ~20 ms),
+#: and a task that asked is remembered for the window it asked in and this many more.
+_KEEP_WINDOWS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,14 +93,24 @@ class LoopLoad:
     Attributes:
         utilization: The loop thread's smoothed CPU time over wall time (0: idle, 1: it
             never waited), as of the last sample.
-        busy: Whether the loop counts as saturated now: kernels estimated above
-            ``busy_inline_us`` go to the pool.
+        busy: Whether kernels estimated above ``busy_inline_us`` go to the pool now:
+            the loop is ``saturated`` and contended (``callers`` of at least 2).
         busy_inline_us: The estimate above which a busy loop sends a kernel to the pool.
         samples: Utilization windows measured.
         offloaded: Kernels sent to the pool because the loop was busy (they would
             have run inline on an idle loop).
         kept_inline: Kernels in the same band of estimates kept on the loop (inline,
             or a program in slices) because the loop was not busy.
+        saturated: Whether the utilization says the loop thread never waits (above
+            ``BUSY_ABOVE``, until it drops below ``IDLE_BELOW``).
+        callers: The most callers on the loop at once in the current window or the
+            three before (requests in flight, tasks ready in the same turn, tasks whose
+            work interleaves): 1 for one caller awaiting one computation after another.
+            A window closes when a kernel in the band asks, 5 ms after the last at
+            the earliest: without such kernels, the most since the thread began.
+        requests: HTTP requests in flight on this loop now (``aiotensor.web``'s middleware).
+        kept_alone: Of ``kept_inline``, the kernels kept on a saturated loop because no
+            other caller contended (offloading them would only add the hop).
     """
 
     utilization: float = 0.0
@@ -81,15 +119,37 @@ class LoopLoad:
     samples: int = 0
     offloaded: int = 0
     kept_inline: int = 0
+    saturated: bool = False
+    callers: int = 0
+    requests: int = 0
+    kept_alone: int = 0
 
 
 class Sensor:
-    """The utilization of one thread's loop and the decisions taken from it (see the module docstring).
+    """The load of one thread's loop and the decisions taken from it (see the module docstring).
 
     ``cpu`` and ``wall`` are the clocks (the thread's CPU time, a monotonic clock), in seconds.
     """
 
-    __slots__ = ("_cpu", "_cpu0", "_wall", "_wall0", "busy", "kept_inline", "offloaded", "samples", "utilization")
+    __slots__ = (
+        "_cpu",
+        "_cpu0",
+        "_last",
+        "_peak",
+        "_peaks",
+        "_requests",
+        "_seen",
+        "_turn",
+        "_wall",
+        "_wall0",
+        "callers",
+        "kept_alone",
+        "kept_inline",
+        "offloaded",
+        "samples",
+        "saturated",
+        "utilization",
+    )
 
     def __init__(
         self, cpu: Callable[[], float] = time.thread_time, wall: Callable[[], float] = time.perf_counter
@@ -99,11 +159,96 @@ class Sensor:
         self._wall0 = wall()
         self._cpu0 = cpu()
         self.utilization = 0.0
-        self.busy = False
+        self.saturated = False
         self.samples = 0
         self.offloaded = 0
         self.kept_inline = 0
+        self.kept_alone = 0
+        # The requests in flight (their tasks: enter/leave), the last window's peak of
+        # callers, this one's.
+        self._requests: set[object] = set()
+        self.callers = 0
+        self._peak = 0
+        self._peaks: list[int] = []  # the peaks of the last _KEEP_WINDOWS windows
+        # The tasks other than requests that asked in the last few windows (the
+        # interleaving rule) and the last of them; the loop and the tasks observed in
+        # its current turn (None: no turn is counted; else the callback that ends it is
+        # queued).
+        self._seen: dict[asyncio.Task[object], int] = {}  # the task: the sample count when it asked
+        self._last: object = None
+        self._turn: list[object] | None = None
 
+    @property
+    def busy(self) -> bool:
+        """Whether the loop is saturated and contended: kernels in the band go to the pool."""
+        return self.saturated and (self.callers >= 2 or self._peak >= 2)
+
+    @property
+    def requests(self) -> int:
+        """Requests in flight on this loop (:meth:`enter` and not :meth:`leave` yet)."""
+        return len(self._requests)
+
+    # -- callers ----------------------------------------------------------------------
+    def enter(self, task: object) -> None:
+        """A request, run by ``task``, begins on this loop (the web middleware): counted until :meth:`leave`."""
+        requests = self._requests
+        requests.add(task)
+        if len(requests) > self._peak:
+            self._peak = len(requests)
+        if self.saturated:  # (the turn it began in: only there does observe() add to this)
+            self.observe()
+
+    def leave(self, task: object) -> None:
+        """The request of ``task`` counted by :meth:`enter` ended."""
+        self._requests.discard(task)
+
+    def observe(self) -> None:
+        """Note the running task as a caller: the rules of the module docstring, into this window's peak."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop: no caller to count
+            return
+        task = asyncio.current_task(loop)
+        if task is None:
+            return
+        requests = self._requests
+        if task in requests:  # a request: counted as one already (not remembered here)
+            n = len(requests)
+        elif task is self._last:  # the same caller again
+            n = len(requests) + 1
+        else:
+            previous = self._last
+            self._last = task
+            seen = self._seen
+            if task in seen and previous is not None:
+                # It asks again after another: every task that asked in the last few windows
+                # and is still running interleaved with it (the one just before, if
+                # done, was a child it awaited, or a sibling that ended).
+                n = sum(1 for t in seen if not t.done())
+            else:
+                n = 1
+                if len(seen) >= _MAX_SEEN:
+                    for t in [t for t in seen if t.done()] or list(seen)[:1]:
+                        del seen[t]
+            seen[task] = self.samples
+            n += len(requests)
+        if self.saturated:  # ready together: counted only where it can matter
+            turn = self._turn
+            if turn is None or turn[0] is not loop:
+                self._turn = turn = [loop, task]
+                loop.call_soon(self._end_turn, turn)
+            elif turn[-1] is not task and len(turn) <= _MAX_TURN:
+                turn.append(task)  # (a task's observations in one turn are consecutive)
+            if len(turn) - 1 > n:
+                n = len(turn) - 1
+        if n > self._peak:
+            self._peak = n
+
+    def _end_turn(self, turn: list[object]) -> None:
+        if self._turn is turn:
+            self._turn = None
+
+    # -- utilization ------------------------------------------------------------------
     def sample(self) -> bool:
         """Update the utilization if a window has passed; whether the loop is busy."""
         now = self._wall()
@@ -118,23 +263,48 @@ class Sensor:
             self.utilization = used
         else:
             self.utilization += _ALPHA * (used - self.utilization)
-        if self.busy:
-            self.busy = self.utilization >= IDLE_BELOW
+        if self.saturated:
+            self.saturated = self.utilization >= IDLE_BELOW
         else:
-            self.busy = self.utilization > BUSY_ABOVE
+            self.saturated = self.utilization > BUSY_ABOVE
+        # A new window of callers: the requests still in flight carry over.
+        peaks = self._peaks
+        peaks.append(self._peak)
+        if len(peaks) > _KEEP_WINDOWS:
+            del peaks[0]
+        self.callers = max(peaks)
+        self._peak = len(self._requests)
+        seen = self._seen  # (what asked stays a few windows: callers may ask less often)
+        for t in [t for t, window in seen.items() if window < self.samples - _KEEP_WINDOWS or t.done()]:
+            del seen[t]
         return self.busy
 
+    # -- decisions --------------------------------------------------------------------
     def offload(self) -> bool:
         """Whether a kernel that would run on the loop, estimated above ``BUSY_INLINE_US``, goes to the pool."""
+        self.observe()
         if self.sample():
             self.offloaded += 1
             return True
         self.kept_inline += 1
+        if self.saturated:
+            self.kept_alone += 1
         return False
 
     def snapshot(self) -> LoopLoad:
         """The state as a :class:`LoopLoad`."""
-        return LoopLoad(self.utilization, self.busy, BUSY_INLINE_US, self.samples, self.offloaded, self.kept_inline)
+        return LoopLoad(
+            self.utilization,
+            self.busy,
+            BUSY_INLINE_US,
+            self.samples,
+            self.offloaded,
+            self.kept_inline,
+            self.saturated,
+            max(self.callers, self._peak),
+            self.requests,
+            self.kept_alone,
+        )
 
 
 class _PerThread(threading.local):
@@ -162,10 +332,23 @@ def stays_inline() -> bool:
     counts it once.
     """
     sensor = _local.sensor
+    sensor.observe()
     if sensor.sample():
         return False
     sensor.kept_inline += 1
+    if sensor.saturated:
+        sensor.kept_alone += 1
     return True
+
+
+def enter() -> None:
+    """The running task begins a request on the calling thread's loop; :func:`leave` when it ends."""
+    _local.sensor.enter(asyncio.current_task())
+
+
+def leave() -> None:
+    """The running task's request counted by :func:`enter` ended."""
+    _local.sensor.leave(asyncio.current_task())
 
 
 def loop_load() -> LoopLoad:
@@ -173,8 +356,11 @@ def loop_load() -> LoopLoad:
 
     Kernels whose estimate lies between ``busy_inline_us`` and the session's
     ``inline_threshold_us`` (and expressions' programs that would run on the loop in
-    slices) run on the loop while it is idle and on the pool while it is saturated (its
-    thread found no time to wait for I/O): the pool's thread computes them while the loop
-    serves. Counts are totals since the thread first asked.
+    slices) run on the loop unless it is busy: saturated (its thread found no time to
+    wait for I/O) and contended (``callers`` of at least 2: requests in flight, or tasks
+    ready together or interleaving). Then the pool's thread computes them while the loop
+    serves the others. One caller awaiting one computation after another keeps its
+    kernels inline even on a saturated loop (``kept_alone``): nothing else would run
+    meanwhile. Counts are totals since the thread first asked.
     """
     return _local.sensor.snapshot()

@@ -90,3 +90,57 @@ async def test_the_callers_errstate_still_decides(s: at.AsyncEagerSession, shown
     assert shown == []
     with np.errstate(over="raise"), pytest.raises(at.AioTensorError, match="overflow"):
         await s.exp(a)
+
+
+def collected_state() -> dict[str, str] | None:
+    """The error modes inside ``collecting()``'s state (``None``: nothing warns), after checking it is left again."""
+    from aiotensor import _fpwarn
+
+    before = np.geterr()
+    state = _fpwarn.collecting()
+    if state is None:
+        return None
+    errstate, collector = state
+    with errstate:
+        inside = {k: str(v) for k, v in np.geterr().items()}
+        assert np.geterrcall() is collector
+    assert np.geterr() == before
+    return inside
+
+
+def test_the_collecting_state_follows_every_change_of_the_callers_errstate() -> None:
+    # (the categories that warn are cached per error state: each change must be seen)
+    default = collected_state()
+    assert default is not None
+    assert {k for k, v in default.items() if v == "call"} == {k for k, v in np.geterr().items() if v == "warn"}
+    with np.errstate(over="ignore"):
+        inside = collected_state()
+        assert inside is not None
+        assert inside["over"] == "ignore"
+        assert inside["divide"] == "call"
+    with np.errstate(all="ignore"):
+        assert collected_state() is None
+    old = np.seterr(divide="raise")
+    try:
+        inside = collected_state()
+        assert inside is not None
+        assert (inside["divide"], inside["over"]) == ("raise", "call")
+    finally:
+        np.seterr(**old)
+    assert collected_state() == default
+
+
+def test_a_collector_is_freed_with_its_kernel() -> None:
+    import sys
+
+    from aiotensor import _fpwarn
+
+    state = _fpwarn.collecting()
+    assert state is not None
+    with state[0]:
+        pass
+    collector = state[1]
+    del state
+    # Only this name holds it (and getrefcount's argument): reference counting frees it,
+    # there is no cycle through numpy's error state for the garbage collector to find.
+    assert sys.getrefcount(collector) == 2

@@ -1,10 +1,11 @@
-"""Busy-loop placement: a saturated loop sends kernels in the band to the pool, an idle one keeps them inline."""
+"""Busy-loop placement: a saturated, contended loop sends kernels in the band to the pool; an idle loop, or a
+saturated one with a single serial caller, keeps them inline."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -55,16 +56,17 @@ def test_a_thread_that_never_waits_turns_busy_and_one_that_waits_turns_idle_agai
     for _ in range(20):
         clocks.tick()
         sensor.sample()
-    assert sensor.busy
+    assert sensor.saturated
     assert sensor.utilization > BUSY_ABOVE
     clocks.busy = False
     clocks.tick()
-    assert sensor.sample()  # hysteresis: one idle window does not flip it
+    sensor.sample()
+    assert sensor.saturated  # hysteresis: one idle window does not flip it
     for _ in range(20):
         clocks.tick()
         sensor.sample()
-    assert not sensor.busy
-    # mypy keeps `sensor.busy` narrowed to True from the assert above, across sample() calls
+    assert not sensor.saturated
+    # mypy keeps `sensor.saturated` narrowed to True from the assert above, across sample() calls
     assert sensor.utilization < IDLE_BELOW  # type: ignore[unreachable]
 
 
@@ -85,7 +87,7 @@ def test_small_kernels_never_ask(clocks: Clocks) -> None:
     assert at.loop_load().samples == 0
 
 
-async def add_ten_times(clocks: Clocks) -> None:
+async def add_ten_times(clocks: Clocks, yield_between: bool = False) -> None:
     """Ten adds in the band, a window apart, each checked against NumPy."""
     a = np.random.default_rng(0).standard_normal(BAND)
     async with at.AsyncEagerSession() as s:
@@ -94,15 +96,77 @@ async def add_ten_times(clocks: Clocks) -> None:
             clocks.tick()
             y = await s.add(x, x)
             np.testing.assert_array_equal(await y.numpy(), a + a)
+            if yield_between:
+                await asyncio.sleep(0)
 
 
-async def test_a_busy_loop_sends_kernels_in_the_band_to_the_pool(clocks: Clocks) -> None:
+async def two_callers(clocks: Clocks, work: Callable[[], Awaitable[None]]) -> None:
+    """``work`` in two tasks at once: each asks while the other is still running."""
+    await asyncio.gather(work(), work())
+
+
+async def request_in_flight(clocks: Clocks, work: Callable[[], Awaitable[None]]) -> None:
+    """``work`` while another task has a request in flight (as the web middleware counts it)."""
+    began, done = asyncio.Event(), asyncio.Event()
+
+    async def request() -> None:
+        _loopload.enter()
+        try:
+            began.set()
+            await done.wait()
+        finally:
+            _loopload.leave()
+
+    other = asyncio.create_task(request())
+    await began.wait()
+    try:
+        await work()
+    finally:
+        done.set()
+        await other
+    assert at.loop_load().requests == 0
+
+
+async def test_a_saturated_loop_with_one_serial_caller_keeps_kernels_in_the_band_inline(clocks: Clocks) -> None:
     clocks.busy = True
     await add_ten_times(clocks)
     load = at.loop_load()
+    assert load.saturated
+    assert not load.busy
+    assert load.callers == 1
+    assert load.offloaded == 0
+    assert load.kept_inline == 10
+    assert load.kept_alone >= 9  # all but the first window's, before the average rose
+
+
+async def test_a_saturated_loop_keeps_a_serial_callers_kernels_inline_across_child_tasks(clocks: Clocks) -> None:
+    # A caller awaiting a task of its own, one after another: still one caller at a time.
+    clocks.busy = True
+    for _ in range(3):
+        await add_ten_times(clocks)  # the parent asks too, between its children
+        await asyncio.create_task(add_ten_times(clocks, yield_between=True))
+    load = at.loop_load()
+    assert load.saturated
+    assert (load.offloaded, load.callers) == (0, 1)
+
+
+async def test_a_saturated_contended_loop_sends_kernels_in_the_band_to_the_pool(clocks: Clocks) -> None:
+    clocks.busy = True
+    await two_callers(clocks, lambda: add_ten_times(clocks, yield_between=True))
+    load = at.loop_load()
     assert load.busy
-    assert load.offloaded >= 9  # all but the first window's, before the average rose
+    assert load.saturated
+    assert load.callers == 2
+    assert load.offloaded >= 15  # all but the first few: before the two had met in a window
     assert load.busy_inline_us == BUSY_INLINE_US
+
+
+async def test_a_request_in_flight_makes_a_saturated_loop_contended(clocks: Clocks) -> None:
+    clocks.busy = True
+    await request_in_flight(clocks, lambda: add_ten_times(clocks))
+    load = at.loop_load()
+    assert load.callers == 2
+    assert load.offloaded >= 9
 
 
 async def test_an_idle_loop_keeps_kernels_in_the_band_inline(clocks: Clocks) -> None:
@@ -111,6 +175,15 @@ async def test_an_idle_loop_keeps_kernels_in_the_band_inline(clocks: Clocks) -> 
     assert not load.busy
     assert load.offloaded == 0
     assert load.kept_inline == 10
+    assert load.kept_alone == 0
+
+
+async def test_an_idle_contended_loop_keeps_kernels_in_the_band_inline(clocks: Clocks) -> None:
+    await two_callers(clocks, lambda: add_ten_times(clocks, yield_between=True))
+    load = at.loop_load()
+    assert not load.saturated
+    assert load.callers == 2
+    assert (load.busy, load.offloaded, load.kept_inline) == (False, 0, 20)
 
 
 async def double_ten_times(clocks: Clocks) -> None:
@@ -128,10 +201,18 @@ async def double_ten_times(clocks: Clocks) -> None:
 
 async def test_a_busy_loop_sends_fused_calls_in_the_band_to_the_pool(clocks: Clocks) -> None:
     clocks.busy = True
-    await double_ten_times(clocks)
+    await request_in_flight(clocks, lambda: double_ten_times(clocks))
     load = at.loop_load()
     assert load.offloaded >= 8  # (the first call runs on the pool to be measured)
     assert load.offloaded + load.kept_inline == 9  # each later call counted once
+
+
+async def test_a_saturated_loop_runs_a_serial_callers_fused_calls_in_the_band_inline(clocks: Clocks) -> None:
+    clocks.busy = True
+    await double_ten_times(clocks)
+    load = at.loop_load()
+    assert (load.offloaded, load.kept_inline) == (0, 9)
+    assert load.kept_alone >= 8
 
 
 async def test_an_idle_loop_runs_fused_calls_in_the_band_inline(clocks: Clocks) -> None:
@@ -188,12 +269,36 @@ async def test_a_busy_loop_sends_a_program_it_would_run_in_slices_to_the_pool(cl
     add = estimate_us(OPS["add"], (a, a), None, None)
     assert at.SessionConfig().inline_threshold_us < 3 * add <= SLICED_MAX * at.SessionConfig().inline_threshold_us
     clocks.busy = True
-    async with at.AsyncEagerSession() as s:
-        x = await s.constant(a)
-        for _ in range(3):
-            clocks.tick(2 * WINDOW_S)
-            y = await ((x + x) * x - x)  # three ops: one program, in slices on an idle loop
-            np.testing.assert_allclose(await y.numpy(), (a + a) * a - a)
+
+    async def three_programs() -> None:
+        async with at.AsyncEagerSession() as s:
+            x = await s.constant(a)
+            for _ in range(3):
+                clocks.tick(2 * WINDOW_S)
+                y = await ((x + x) * x - x)  # three ops: one program, in slices on an idle loop
+                np.testing.assert_allclose(await y.numpy(), (a + a) * a - a)
+
+    await request_in_flight(clocks, three_programs)
     load = at.loop_load()
     assert load.offloaded >= 2
     assert load.kept_inline <= 1
+
+
+async def test_tasks_ready_in_the_same_turn_contend(clocks: Clocks) -> None:
+    # Each of three tasks asks once without suspending: only their turn says they met.
+    clocks.busy = True
+    await add_ten_times(clocks)  # saturates the loop, alone: all inline
+    assert at.loop_load().offloaded == 0
+    a = np.random.default_rng(0).standard_normal(BAND)
+    async with at.AsyncEagerSession() as s:
+        x = await s.constant(a)
+
+        async def once() -> None:
+            clocks.tick()
+            y = await s.add(x, x)
+            np.testing.assert_array_equal(await y.numpy(), a + a)
+
+        await asyncio.gather(once(), once(), once())
+    load = at.loop_load()
+    assert load.callers == 3
+    assert load.offloaded == 2  # the second and the third: the first asked alone

@@ -603,3 +603,67 @@ async def test_a_request_answered_without_suspending_frees_its_session_at_once()
         await asyncio.sleep(0)  # the pass that would have started the watchers starts none
         assert conn.receives == 1
         assert sessions.in_flight == 0
+
+
+# -- busy-loop placement: requests in flight are the loop's other callers -------------------
+class FakeClocks:
+    """A wall clock the handlers advance, and a CPU clock that keeps pace: a saturated loop."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def tick(self) -> None:
+        from aiotensor._loopload import WINDOW_S
+
+        self.now += WINDOW_S
+
+
+@pytest.fixture
+def saturated() -> Iterator[FakeClocks]:
+    """This thread's loop-load sensor on clocks that say the loop never waits (a fresh one after)."""
+    from aiotensor import _loopload
+
+    clocks = FakeClocks()
+    _loopload._local.sensor = _loopload.Sensor(cpu=lambda: clocks.now, wall=lambda: clocks.now)
+    yield clocks
+    _loopload._local.sensor = _loopload.Sensor()
+
+
+def band_app(clocks: FakeClocks, release: asyncio.Event | None) -> tuple[web.Sessions, Any]:
+    """A middleware-wrapped app whose handler adds two (230, 230) float64 arrays (an op in the busy band)."""
+    sessions = web.Sessions()
+    a = np.random.default_rng(0).standard_normal((230, 230))
+
+    async def handler(request: Request) -> Response:
+        s = web.request_session(request)
+        x = await s.constant(a)
+        if release is not None:
+            await release.wait()  # all requests in flight at once
+        clocks.tick()
+        y = await s.add(x, x)
+        np.testing.assert_array_equal(await y.numpy(), a + a)
+        return Response(b"ok")
+
+    return sessions, web.RequestSessionMiddleware(Starlette(routes=[Route("/", handler)]), sessions)
+
+
+async def test_a_saturated_loop_serving_requests_at_once_sends_their_kernels_to_the_pool(saturated: FakeClocks) -> None:
+    release = asyncio.Event()
+    sessions, app = band_app(saturated, release)
+    async with sessions.open(), httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
+        for _ in range(3):  # one at a time: the loop saturates, but nobody else is served
+            saturated.tick()
+            release.set()
+            assert (await c.get("/")).text == "ok"
+        load = at.loop_load()
+        assert (load.saturated, load.callers, load.offloaded) == (True, 1, 0)
+        release.clear()
+        gets = [asyncio.create_task(c.get("/")) for _ in range(4)]
+        await wait_until(lambda: at.loop_load().requests == 4)
+        release.set()
+        assert [r.text for r in await asyncio.gather(*gets)] == ["ok"] * 4
+    load = at.loop_load()
+    assert load.requests == 0
+    assert load.callers >= 4  # shown as the loop's input
+    assert load.offloaded >= 3  # (every one, but the first may have asked before the window closed)
+    assert load.kept_alone >= 2  # the serial requests' kernels, kept inline on the saturated loop

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .. import _loopload
 from .._session import AsyncEagerSession
 from ._stats import Outcome, RequestStats
 
@@ -335,6 +336,10 @@ class RequestSessionMiddleware:
         request = _Request(self.sessions, scope, receive, send, task)
         scope[SCOPE_KEY] = request
         outcome: Outcome = "failed"
+        # A caller on this loop until it ends: busy-loop placement offloads only while
+        # the loop has others to serve (requests in flight, or ready in the same turn).
+        sensor = _loopload.sensor()
+        sensor.enter(task)
         try:
             await self.app(scope, request.receive, request.send)
             outcome = "completed"
@@ -354,6 +359,7 @@ class RequestSessionMiddleware:
                 await request.finish(outcome)
             finally:
                 request.release()
+                sensor.leave(task)
 
 
 def _request_of(connection: Any, api: str) -> _Request:
