@@ -263,7 +263,7 @@ def collect_info() -> dict[str, Any]:
         "physical_memory": PHYSICAL_MEMORY,
         "blocked": blocked_settings(),  # element-wise runs in blocks (measured: docs/performance.md)
         # Where a cheap kernel runs: on the loop up to the first estimate, up to the second
-        # while the loop's thread is saturated (busy-loop placement, at.loop_load()).
+        # while the loop is saturated and contended (busy-loop placement, at.loop_load()).
         "inline": {
             "inline_threshold_us": SessionConfig().inline_threshold_us,
             "busy_inline_us": BUSY_INLINE_US,
