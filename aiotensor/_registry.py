@@ -35,8 +35,6 @@ def _physical_memory() -> int | None:
 #: Bytes of RAM on this machine: no single request may exceed it.
 PHYSICAL_MEMORY: int | None = _physical_memory()
 
-_NEVER = 1 << 62  # a size no buffer reaches: without a cache, nothing is offered to one
-
 
 @dataclass(frozen=True, slots=True)
 class SessionStats:
@@ -287,50 +285,21 @@ class Registry:
                 if self.free(dropped.popleft()):
                     n += 1
             return n
-        # The common case (in-process buffers, no memory wait): see _free_quietly. A
-        # batch's 32 dropped results are freed in two thirds of the time of 32 free() calls.
-        pop, popleft, cache = self._buffers.pop, dropped.popleft, self.cache
-        keep = _NEVER if cache is None else cache.min_bytes  # smaller buffers are not cached
-        n = freed_bytes = 0
-        try:
-            while dropped:
-                entry = pop(popleft(), None)
-                if entry is not None:
-                    n += 1
-                    nbytes = entry[1]
-                    freed_bytes += nbytes
-                    if nbytes >= keep and cache is not None:
-                        buffer = entry[0]
-                        del entry  # the cache counts references: only ``buffer`` may hold it here
-                        cache.give(buffer)
-                        del buffer
-        finally:
-            self.live_bytes -= freed_bytes
-            self.freed += n
-        return n
-
-    def _free_quietly(self, rids: list[int]) -> int:
-        # free() of each of ``rids``, written out for buffers that need no release call
-        # and no gate to poke (in-process arrays without memory_wait): the table entry
-        # goes, a large buffer is offered to the cache, the accounting is summed once.
-        pop, cache = self._buffers.pop, self.cache
-        keep = _NEVER if cache is None else cache.min_bytes  # smaller buffers are not cached
-        n = freed_bytes = 0
-        try:
-            for rid in rids:
-                entry = pop(rid, None)
-                if entry is not None:
-                    n += 1
-                    nbytes = entry[1]
-                    freed_bytes += nbytes
-                    if nbytes >= keep and cache is not None:
-                        buffer = entry[0]
-                        del entry  # the cache counts references: only ``buffer`` may hold it here
-                        cache.give(buffer)
-                        del buffer
-        finally:
-            self.live_bytes -= freed_bytes
-            self.freed += n
+        # The common case (in-process buffers, no memory wait): free() written out.
+        buffers, cache = self._buffers, self.cache
+        n = 0
+        while dropped:
+            entry = buffers.pop(dropped.popleft(), None)
+            if entry is not None:
+                n += 1
+                nbytes = entry[1]
+                self.live_bytes -= nbytes
+                self.freed += 1
+                if cache is not None and nbytes >= cache.min_bytes:
+                    buffer = entry[0]
+                    del entry  # the cache counts references: only ``buffer`` may hold it here
+                    cache.give(buffer)
+                    del buffer
         return n
 
     def close(self) -> int:
@@ -339,13 +308,10 @@ class Registry:
         self._dropped.clear()
         if self.gate is not None:
             self.gate.close()
-        n = 0
-        if self.gate is None and self._release is None:
-            n = self._free_quietly(list(self._buffers))
-        else:
-            for rid in list(self._buffers):
-                if self.free(rid):
-                    n += 1
+        # Everything, in the order it was made, through collect's loop (the common
+        # case's is free() written out).
+        self._dropped.extend(self._buffers)
+        n = self.collect()
         # A finalizer on another thread may have read ``closed`` as False just before
         # it was set and appended since: nothing is left to free, so drop such ids.
         self._dropped.clear()
