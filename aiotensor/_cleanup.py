@@ -27,6 +27,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("aiotensor")
+_get_ident = threading.get_ident
 
 
 class CleanupPolicy(ABC):
@@ -83,6 +84,10 @@ class BackgroundCleanup(CleanupPolicy):
     races with a drain is either drained now or wakes the task again. The task
     references this policy and the registry, never the session, so a session dropped
     without ``close()`` can still be finalized.
+
+    The task waits on a bare future of its own (``_waiter``), not an ``asyncio.Event``:
+    a wake-up that finds something to free costs one future, not an event's waiter list
+    and ``wait()`` coroutine, on the path of every drop a run of inline ops did not free.
     """
 
     strategy = ResourceCleanupStrategy.IN_BACKGROUND
@@ -93,7 +98,9 @@ class BackgroundCleanup(CleanupPolicy):
     _registry: Registry | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _loop_thread = 0
-    _event: asyncio.Event | None = None
+    _waiter: asyncio.Future[None] | None = None  # what the task awaits; None while it runs
+    # True while a wake-up is scheduled, and for good once stopping: a drop then
+    # schedules nothing (one test on the path of every drop).
     _armed = False
     _stopping = False
     _task: asyncio.Task[None] | None = None
@@ -101,7 +108,7 @@ class BackgroundCleanup(CleanupPolicy):
     def start(self, registry: Registry, loop: asyncio.AbstractEventLoop) -> None:
         self._registry = registry
         self._loop = loop
-        self._loop_thread = threading.get_ident()
+        self._loop_thread = _get_ident()
         registry.on_drop = self._on_drop
         # A run of inline ops gives the task no turn: such an op frees what was already
         # dropped itself (earlier than the task would, never later).
@@ -111,8 +118,6 @@ class BackgroundCleanup(CleanupPolicy):
 
     def _spawn(self) -> None:
         assert self._loop is not None
-        if self._event is None:
-            self._event = asyncio.Event()  # with the task: a session that drops nothing needs neither
         task = self._loop.create_task(self._run(), name="aiotensor-cleanup")
         task.add_done_callback(self._supervise)
         self._task = task
@@ -121,14 +126,14 @@ class BackgroundCleanup(CleanupPolicy):
 
     def _on_drop(self) -> None:
         # Runs inside finalizers, on any thread: no locks, no allocation beyond a handle.
-        if self._armed or self._stopping:
+        if self._armed:  # (a wake-up is scheduled, or the policy stopped)
             return
         self._armed = True
         loop = self._loop
         if loop is None:
             return
         try:
-            if threading.get_ident() == self._loop_thread:
+            if _get_ident() == self._loop_thread:
                 loop.call_soon(self._wake)
             else:
                 loop.call_soon_threadsafe(self._wake)
@@ -136,32 +141,38 @@ class BackgroundCleanup(CleanupPolicy):
             pass
 
     def _wake(self) -> None:
-        if self._stopping or self._loop is None:
-            return
-        if self._task is None:
-            # First drop, or the task was cancelled from outside. Disarm before looking
-            # at the queue so that a racing drop schedules another wake-up.
-            self._armed = False
-            if self._registry is not None and self._registry.pending:
-                self._spawn()  # (an inline op may already have freed what was dropped)
+        if self._stopping:
             return
         # Disarm before looking at the queue (a racing drop then schedules another
         # wake-up): when inline ops have already freed what was dropped, the task is not
         # woken for nothing (that would cost a loop iteration at every yield of a run of
         # inline ops).
         self._armed = False
-        if self._registry is not None and self._registry._dropped and self._event is not None:
-            self._event.set()
+        registry = self._registry
+        if registry is None or not registry._dropped:
+            return
+        if self._task is None:
+            # First drop, or the task was cancelled from outside.
+            self._spawn()
+            return
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        # (no waiter: the task has not reached its first wait yet, and drains then)
 
     async def _run(self) -> None:
-        event, registry = self._event, self._registry
-        assert event is not None
+        registry, loop = self._registry, self._loop
         assert registry is not None
+        assert loop is not None
         while True:
-            await event.wait()
-            event.clear()
-            self._armed = False
-            registry.collect()
+            if registry._dropped:
+                self._armed = False
+                registry.collect()
+            waiter = self._waiter = loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
 
     def _supervise(self, task: asyncio.Task[None]) -> None:
         if self._stopping:
@@ -187,6 +198,7 @@ class BackgroundCleanup(CleanupPolicy):
 
     def stop(self) -> asyncio.Task[None] | None:
         self._stopping = True
+        self._armed = True  # for good: a drop racing with close schedules nothing
         if self._registry is not None:
             self._registry.on_drop = None
         task = self._task

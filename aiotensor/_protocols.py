@@ -42,6 +42,10 @@ class EngineLike(Protocol):
         """Copies of the tensors' values, owned by the caller."""
         ...
 
+    def fetch_now(self, t: Any) -> NDArray | None:
+        """A copy of this engine's tensor's value if it takes no await, else ``None`` (then ``fetch``)."""
+        ...
+
     def peek(self, t: Any) -> NDArray:
         """A read-only view of a local buffer, without suspending."""
         ...

@@ -275,12 +275,31 @@ class Registry:
     def collect(self) -> int:
         """Free every buffer whose handle was dropped; return how many were freed."""
         dropped = self._dropped
+        if not dropped:
+            return 0
+        # popleft one at a time: a finalizer may append concurrently, and a failure
+        # half-way leaves the rest queued, never lost.
+        if self.gate is not None or self._release is not None:
+            n = 0
+            while dropped:
+                if self.free(dropped.popleft()):
+                    n += 1
+            return n
+        # The common case (in-process buffers, no memory wait): free() written out.
+        buffers, cache = self._buffers, self.cache
         n = 0
         while dropped:
-            # popleft one at a time: a finalizer may append concurrently, and a failure
-            # half-way leaves the rest queued, never lost.
-            if self.free(dropped.popleft()):
+            entry = buffers.pop(dropped.popleft(), None)
+            if entry is not None:
                 n += 1
+                nbytes = entry[1]
+                self.live_bytes -= nbytes
+                self.freed += 1
+                if cache is not None and nbytes >= cache.min_bytes:
+                    buffer = entry[0]
+                    del entry  # the cache counts references: only ``buffer`` may hold it here
+                    cache.give(buffer)
+                    del buffer
         return n
 
     def close(self) -> int:
@@ -289,10 +308,10 @@ class Registry:
         self._dropped.clear()
         if self.gate is not None:
             self.gate.close()
-        n = 0
-        for rid in list(self._buffers):
-            if self.free(rid):
-                n += 1
+        # Everything, in the order it was made, through collect's loop (the common
+        # case's is free() written out).
+        self._dropped.extend(self._buffers)
+        n = self.collect()
         # A finalizer on another thread may have read ``closed`` as False just before
         # it was set and appended since: nothing is left to free, so drop such ids.
         self._dropped.clear()

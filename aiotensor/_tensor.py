@@ -126,15 +126,18 @@ class Tensor(Operand):
     # -- data -----------------------------------------------------------------
     async def numpy(self) -> NDArray:
         """A copy of the value, owned by the caller: it stays valid after the session closes."""
-        (value,) = await self._engine.fetch([self], "numpy")
-        out: NDArray = value
+        engine = self._engine
+        out = engine.fetch_now(self)  # a small local value: copied without another coroutine
+        if out is None:
+            (out,) = await engine.fetch([self], "numpy")
         return out
 
     async def eval(self, session: SessionLike | None = None) -> NDArray:
         """TF1's ``t.eval()``: the value, computed in ``session`` (default: the tensor's own)."""
         engine = self._engine if session is None else session._engine
-        (value,) = await engine.fetch([self], "eval")
-        out: NDArray = value
+        out = engine.fetch_now(self) if engine is self._engine else None
+        if out is None:
+            (out,) = await engine.fetch([self], "eval")
         return out
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> NDArray:

@@ -11,6 +11,7 @@ import pytest
 
 import aiotensor as at
 from aiotensor import ResourceExhaustedError
+from aiotensor._backends._allocator import BufferCache
 from aiotensor._registry import PHYSICAL_MEMORY, Registry
 
 
@@ -169,3 +170,25 @@ async def test_sessions_skip_the_release_call_only_for_backends_that_need_none()
         x = await c.constant([1.0, 2.0])
         del x
     assert len(released) == 1
+
+
+@pytest.mark.parametrize("how", ["collect", "close"])
+def test_freeing_without_a_release_call_offers_large_buffers_to_the_cache(how: str) -> None:
+    # The path of in-process arrays (no release call, no memory wait): small buffers
+    # are let go, large ones kept for reuse unless something else still sees them.
+    cache = BufferCache(1 << 24, min_bytes=1024)
+    reg = Registry(None, cache=cache)
+    small, large, seen = np.zeros(8), np.zeros(1024), np.zeros(512)
+    view = seen[1:]  # a view of a freed buffer: the cache must refuse it
+    rids = [reg.add(a, a.nbytes) for a in (small, large, seen)]
+    del small, large, seen
+    if how == "collect":
+        for rid in [*rids, rids[0]]:  # one dropped twice: freed once
+            reg.notify_dropped(rid)
+        assert reg.collect() == 3
+    else:
+        assert reg.close() == 3
+    assert (reg.live_tensors, reg.live_bytes, reg.freed, reg.pending) == (0, 0, 3, 0)
+    assert (cache.kept, cache.refused, cache.cached_bytes) == (1, 1, 8192)  # (the small one is not offered)
+    assert view.base is not None
+    assert cache.take((1024,), np.float64) is not None

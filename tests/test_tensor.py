@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -33,6 +35,80 @@ async def test_numpy_returns_an_owned_copy_that_outlives_the_session() -> None:
         value[0] = 100.0  # the caller owns it
         np.testing.assert_array_equal(await t.numpy(), [1.0, 2.0, 3.0])
     np.testing.assert_array_equal(value, [100.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("n", [3, (1 << 20) // 8 + 1], ids=["small", "over-1MiB"])
+async def test_numpy_and_eval_copy_small_and_large_values_alike(s: at.AsyncEagerSession, n: int) -> None:
+    # Small values are copied on the loop without another coroutine, large ones on the pool.
+    t = await s.constant(np.arange(n, dtype=np.float64))
+    for value in (await t.numpy(), await t.eval()):
+        assert value.flags.writeable
+        assert value.flags.owndata
+        assert not np.shares_memory(value, np.asarray(t))
+        np.testing.assert_array_equal(value, np.arange(n))
+        value[0] = -1.0
+    assert float(np.asarray(t)[0]) == 0.0
+
+
+async def test_numpy_of_a_closed_session_or_on_another_loop_raises() -> None:
+    s = at.AsyncEagerSession()
+    await s.__aenter__()
+    t = await s.constant([1.0, 2.0])
+    errors: list[BaseException] = []
+
+    def other_loop() -> None:
+        try:
+            asyncio.run(t.numpy())
+        except BaseException as exc:  # asserted below
+            errors.append(exc)
+
+    await asyncio.to_thread(other_loop)
+    assert len(errors) == 1
+    assert isinstance(errors[0], at.WrongEventLoopError)
+    await s.close()
+    with pytest.raises(at.SessionClosedError):
+        await t.numpy()
+    with pytest.raises(at.SessionClosedError):
+        await t.eval()
+
+
+def test_numpy_on_a_second_loop_in_the_same_thread_raises() -> None:
+    s = at.AsyncEagerSession()
+
+    async def first() -> at.Tensor:
+        await s.__aenter__()
+        return await s.constant([1.0])
+
+    with asyncio.Runner() as r1:
+        t = r1.run(first())
+        with asyncio.Runner() as r2, pytest.raises(at.WrongEventLoopError, match="bound to the event loop"):
+            r2.run(t.numpy())
+        np.testing.assert_array_equal(r1.run(t.numpy()), [1.0])
+        r1.run(s.close())
+
+
+async def test_a_run_of_fetches_gives_other_tasks_the_loop(s: at.AsyncEagerSession) -> None:
+    # Fetches that copy on the loop never suspend by themselves; a long run of them
+    # still lets other tasks run (the engine's hold budget), as a run of inline ops does.
+    t = await s.constant(np.ones(4))
+    turns = 0
+
+    async def other() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(other())
+    await asyncio.sleep(0)
+    before = turns
+    for _ in range(5000):
+        await t.numpy()
+    ran = turns - before
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ran > 0
 
 
 async def test_asarray_is_a_read_only_view(s: at.AsyncEagerSession) -> None:

@@ -405,6 +405,7 @@ class Engine:
     # values back to the caller (_fetch.py)
     discard = _fetch.discard
     fetch = _fetch.fetch
+    fetch_now = _fetch.fetch_now
     peek = _fetch.peek
     # lifecycle and the loop (_lifecycle.py)
     _let_go = _lifecycle._let_go

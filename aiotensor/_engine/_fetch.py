@@ -1,4 +1,8 @@
-"""Values back to the caller: ``Engine.fetch`` (copies), ``Engine.peek`` (a read-only view), ``Engine.discard``."""
+"""Values back to the caller: ``Engine.fetch`` and ``Engine.fetch_now`` (copies), ``Engine.peek``, ``Engine.discard``.
+
+``fetch_now`` is the common case of ``fetch`` (one small local tensor) without a
+coroutine; ``peek`` a read-only view of a local buffer.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ if TYPE_CHECKING:
     from .._types import NDArray
     from ._core import Engine
 
-__all__ = ["discard", "fetch", "peek"]
+__all__ = ["discard", "fetch", "fetch_now", "peek"]
 
 _get_loop = asyncio.get_running_loop
 
@@ -61,6 +65,34 @@ async def fetch(self: Engine, tensors: list[Tensor], api: str) -> list[NDArray]:
     if safe_point is not None and dropped:
         safe_point()
     return values
+
+
+def fetch_now(self: Engine, t: Tensor) -> NDArray | None:
+    """A copy of the value of ``t`` (this engine's own tensor), or ``None`` if it takes :func:`fetch`.
+
+    The common fetch, ``await t.numpy()`` of a small local tensor, needs no await: the
+    session is open on this loop, no yield is due (``_held``), the backend copies as
+    ``LocalBackend.fetch`` does and the value is small. Then this is :func:`fetch` for
+    one tensor without its coroutine, its list and its checks for other sessions'
+    tensors, safe points included. Anything else (unopened, closed, another loop, a
+    freed buffer, a large or remote value) returns ``None``, and :func:`fetch` opens,
+    raises, yields or copies on the pool as it always does.
+    """
+    if self.state is not _OPEN or self._held >= self._hold_s or not self._local_fetch or _get_loop() is not self._loop:
+        return None
+    registry = t._registry
+    entry = registry._buffers.get(t._rid)
+    if entry is None or entry[1] > _COPY_ON_POOL_BYTES:
+        return None
+    safe_point = self.policy.safe_point
+    dropped = registry._dropped  # (the hook frees what is queued here: nothing queued, no call)
+    if safe_point is not None and dropped:
+        safe_point()
+    value: NDArray = entry[0].copy()
+    self._held += HOLD_PER_OP_S
+    if safe_point is not None and dropped:
+        safe_point()
+    return value
 
 
 def peek(self: Engine, t: Tensor) -> NDArray:
