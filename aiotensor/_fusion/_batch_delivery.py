@@ -11,8 +11,8 @@ registered in the caller's session (that of ``x`` if ``x`` is a tensor, else the
 default session, else the params' session), counting against its ``memory_limit``:
 ``_moved`` when nothing is to await (one output, no limit), else ``_deliver``. A caller
 cancelled after its batch handed its rows over drops them (``_drop_result``).
-:class:`_Delivery` holds these as methods of ``BatchedFunction`` (its base), so they run
-with the same attribute lookups as when they were written there.
+``_engines``, ``_moved`` and ``_deliver`` are plain functions on the batched function
+here, bound as its methods in ``BatchedFunction``'s class body.
 """
 
 from __future__ import annotations
@@ -31,86 +31,83 @@ from .._tensor import Tensor
 if TYPE_CHECKING:
     from .._engine._core import Engine
     from .._protocols import EngineLike
+    from ._batching import BatchedFunction
 
 # (names of the package's other modules: private to it)
-__all__ = ["_Delivery", "_discard", "_drop_result"]
+__all__ = ["_discard", "_drop_result", "deliver", "engines", "moved"]
 
 _OPEN = State.OPEN
 
 
-class _Delivery:
-    """Where a batched call's result belongs, and its rows moved there (a base of ``BatchedFunction``)."""
+def moved(self: BatchedFunction, engine: Engine, runner: Engine, out: Tensor | tuple[Tensor, ...]) -> Tensor | None:
+    """One output's rows moved into the caller's session when nothing is to await (no memory limit), else None."""
+    if type(out) is not Tensor or engine.registry.memory_limit is not None or engine.state is not _OPEN:
+        return None  # (then _deliver: it fits them under the limit, or says the session closed)
+    label = self._label
+    arr = runner.buffer(out, label)
+    runner.discard(out)
+    return engine._register(arr, label, None, engine.place(label))
 
-    _label: str  # set by BatchedFunction.__init__
 
-    def _moved(self, engine: Engine, runner: Engine, out: Tensor | tuple[Tensor, ...]) -> Tensor | None:
-        """One output's rows moved into the caller's session when nothing is to await (no memory limit), else None."""
-        if type(out) is not Tensor or engine.registry.memory_limit is not None or engine.state is not _OPEN:
-            return None  # (then _deliver: it fits them under the limit, or says the session closed)
-        label = self._label
-        arr = runner.buffer(out, label)
-        runner.discard(out)
-        return engine._register(arr, label, None, engine.place(label))
+async def deliver(
+    self: BatchedFunction, engine: Engine, runner: Engine, out: Tensor | tuple[Tensor, ...]
+) -> Tensor | tuple[Tensor, ...]:
+    """The caller's rows as tensors of its own session, ``engine`` (registered in the batch's until now)."""
+    label = self._label
+    mine: tuple[Tensor, ...] = out if type(out) is tuple else (cast(Tensor, out),)
+    arrays = [runner.buffer(t, label) for t in mine]
+    _discard(mine, runner)
+    if engine.state is not _OPEN:
+        raise SessionClosedError(f"{label}: the session was closed while the call waited for its batch")
+    device = engine.place(label)
+    multi = type(out) is tuple
+    result = KernelResult([info(a) for a in arrays], multi)
+    tensors = await engine._own(result, label, None, None, device)
+    return tuple(tensors) if multi else tensors[0]
 
-    async def _deliver(
-        self, engine: Engine, runner: Engine, out: Tensor | tuple[Tensor, ...]
-    ) -> Tensor | tuple[Tensor, ...]:
-        """The caller's rows as tensors of its own session, ``engine`` (registered in the batch's until now)."""
-        label = self._label
-        mine: tuple[Tensor, ...] = out if type(out) is tuple else (cast(Tensor, out),)
-        arrays = [runner.buffer(t, label) for t in mine]
-        _discard(mine, runner)
-        if engine.state is not _OPEN:
-            raise SessionClosedError(f"{label}: the session was closed while the call waited for its batch")
-        device = engine.place(label)
-        multi = type(out) is tuple
-        result = KernelResult([info(a) for a in arrays], multi)
-        tensors = await engine._own(result, label, None, None, device)
-        return tuple(tensors) if multi else tensors[0]
 
-    def _engines(self, x: Any, params: tuple[Any, ...]) -> tuple[Engine, Engine]:
-        """The engine that owns the caller's result, and the one its batch runs in."""
-        first: EngineLike | None = None  # the first tensor's among the params
-        owner: EngineLike | None = None  # the most derived of theirs: it may read them all
-        for p in params:
-            tp = type(p)
-            if tp is Tensor and p._engine is owner:  # the common case: params of one session
+def engines(self: BatchedFunction, x: Any, params: tuple[Any, ...]) -> tuple[Engine, Engine]:
+    """The engine that owns the caller's result, and the one its batch runs in."""
+    first: EngineLike | None = None  # the first tensor's among the params
+    owner: EngineLike | None = None  # the most derived of theirs: it may read them all
+    for p in params:
+        tp = type(p)
+        if tp is Tensor and p._engine is owner:  # the common case: params of one session
+            continue
+        for t in p if tp is list or tp is tuple else (p,):
+            if type(t) is not Tensor:
                 continue
-            for t in p if tp is list or tp is tuple else (p,):
-                if type(t) is not Tensor:
-                    continue
-                e = t._engine
-                if owner is None:
-                    first = owner = e
-                elif e is not owner and e not in owner.ancestors:
-                    if owner not in e.ancestors:
-                        raise InvalidArgumentError(
-                            f"{self._label}: params mix tensors of unrelated sessions"
-                            f" ({owner.session!r} and {e.session!r})"
-                        )
-                    owner = e
-        engine: EngineLike
-        if type(x) is Tensor:
-            engine = x._engine
+            e = t._engine
+            if owner is None:
+                first = owner = e
+            elif e is not owner and e not in owner.ancestors:
+                if owner not in e.ancestors:
+                    raise InvalidArgumentError(
+                        f"{self._label}: params mix tensors of unrelated sessions ({owner.session!r} and {e.session!r})"
+                    )
+                owner = e
+    engine: EngineLike
+    if type(x) is Tensor:
+        engine = x._engine
+    else:
+        default = _defaults.get_default_session()
+        if default is not None:
+            engine = session_engine(default)
+        elif first is not None:
+            engine = first
         else:
-            default = _defaults.get_default_session()
-            if default is not None:
-                engine = session_engine(default)
-            elif first is not None:
-                engine = first
-            else:
-                raise NoSessionError(
-                    f"{self._label}: no session for the result: pass x as a tensor, put a tensor among the"
-                    " params, or use `with session.as_default():`"
-                )
-        if owner is None:
-            return cast("tuple[Engine, Engine]", (engine, engine))
-        if owner is not engine and owner not in engine.ancestors:
-            raise InvalidArgumentError(
-                f"{self._label}: the params belong to {owner.session!r}, which the result's session"
-                f" {engine.session!r} cannot read; call it from that session or a child of it (parent=)"
+            raise NoSessionError(
+                f"{self._label}: no session for the result: pass x as a tensor, put a tensor among the"
+                " params, or use `with session.as_default():`"
             )
-        return cast("tuple[Engine, Engine]", (engine, owner))  # (tensors see their engine as EngineLike)
+    if owner is None:
+        return cast("tuple[Engine, Engine]", (engine, engine))
+    if owner is not engine and owner not in engine.ancestors:
+        raise InvalidArgumentError(
+            f"{self._label}: the params belong to {owner.session!r}, which the result's session"
+            f" {engine.session!r} cannot read; call it from that session or a child of it (parent=)"
+        )
+    return cast("tuple[Engine, Engine]", (engine, owner))  # (tensors see their engine as EngineLike)
 
 
 def _drop_result(future: asyncio.Future[Any], runner: Engine) -> None:

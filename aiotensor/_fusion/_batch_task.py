@@ -16,8 +16,9 @@ stacked rows run as a fused function runs (one kernel, on the pool or inline as
 ``_placement.Placement`` learnt; :mod:`aiotensor._fusion._batch_kernel` stacks, runs ``fn`` and
 splits its outputs per caller). A caller alone whose earlier runs made no output worth
 recycling runs ``fn`` with plain :class:`~aiotensor._fusion._fused_ops.FusedOps`, as a
-fused call would. :class:`_BatchTasks` holds these as methods of ``BatchedFunction``
-(its base), so they run with the same attribute lookups as when they were written there.
+fused call would. These are plain functions on the batched function, bound as its
+methods in ``BatchedFunction``'s class body (``_spawn = _batch_task.spawn``), as the
+engine's concerns are bound in ``Engine``'s.
 """
 
 from __future__ import annotations
@@ -27,14 +28,12 @@ import contextvars
 import copy
 import math
 import operator
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._errors import BackendError, InvalidArgumentError
-from .._programs._placement import Placement
 from .._programs._program import Budget
 from .._tensor import Tensor
 from ._arguments import _buffers, _shape_of
@@ -47,12 +46,13 @@ if TYPE_CHECKING:
 
     from .._engine._core import Engine
     from .._types import NDArray
+    from ._batching import BatchedFunction
 
     # A waiting call: (its rows, the engine of its result's session, the future of its result).
     _Caller: TypeAlias = tuple[NDArray, Engine, asyncio.Future[Any]]
 
 # (names of the package's other modules: private to it)
-__all__ = ["_BatchTasks", "_Group"]
+__all__ = ["_Group", "close", "count", "execute", "kernel_call", "run", "spawn"]
 
 # A waiting caller's rows and future (C-level getters: the group's task maps them over its callers).
 _rows_of = operator.itemgetter(0)
@@ -75,166 +75,161 @@ class _Group:
         self.task: asyncio.Task[None] | None = None  # started by the first call to join
 
 
-class _BatchTasks:
-    """The batches of a batched function: its groups' tasks, lanes and kernel calls (a base of ``BatchedFunction``)."""
+def close(self: BatchedFunction, key: tuple[Any, ...], group: _Group) -> None:
+    """Take the group out of the pending ones (if it is still there): no call joins it now."""
+    if self._pending.get(key) is group:
+        del self._pending[key]
 
-    # Set by BatchedFunction.__init__.
-    _fn: Callable[..., Any]
-    _label: str
-    _concurrent: int | None
-    _lanes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]
-    _placement: Placement
-    _pending: dict[tuple[Any, ...], _Group]
-    _running: set[asyncio.Task[None]]
-    _learned: dict[tuple[Any, ...], tuple[bool, bool]]
-    _counts: dict[str, int]
-    _needs: dict[tuple[Any, ...], int]
 
-    def _close(self, key: tuple[Any, ...], group: _Group) -> None:
-        """Take the group out of the pending ones (if it is still there): no call joins it now."""
-        if self._pending.get(key) is group:
-            del self._pending[key]
+def count(self: BatchedFunction, calls: int, rows: int) -> None:
+    """Count a kernel call of ``calls`` calls and ``rows`` rows in the function's stats."""
+    counts = self._counts
+    counts["calls"] += calls
+    counts["batches"] += 1
+    counts["rows"] += rows
+    if rows > counts["max_rows"]:
+        counts["max_rows"] = rows
 
-    def _count(self, calls: int, rows: int) -> None:
-        counts = self._counts
-        counts["calls"] += calls
-        counts["batches"] += 1
-        counts["rows"] += rows
-        if rows > counts["max_rows"]:
-            counts["max_rows"] = rows
 
-    def _spawn(self, key: tuple[Any, ...], group: _Group, loop: asyncio.AbstractEventLoop) -> None:
-        task = loop.create_task(self._run(key, group), context=group.ctx)
-        group.task = task
-        self._running.add(task)  # the loop keeps only a weak reference to tasks
-        task.add_done_callback(self._running.discard)
+def spawn(self: BatchedFunction, key: tuple[Any, ...], group: _Group, loop: asyncio.AbstractEventLoop) -> None:
+    """Start the group's task (``run``) under its first caller's context variables."""
+    task = loop.create_task(self._run(key, group), context=group.ctx)
+    group.task = task
+    self._running.add(task)  # the loop keeps only a weak reference to tasks
+    task.add_done_callback(self._running.discard)
 
-    async def _run(self, key: tuple[Any, ...], group: _Group) -> None:
-        """The task of a group that several calls joined: close it and run its batch.
 
-        Each caller gets its rows, or the batch's error.
-        """
-        self._close(key, group)
-        callers = group.callers
-        if any(map(_done, map(_future, callers))):  # (a cancelled call's future is done)
-            callers = [c for c in callers if not c[2].done()]
-            self._counts["cancelled"] += len(group.callers) - len(callers)
-        if not callers:
-            return
-        rows = group.rows if len(callers) == len(group.callers) else sum([c[0].shape[0] for c in callers])
-        self._count(len(callers), rows)
+async def run(self: BatchedFunction, key: tuple[Any, ...], group: _Group) -> None:
+    """The task of a group that several calls joined: close it and run its batch.
+
+    Each caller gets its rows, or the batch's error.
+    """
+    self._close(key, group)
+    callers = group.callers
+    if any(map(_done, map(_future, callers))):  # (a cancelled call's future is done)
+        callers = [c for c in callers if not c[2].done()]
+        self._counts["cancelled"] += len(group.callers) - len(callers)
+    if not callers:
+        return
+    rows = group.rows if len(callers) == len(group.callers) else sum([c[0].shape[0] for c in callers])
+    self._count(len(callers), rows)
+    try:
+        if self._concurrent is None:  # (no lane to take: one coroutine frame less)
+            tensors, multi = await self._kernel_call(group, callers, rows)
+        else:
+            tensors, multi = await self._execute(group, callers, rows)
+    except BaseException as exc:
+        self._counts["failed"] += 1
+        error: BaseException = exc
+        if isinstance(exc, asyncio.CancelledError):  # the loop is closing: the callers must not hang
+            error = BackendError(f"{self._label}: the batch was cancelled before it finished")
+        for i, c in enumerate(callers):
+            if not c[2].done():
+                c[2].set_exception(error if i == 0 else _copy_error(error))
+        if not isinstance(exc, Exception):
+            raise
+        return
+    # Each caller's future gets what its call returns: its tensor, or a tuple of them.
+    runner = group.engine
+    cancelled = 0
+    if multi:
+        k = len(tensors) // len(callers)
+        for i, (_, _, future) in enumerate(callers):
+            mine = tuple(tensors[i * k : i * k + k])
+            if future.done():  # cancelled while the batch ran: its rows are dropped now
+                cancelled += 1
+                _discard(mine, runner)
+            else:
+                future.set_result(mine)
+    else:
+        for (_, _, future), t in zip(callers, tensors, strict=True):
+            if future.done():
+                cancelled += 1
+                runner.discard(t)
+            else:
+                future.set_result(t)
+    if cancelled:
+        self._counts["cancelled"] += cancelled
+
+
+async def execute(self: BatchedFunction, group: _Group, callers: list[_Caller], rows: int) -> tuple[list[Tensor], bool]:
+    """One kernel call on the callers' rows, when a lane is free: per caller, its tensors (batch's session)."""
+    if self._concurrent is None:
+        return await self._kernel_call(group, callers, rows)
+    loop = _get_loop()
+    lane = self._lanes.get(loop)
+    if lane is None:
+        lane = self._lanes[loop] = asyncio.Semaphore(self._concurrent)
+    async with lane:  # acquired without suspending when a lane is free
+        return await self._kernel_call(group, callers, rows)
+
+
+async def kernel_call(
+    self: BatchedFunction, group: _Group, callers: list[_Caller], rows: int
+) -> tuple[list[Tensor], bool]:
+    """The batch's one kernel call: per caller, its tensors (batch's session), and whether fn returned several."""
+    engine, label = group.engine, self._label
+    if not engine.backend.in_process:
+        # The batch's bookkeeping (and the callers' rows) live in this process.
+        raise InvalidArgumentError(f"{label}: batched functions run on local backends only")
+    params = group.params
+    x0 = callers[0][0]
+    xs = tuple(map(_rows_of, callers))
+    found: list[Any] = [xs]
+    shapes: list[Any] = [rows, x0.shape[1:], x0.dtype]
+    for p in params:
+        # The common param, a live tensor of this session: its buffer and its part of
+        # the key in one step, as a fused function call takes them.
+        entry = p._registry._buffers.get(p._rid) if type(p) is Tensor and p._engine is engine else None
+        if entry is None:
+            found.append(_buffers(engine, p, label))
+            shapes.append(_shape_of(p))
+        else:
+            found.append(entry[0])
+            shapes.append((p._shape, p._dtype))
+    bufs, key = tuple(found), tuple(shapes)
+    budget = Budget("a batched function")
+    est = self._placement.estimate(key)
+    measure = est is None  # the first run for these shapes: on the pool, measured
+    if est is None:
+        est = math.inf
+    blas, recycle = self._learned.get(key, (True, True))
+    # For error messages: the stacked rows as they would read (a caller alone: its own rows).
+    described = (x0 if len(callers) == 1 else _Rows((rows, *x0.shape[1:]), x0.dtype), *params)
+    kernel: Callable[..., Any]
+    ops: FusedOps | None = None
+    if len(callers) == 1 and not recycle:
+        # A caller alone whose earlier runs made no output worth recycling: nothing to
+        # stack, split or recycle, so fn runs as a fused function call runs it.
+        ops = FusedOps(engine, budget, measure, self._fn)
+        kernel = ops._kernel
+        bufs = (x0, *bufs[1:])
+    else:
+        counts = list(map(len, xs))  # (an array's len: its rows)
+        kernel = BatchKernel(self._fn, engine, budget, counts, label, measure=measure, recycle=recycle)
+    done = engine.call_inline(label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget)
+    if done is None:
+        # Under a memory_limit: what the last batch of these shapes held is reserved for this one.
+        limited = engine.registry.memory_limit is not None
+        need = self._needs.get(key) if limited else None
         try:
-            if self._concurrent is None:  # (no lane to take: one coroutine frame less)
-                tensors, multi = await self._kernel_call(group, callers, rows)
-            else:
-                tensors, multi = await self._execute(group, callers, rows)
-        except BaseException as exc:
-            self._counts["failed"] += 1
-            error: BaseException = exc
-            if isinstance(exc, asyncio.CancelledError):  # the loop is closing: the callers must not hang
-                error = BackendError(f"{self._label}: the batch was cancelled before it finished")
-            for i, c in enumerate(callers):
-                if not c[2].done():
-                    c[2].set_exception(error if i == 0 else _copy_error(error))
-            if not isinstance(exc, Exception):
-                raise
-            return
-        # Each caller's future gets what its call returns: its tensor, or a tuple of them.
-        runner = group.engine
-        cancelled = 0
-        if multi:
-            k = len(tensors) // len(callers)
-            for i, (_, _, future) in enumerate(callers):
-                mine = tuple(tensors[i * k : i * k + k])
-                if future.done():  # cancelled while the batch ran: its rows are dropped now
-                    cancelled += 1
-                    _discard(mine, runner)
-                else:
-                    future.set_result(mine)
-        else:
-            for (_, _, future), t in zip(callers, tensors, strict=True):
-                if future.done():
-                    cancelled += 1
-                    runner.discard(t)
-                else:
-                    future.set_result(t)
-        if cancelled:
-            self._counts["cancelled"] += cancelled
-
-    async def _execute(self, group: _Group, callers: list[_Caller], rows: int) -> tuple[list[Tensor], bool]:
-        """One kernel call on the callers' rows, when a lane is free: per caller, its tensors (batch's session)."""
-        if self._concurrent is None:
-            return await self._kernel_call(group, callers, rows)
-        loop = _get_loop()
-        lane = self._lanes.get(loop)
-        if lane is None:
-            lane = self._lanes[loop] = asyncio.Semaphore(self._concurrent)
-        async with lane:  # acquired without suspending when a lane is free
-            return await self._kernel_call(group, callers, rows)
-
-    async def _kernel_call(self, group: _Group, callers: list[_Caller], rows: int) -> tuple[list[Tensor], bool]:
-        engine, label = group.engine, self._label
-        if not engine.backend.in_process:
-            # The batch's bookkeeping (and the callers' rows) live in this process.
-            raise InvalidArgumentError(f"{label}: batched functions run on local backends only")
-        params = group.params
-        x0 = callers[0][0]
-        xs = tuple(map(_rows_of, callers))
-        found: list[Any] = [xs]
-        shapes: list[Any] = [rows, x0.shape[1:], x0.dtype]
-        for p in params:
-            # The common param, a live tensor of this session: its buffer and its part of
-            # the key in one step, as a fused function call takes them.
-            entry = p._registry._buffers.get(p._rid) if type(p) is Tensor and p._engine is engine else None
-            if entry is None:
-                found.append(_buffers(engine, p, label))
-                shapes.append(_shape_of(p))
-            else:
-                found.append(entry[0])
-                shapes.append((p._shape, p._dtype))
-        bufs, key = tuple(found), tuple(shapes)
-        budget = Budget("a batched function")
-        est = self._placement.estimate(key)
-        measure = est is None  # the first run for these shapes: on the pool, measured
-        if est is None:
-            est = math.inf
-        blas, recycle = self._learned.get(key, (True, True))
-        # For error messages: the stacked rows as they would read (a caller alone: its own rows).
-        described = (x0 if len(callers) == 1 else _Rows((rows, *x0.shape[1:]), x0.dtype), *params)
-        kernel: Callable[..., Any]
-        ops: FusedOps | None = None
-        if len(callers) == 1 and not recycle:
-            # A caller alone whose earlier runs made no output worth recycling: nothing to
-            # stack, split or recycle, so fn runs as a fused function call runs it.
-            ops = FusedOps(engine, budget, measure, self._fn)
-            kernel = ops._kernel
-            bufs = (x0, *bufs[1:])
-        else:
-            counts = list(map(len, xs))  # (an array's len: its rows)
-            kernel = BatchKernel(self._fn, engine, budget, counts, label, measure=measure, recycle=recycle)
-        done = engine.call_inline(label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget)
-        if done is None:
-            # Under a memory_limit: what the last batch of these shapes held is reserved for this one.
-            limited = engine.registry.memory_limit is not None
-            need = self._needs.get(key) if limited else None
-            try:
-                done = await engine.call(
-                    label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, need=need, blas=blas
-                )
-            finally:
-                if limited and budget.peak:
-                    self._needs[key] = max(budget.peak, budget.live)
-        tensors, multi = done
-        if ops is not None:
-            _check_rows(tensors, rows, label, engine)
-            estimate = math.inf if ops._estimate is None else ops._estimate
-            self._placement.record(key, est, estimate, ops._elapsed, engine.inline_us)
-            return tensors, multi
-        assert type(kernel) is BatchKernel
-        self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us)
-        if kernel.blas is not None and kernel.big is not None:  # (learned only from recycling runs)
-            self._learned[key] = (kernel.blas, kernel.big)
-        return tensors, kernel.multi
+            done = await engine.call(
+                label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, need=need, blas=blas
+            )
+        finally:
+            if limited and budget.peak:
+                self._needs[key] = max(budget.peak, budget.live)
+    tensors, multi = done
+    if ops is not None:
+        _check_rows(tensors, rows, label, engine)
+        estimate = math.inf if ops._estimate is None else ops._estimate
+        self._placement.record(key, est, estimate, ops._elapsed, engine.inline_us)
+        return tensors, multi
+    assert type(kernel) is BatchKernel
+    self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us)
+    if kernel.blas is not None and kernel.big is not None:  # (learned only from recycling runs)
+        self._learned[key] = (kernel.blas, kernel.big)
+    return tensors, kernel.multi
 
 
 class _Rows:

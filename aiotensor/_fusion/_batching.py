@@ -21,8 +21,9 @@ The kernel runs under the context variables of the batch's first caller.
 
 This module is the batched function's face: :func:`batched`, its options and
 :class:`BatchStats`, and the call itself (its rows checked, its group joined or led).
-``BatchedFunction`` takes the group's task and the delivery as methods of its bases
-(``_BatchTasks``, ``_Delivery``).
+The group's task and the delivery are plain functions of those two modules, bound as
+``BatchedFunction``'s methods in its class body (no base class), as ``Engine`` binds its
+concerns.
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ from .._expr import Expr, Operand
 from .._kernels import NUMERIC_KINDS, numeric_array
 from .._programs._placement import Placement
 from .._tensor import Tensor
+from . import _batch_delivery, _batch_task
 from ._arguments import _nested_expr
-from ._batch_delivery import _Delivery, _drop_result
-from ._batch_task import _BatchTasks, _Group
+from ._batch_delivery import _drop_result
+from ._batch_task import _Group
 
 if TYPE_CHECKING:
     from .._engine._core import Engine
@@ -104,7 +106,7 @@ class BatchStats:
         return self.calls / self.batches if self.batches else 0.0
 
 
-class BatchedFunction(_BatchTasks, _Delivery):
+class BatchedFunction:
     """``fn(ops, x, *params)`` as a coroutine function whose concurrent calls share kernel calls.
 
     Made by :func:`batched`. ``await f(x, *params)`` returns the rows of ``x`` through
@@ -333,6 +335,18 @@ class BatchedFunction(_BatchTasks, _Delivery):
         if self._dtype is not None and arr.dtype != self._dtype:
             raise InvalidArgumentError(f"{label}: x has dtype {arr.dtype}, expected {self._dtype}")
         return arr
+
+    # The group's task and its kernel call (_batch_task), the sessions and each caller's
+    # rows (_batch_delivery): plain functions bound as methods (no extra call).
+    _close = _batch_task.close
+    _count = _batch_task.count
+    _spawn = _batch_task.spawn
+    _run = _batch_task.run
+    _execute = _batch_task.execute
+    _kernel_call = _batch_task.kernel_call
+    _moved = _batch_delivery.moved
+    _deliver = _batch_delivery.deliver
+    _engines = _batch_delivery.engines
 
 
 @overload
