@@ -30,12 +30,15 @@ Busy is two measured conditions, both needed:
   tasks whose work interleaves (one asks again while another that asked in this window
   or the three before is still running, ``Task.done()``; a task awaiting a child task
   of its own is not counted twice: the child is done before the parent asks again).
+  A batched function's batch runs in a task of its own on behalf of all its callers,
+  so its task says how many they were (:func:`note_callers`, once per batch).
 
 It needs no private API, so it reads asyncio and uvloop alike; it costs one
 ``clock_gettime`` per window and ``asyncio.current_task()`` per decision, taken only by
 kernels that would run on the loop (inline, or a program in slices) and are estimated
 above :data:`BUSY_INLINE_US` (the decision is never asked for smaller ones), and a set
-insert and removal per request in the middleware (~0.3 µs).
+insert and removal per request in the middleware (~0.3 µs), and one comparison per
+batch of a batched function.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ __all__ = [
     "enter",
     "leave",
     "loop_load",
+    "note_callers",
     "offload",
     "sensor",
     "stays_inline",
@@ -105,7 +109,8 @@ class LoopLoad:
             ``BUSY_ABOVE``, until it drops below ``IDLE_BELOW``).
         callers: The most callers on the loop at once in the current window or the
             three before (requests in flight, tasks ready in the same turn, tasks whose
-            work interleaves): 1 for one caller awaiting one computation after another.
+            work interleaves, the callers served by one batch of a batched function):
+            1 for one caller awaiting one computation after another.
             A window closes when a kernel in the band asks, 5 ms after the last at
             the earliest: without such kernels, the most since the thread began.
         requests: HTTP requests in flight on this loop now (``aiotensor.web``'s middleware).
@@ -351,16 +356,27 @@ def leave() -> None:
     _local.sensor.leave(asyncio.current_task())
 
 
+def note_callers(n: int) -> None:
+    """``n`` callers were served together on the calling thread's loop (a batch's): at least ``n`` in this window.
+
+    A batched function's batch runs in a task of its own for all its callers, so the
+    rules of :meth:`Sensor.observe` see one task: its task says how many they were.
+    """
+    sensor = _local.sensor
+    if n > sensor._peak:
+        sensor._peak = n
+
+
 def loop_load() -> LoopLoad:
     """How busy the calling thread's event loop is, and where that sent kernels.
 
     Kernels whose estimate lies between ``busy_inline_us`` and the session's
     ``inline_threshold_us`` (and expressions' programs that would run on the loop in
     slices) run on the loop unless it is busy: saturated (its thread found no time to
-    wait for I/O) and contended (``callers`` of at least 2: requests in flight, or tasks
-    ready together or interleaving). Then the pool's thread computes them while the loop
-    serves the others. One caller awaiting one computation after another keeps its
-    kernels inline even on a saturated loop (``kept_alone``): nothing else would run
-    meanwhile. Counts are totals since the thread first asked.
+    wait for I/O) and contended (``callers`` of at least 2: requests in flight, tasks
+    ready together or interleaving, or the callers of one batch of a batched function).
+    Then the pool's thread computes them while the loop serves the others. One caller
+    awaiting one computation after another keeps its kernels inline even on a saturated
+    loop (``kept_alone``): nothing else would run meanwhile. Counts are totals since the thread first asked.
     """
     return _local.sensor.snapshot()

@@ -302,3 +302,43 @@ async def test_tasks_ready_in_the_same_turn_contend(clocks: Clocks) -> None:
     load = at.loop_load()
     assert load.callers == 3
     assert load.offloaded == 2  # the second and the third: the first asked alone
+
+
+async def serve_batched(clocks: Clocks, callers: int) -> at.BatchedFunction:
+    """A saturated loop serving ``callers`` concurrent calls of a batched function (one batch), checked with NumPy."""
+    clocks.busy = True
+    sensor = _loopload.sensor()
+    for _ in range(20):  # the loop thread never waited: saturated, with no caller counted yet
+        clocks.tick(2 * WINDOW_S)
+        sensor.sample()
+    assert sensor.saturated
+    assert at.loop_load().callers == 0
+    scale = at.batched(lambda ops, x, w: x * w)
+    rng = np.random.default_rng(0)
+    rows = [rng.standard_normal((2, 8)) for _ in range(callers)]
+    async with at.AsyncEagerSession() as s:
+        w = await s.constant(rng.standard_normal(8))
+        outs = await asyncio.gather(*(scale(r, w) for r in rows))
+        for r, out in zip(rows, outs, strict=True):
+            assert isinstance(out, at.Tensor)
+            np.testing.assert_array_equal(await out.numpy(), r * await w.numpy())
+    assert scale.stats().batches == 1
+    return scale
+
+
+async def test_a_saturated_loop_serving_a_batch_of_several_callers_is_contended(clocks: Clocks) -> None:
+    # Each batch runs in a task of its own: only the batch tells how many callers it served.
+    scale = await serve_batched(clocks, 3)
+    assert scale.stats().calls == 3
+    load = at.loop_load()
+    assert load.callers == 3
+    assert load.saturated
+    assert load.busy
+
+
+async def test_a_saturated_loop_serving_one_batched_caller_is_not_contended(clocks: Clocks) -> None:
+    await serve_batched(clocks, 1)
+    load = at.loop_load()
+    assert load.callers <= 1
+    assert load.saturated
+    assert not load.busy

@@ -5,8 +5,9 @@ A batched function's calls (:mod:`aiotensor._fusion._batching`) join a :class:`_
 to join starts the group's task (``_spawn``), which runs in the next loop iteration as
 the group's leader resumes, under the context variables of its first caller: it closes
 the group, leaves out the callers cancelled meanwhile, and runs the batch's one kernel
-call, so that no caller's cancellation can stop it. Each caller's future then gets its
-rows (tensors of the batch's session), or the batch's error.
+call, so that no caller's cancellation can stop it (telling busy-loop placement,
+``_loopload.note_callers``, how many callers this one task serves). Each caller's future
+then gets its rows (tensors of the batch's session), or the batch's error.
 
 Lanes: with ``max_concurrent_batches``, a batch waits for one of the function's slots on
 its event loop (an ``asyncio.Semaphore`` per loop) before its kernel call.
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._errors import BackendError, InvalidArgumentError
+from .._loopload import note_callers
 from .._programs._program import Budget
 from .._tensor import Tensor
 from ._arguments import _buffers, _shape_of
@@ -113,6 +115,7 @@ async def run(self: BatchedFunction, key: tuple[Any, ...], group: _Group) -> Non
         return
     rows = group.rows if len(callers) == len(group.callers) else sum([c[0].shape[0] for c in callers])
     self._count(len(callers), rows)
+    note_callers(len(callers))  # (busy-loop placement counts them: this one task serves them all)
     try:
         if self._concurrent is None:  # (no lane to take: one coroutine frame less)
             tensors, multi = await self._kernel_call(group, callers, rows)
