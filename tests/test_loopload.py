@@ -87,8 +87,13 @@ def test_small_kernels_never_ask(clocks: Clocks) -> None:
     assert at.loop_load().samples == 0
 
 
-async def add_ten_times(clocks: Clocks, yield_between: bool = False) -> None:
-    """Ten adds in the band, a window apart, each checked against NumPy."""
+async def add_ten_times(clocks: Clocks, yield_between: bool = False, lockstep: asyncio.Barrier | None = None) -> None:
+    """Ten adds in the band, a window apart, each checked against NumPy.
+
+    With ``lockstep``, each add waits for the other callers' add of the same round: the
+    callers then meet in every window whatever the pool's timing (without it, a caller
+    whose kernels came back first could finish its ten alone, and count as one caller).
+    """
     a = np.random.default_rng(0).standard_normal(BAND)
     async with at.AsyncEagerSession() as s:
         x = await s.constant(a)
@@ -96,13 +101,16 @@ async def add_ten_times(clocks: Clocks, yield_between: bool = False) -> None:
             clocks.tick()
             y = await s.add(x, x)
             np.testing.assert_array_equal(await y.numpy(), a + a)
-            if yield_between:
+            if lockstep is not None:
+                await lockstep.wait()
+            elif yield_between:
                 await asyncio.sleep(0)
 
 
-async def two_callers(clocks: Clocks, work: Callable[[], Awaitable[None]]) -> None:
-    """``work`` in two tasks at once: each asks while the other is still running."""
-    await asyncio.gather(work(), work())
+async def two_callers(clocks: Clocks, work: Callable[[asyncio.Barrier], Awaitable[None]]) -> None:
+    """``work`` in two tasks at once, in lockstep: each asks while the other is still running."""
+    lockstep = asyncio.Barrier(2)
+    await asyncio.gather(work(lockstep), work(lockstep))
 
 
 async def request_in_flight(clocks: Clocks, work: Callable[[], Awaitable[None]]) -> None:
@@ -152,7 +160,7 @@ async def test_a_saturated_loop_keeps_a_serial_callers_kernels_inline_across_chi
 
 async def test_a_saturated_contended_loop_sends_kernels_in_the_band_to_the_pool(clocks: Clocks) -> None:
     clocks.busy = True
-    await two_callers(clocks, lambda: add_ten_times(clocks, yield_between=True))
+    await two_callers(clocks, lambda lockstep: add_ten_times(clocks, lockstep=lockstep))
     load = at.loop_load()
     assert load.busy
     assert load.saturated
@@ -179,7 +187,7 @@ async def test_an_idle_loop_keeps_kernels_in_the_band_inline(clocks: Clocks) -> 
 
 
 async def test_an_idle_contended_loop_keeps_kernels_in_the_band_inline(clocks: Clocks) -> None:
-    await two_callers(clocks, lambda: add_ten_times(clocks, yield_between=True))
+    await two_callers(clocks, lambda lockstep: add_ten_times(clocks, lockstep=lockstep))
     load = at.loop_load()
     assert not load.saturated
     assert load.callers == 2
