@@ -80,3 +80,19 @@ def strict_2024_12() -> Iterator[None]:
     strict = pytest.importorskip("array_api_strict")
     with strict.ArrayAPIStrictFlags(api_version="2024.12"):
         yield
+
+
+@pytest.fixture
+def fresh_recycler() -> Iterator[None]:
+    """Nothing kept or learned by the interpreter's recycler in an earlier test (on this thread)."""
+    from aiotensor._programs import _recycler
+    from aiotensor._programs._interpreter import RECYCLER
+
+    def clear() -> None:
+        RECYCLER.clear()
+        _recycler.SPECS.clear()
+        _recycler.WANTED.clear()
+
+    clear()
+    yield
+    clear()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-import types
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -15,22 +13,10 @@ from aiotensor._fusion._fused_ops import FusedOps
 from aiotensor._programs import _recycler
 from aiotensor._programs._interpreter import RECYCLER, Budget, Interpreter, checked
 
-BIG = (128, 256)  # float32: 128 KiB, over MIN_BYTES
-ENGINE: Any = types.SimpleNamespace(_xp=np)  # what the ops read of an engine for array arguments
+from ._recycling import BIG, ENGINE
 
-
-@pytest.fixture(autouse=True)
-def fresh() -> Iterator[None]:
-    """Nothing kept or learned by an earlier test (on this thread)."""
-
-    def clear() -> None:
-        RECYCLER.clear()
-        _recycler.SPECS.clear()
-        _recycler.WANTED.clear()
-
-    clear()
-    yield
-    clear()
+# Nothing kept or learned by an earlier test (on this thread): conftest's fresh_recycler.
+pytestmark = pytest.mark.usefixtures("fresh_recycler")
 
 
 def big(seed: int = 0) -> np.ndarray[Any, Any]:
