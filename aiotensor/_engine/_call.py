@@ -124,7 +124,8 @@ async def call(
             try:
                 # blas= only when set: a backend written before it existed still runs the rest.
                 submit = self.backend.submit
-                fp = _fpwarn.collecting()  # numpy's warnings on the worker, reported at the caller's line
+                # numpy's warnings on the worker, reported at the caller's line
+                fp = _fpwarn.in_context() if self.backend.runs_in_context else _fpwarn.collecting()
                 with fp[0] if fp is not None else _NO_ERRSTATE:  # (the worker gets a copy of this context)
                     pending = (
                         submit(kernel, bufs, kw, device=device, blas=True)
