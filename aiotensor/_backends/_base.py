@@ -61,7 +61,7 @@ class Backend(ABC):
     #: Whether :meth:`submit` runs the kernel in a copy of the caller's context (numpy's
     #: error state and the engine's context variables) and nothing else looks at that
     #: state: the engine then collects floating-point errors through a context variable
-    #: (``_fpwarn.in_context``) instead of an error state made for each kernel.
+    #: (``_fpwarn.submit_in_context``) instead of an error state made for each kernel.
     runs_in_context: bool = False
     #: The array namespace kernels compute with (a module name: ``"numpy"``; a GPU
     #: backend would say ``"cupy"``).
