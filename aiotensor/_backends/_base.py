@@ -58,6 +58,11 @@ class Backend(ABC):
 
     #: Whether buffers live in this process as arrays (fused functions need that).
     in_process: bool = False
+    #: Whether :meth:`submit` runs the kernel in a copy of the caller's context (numpy's
+    #: error state and the engine's context variables) and nothing else looks at that
+    #: state: the engine then collects floating-point errors through a context variable
+    #: (``_fpwarn.submit_in_context``) instead of an error state made for each kernel.
+    runs_in_context: bool = False
     #: The array namespace kernels compute with (a module name: ``"numpy"``; a GPU
     #: backend would say ``"cupy"``).
     namespace: str = "numpy"
@@ -237,6 +242,7 @@ class LocalBackend(Backend):
         return CPU0
 
     in_process = True
+    runs_in_context = True  # (the pool and _guarded copy the caller's context)
 
     def inline_limit_us(self, requested: float) -> float:
         return requested if self.inline_small_ops else 0.0

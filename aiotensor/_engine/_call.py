@@ -121,21 +121,26 @@ async def call(
             self._held = 0.0
             if not kw and getattr(kernel, "spawning", None) is not None and self.backend.in_process:
                 kw = result_buffer(registry.cache, bufs)  # a blocked run's result into a freed buffer
+            # numpy's warnings on the worker, reported at the caller's line (_fpwarn)
+            backend = self.backend
             try:
-                # blas= only when set: a backend written before it existed still runs the rest.
-                submit = self.backend.submit
-                fp = _fpwarn.collecting()  # numpy's warnings on the worker, reported at the caller's line
-                with fp[0] if fp is not None else _NO_ERRSTATE:  # (the worker gets a copy of this context)
-                    pending = (
-                        submit(kernel, bufs, kw, device=device, blas=True)
-                        if blas
-                        else submit(kernel, bufs, kw, device=device)
-                    )
+                if backend.runs_in_context:
+                    pending, errors = _fpwarn.submit_in_context(backend.submit, kernel, bufs, kw, device, blas)
+                else:
+                    fp = _fpwarn.collecting()
+                    with fp[0] if fp is not None else _NO_ERRSTATE:  # (the worker gets a copy of this context)
+                        # blas= only when set: a backend written before it existed still runs the rest.
+                        pending = (
+                            backend.submit(kernel, bufs, kw, device=device, blas=True)
+                            if blas
+                            else backend.submit(kernel, bufs, kw, device=device)
+                        )
+                    errors = fp[1].errors if fp is not None else None  # (filled as the kernel runs)
             except RuntimeError as exc:
                 raise BackendError(f"{label}: the backend cannot run kernels: {exc}") from exc
             result = await self._await_kernel(pending)
-            if fp is not None and fp[1].errors:
-                _fpwarn.reissue(label, fp[1].errors)
+            if errors:
+                _fpwarn.reissue(label, errors)
     except (asyncio.CancelledError, AioTensorError):
         raise
     except Exception as exc:
