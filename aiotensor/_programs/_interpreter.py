@@ -210,9 +210,10 @@ class Interpreter:
         return self._made(np.asarray(out), d.name)
 
     def _kept(self, d: OpDef, vals: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
-        # The hot path of a plain op (no spec) on values and Python numbers (``vals``, the
-        # values' arrays; ``args``, as given) when ``_keeps``: :meth:`_step`,
-        # :meth:`_recycled` and :meth:`_made` without what they would not do here.
+        # The path of a plain op (no spec) on values and Python numbers (``vals``, the
+        # values' arrays; ``args``, as given) when ``_keeps`` (a batch kernel: one call per
+        # op of a batch, so :meth:`_made` is called, not written out as in :meth:`_plain`):
+        # :meth:`_step` and :meth:`_recycled` without what they would not do here.
         if d.blas:
             self._blas = True
         try:
@@ -220,20 +221,6 @@ class Interpreter:
         except Exception as exc:
             error = kernel_error(d.name, vals, exc, d.user)  # (arrays describe as values do)
             raise error from error.__cause__
-        if type(out) is _ndarray and out.base is None and out.flags.writeable:
-            out.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
-            budget = self._budget  # Budget.made, inline
-            live = budget.live + out.nbytes
-            if budget.limit is not None and live > budget.limit:
-                budget.made(out.nbytes, d.name)  # raises ResourceExhaustedError
-            budget.count += 1
-            budget.live = live
-            if live > budget.peak:
-                budget.peak = live
-            value = _new(self._made_type)  # _made_type(out, self), without the call
-            value._arr = out
-            value._ops = self
-            return value
         return self._made(out if type(out) is _ndarray else np.asarray(out), d.name, args)
 
     def _made(self, arr: NDArray, op: str, args: tuple[Any, ...] = ()) -> Any:
