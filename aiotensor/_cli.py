@@ -243,7 +243,7 @@ def collect_info() -> dict[str, Any]:
 
     from ._backends._base import DEFAULT_PRIORITY, default_executor
     from ._backends._priority import describe
-    from ._loopload import BUSY_ABOVE, BUSY_INLINE_US, IDLE_BELOW
+    from ._loopload import BUSY_ABOVE, BUSY_FREE_US, BUSY_INLINE_US, GIL_TRANSFER_US, IDLE_BELOW
     from ._programs._blocked_run import settings as blocked_settings
 
     pool = default_executor()
@@ -263,12 +263,15 @@ def collect_info() -> dict[str, Any]:
         "physical_memory": PHYSICAL_MEMORY,
         "blocked": blocked_settings(),  # element-wise runs in blocks (measured: docs/performance.md)
         # Where a cheap kernel runs: on the loop up to the first estimate, up to the second
-        # while the loop is saturated and contended (busy-loop placement, at.loop_load()).
+        # while the loop is saturated and contended (busy-loop placement, at.loop_load()),
+        # and above it too for kernels that run mostly holding the GIL.
         "inline": {
             "inline_threshold_us": SessionConfig().inline_threshold_us,
             "busy_inline_us": BUSY_INLINE_US,
             "busy_above": BUSY_ABOVE,
             "idle_below": IDLE_BELOW,
+            "busy_free_us": BUSY_FREE_US,
+            "gil_transfer_us": GIL_TRANSFER_US,
         },
     }
 
@@ -296,7 +299,9 @@ def _info(args: argparse.Namespace) -> int:
         "blocked runs": "element-wise runs in one step from {min_items:,} items, in blocks of {block_items:,}"
         " from {block_from_items:,}, shared by the workers from {split_min_bytes:,} bytes".format(**info["blocked"]),
         "inline kernels": "estimated up to {inline_threshold_us:g} µs run on the loop; up to {busy_inline_us:g} µs"
-        " while its thread is busy (over {busy_above:.0%}, until under {idle_below:.0%})".format(**info["inline"]),
+        " while its thread is busy (over {busy_above:.0%}, until under {idle_below:.0%}), and above that"
+        " if at most {busy_free_us:g} µs run without the GIL ({gil_transfer_us:g} µs off per release after"
+        " the first)".format(**info["inline"]),
     }
     width = max(map(len, rows))
     for key, value in rows.items():

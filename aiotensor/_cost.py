@@ -14,6 +14,13 @@ side, so that a mis-estimate sends a kernel to the pool rather than stalling the
 saturated loop (``_loopload``) the bound drops to ``BUSY_INLINE_US``: there the loop's
 own time, not the hop's latency, is what a kernel should not cost.
 
+What of an estimate runs without the GIL (:func:`gil_free_us`) is what busy-loop placement
+weighs (``_loopload``): numpy releases the GIL in a ufunc's or gufunc's inner loop (and a
+reduction's, and BLAS under ``matmul``) only when the loop runs over more than
+:data:`GIL_FREE_ABOVE` elements (``NPY_BEGIN_THREADS_THRESHOLDED`` in numpy's C source:
+the output's elements for element-wise ops and products, the input's for reductions);
+below that, and for numpy's dispatch of every call, the thread holds the GIL.
+
 The estimate reads only shapes and byte counts (no numpy call on the common path, where
 every array argument has the same shape). It works on arrays and on :class:`Spec`
 objects, the shapes an expression's intermediates will have (see ``_placement.program_cost``).
@@ -30,6 +37,7 @@ from ._opdef import Cost, OpDef
 
 __all__ = [
     "DEFAULT_INLINE_US",
+    "GIL_FREE_ABOVE",
     "HOLD_PER_OP_S",
     "HOLD_THRESHOLDS",
     "OVERHEAD_NS",
@@ -37,6 +45,7 @@ __all__ = [
     "SLICED_MAX",
     "Spec",
     "estimate_us",
+    "gil_free_us",
     "out_spec",
 ]
 
@@ -58,6 +67,11 @@ HOLD_PER_OP_S = 3e-6
 #: hop costs 80-200 µs of latency here, and estimates run 2.5-3x above measured times,
 #: so such a program takes about what the hop would add.
 SLICED_MAX = 4
+
+#: numpy releases the GIL in a kernel's loop only above this many elements (numpy 2.4,
+#: ``NPY_BEGIN_THREADS_THRESHOLDED``; checked here: ``a + a`` on 400 float64 holds the GIL,
+#: on 501 releases it; ``(16, 512) @ (512, 10)``, 160 outputs, holds it throughout).
+GIL_FREE_ABOVE = 500
 
 # Fixed cost of one numpy call on small arrays (ns), measured ~0.5-3 µs.
 OVERHEAD_NS = 1500.0
@@ -86,6 +100,8 @@ _SCALARS = frozenset({int, float, bool, complex})
 _ndarray = np.ndarray
 # Module constants: an enum member looked up on its class costs ~80 ns (EnumType.__getattr__).
 _UNKNOWN, _CREATE, _PRODUCT, _INDEX = Cost.UNKNOWN, Cost.CREATE, Cost.PRODUCT, Cost.INDEX
+# Element-wise costs: their loop runs over the broadcast output (gil_free_us).
+_BROADCASTING = frozenset({Cost.MEMORY, Cost.MATH, Cost.DIVMOD, Cost.SPECIAL})
 # Broadcast shapes by the operands' shapes (see _broadcast), cleared when full.
 _broadcasts: dict[tuple[tuple[int, ...], ...], tuple[int, ...] | None] = {}
 _BROADCASTS_MAX = 1024
@@ -259,3 +275,28 @@ def estimate_us(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, 
         return float(OVERHEAD_NS + (out + sum(a.nbytes for a in arrays)) * PER_BYTE[cost]) / 1000.0
     assert per_byte is not None
     return (OVERHEAD_NS + _touched_bytes(arrays, nbytes) * per_byte) / 1000.0
+
+
+def gil_free_us(d: OpDef, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any] | None, est: float) -> float:
+    """The part of ``est`` (``d``'s estimate on these arguments) that runs without the GIL, in µs.
+
+    Its loop: the estimate less numpy's dispatch (``OVERHEAD_NS``, which holds the GIL)
+    when the loop runs over more than :data:`GIL_FREE_ABOVE` elements (the output's for
+    element-wise ops and products, else the largest array's), and 0 otherwise; ``est``
+    itself when it is unbounded (nothing to weigh: the pool, as before).
+    """
+    if est == math.inf:
+        return est
+    arrays = _arrays(tuple(args), kwargs)
+    if not arrays:
+        return 0.0
+    if d.cost is _PRODUCT:
+        out = out_spec(d, tuple(args), kwargs)
+        loop = out.size if out is not None else max(a.size for a in arrays)
+    else:
+        loop = max(a.size for a in arrays)
+        if d.cost in _BROADCASTING:
+            shape = _broadcast(arrays)
+            if shape is not None:
+                loop = max(loop, math.prod(shape))
+    return max(0.0, est - OVERHEAD_NS / 1000.0) if loop > GIL_FREE_ABOVE else 0.0

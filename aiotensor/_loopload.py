@@ -3,11 +3,23 @@
 A kernel cheaper than a thread hop runs inline on the loop (``_cost``): on an idle loop
 that saves the hop's latency. On a saturated loop (a server whose loop thread parses
 HTTP for as many requests as it can) the loop thread is the bottleneck, and what counts
-is the loop's own time: a kernel that takes longer than the hop costs the loop (the
-submit, the wake-up, the future's callbacks: ~16 µs of loop CPU here, measured in
-``docs/performance.md``) is better computed by the pool, on the other core, while the
-loop serves the others. So while the loop is busy, kernels estimated above
-:data:`BUSY_INLINE_US` go to the pool instead of running inline.
+is the loop's own time. A kernel on the pool saves the loop only the time the worker
+computes *without the GIL*: while the worker holds it (the function's Python, numpy's
+dispatch, loops over :data:`~aiotensor._cost.GIL_FREE_ABOVE` elements or fewer) the loop
+thread waits for it, and each time the worker takes the GIL back after a loop that
+released it, the loop waits for the hand-over too. So while the loop is busy, a kernel
+estimated above :data:`BUSY_INLINE_US` goes to the pool only if its GIL-free time, less
+:data:`GIL_TRANSFER_US` for each release after the first (:func:`net_free_us`), exceeds
+the hop's cost to the loop, :data:`BUSY_FREE_US` (the submit, the wake-up, the future's
+callbacks: ~16 µs of loop CPU here, measured in ``docs/performance.md``); else it stays
+inline (``kept_held``). One large ufunc frees the loop for nearly all its time; a fused
+function of small ops, or one whose few large ops hand the GIL back and forth, does not.
+
+The GIL-free time comes from the cost model, the one input every path has: for one op,
+its estimate less numpy's dispatch when its loop releases the GIL
+(:func:`~aiotensor._cost.gil_free_us`); for a program, the sum over its steps; for a
+fused or batched function, the sum over the ops its measured run ran
+(``_interpreter.Interpreter``, kept per argument shapes by ``_placement.Placement``).
 
 Busy is two measured conditions, both needed:
 
@@ -44,6 +56,7 @@ batch of a batched function.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -51,7 +64,9 @@ from dataclasses import dataclass
 
 __all__ = [
     "BUSY_ABOVE",
+    "BUSY_FREE_US",
     "BUSY_INLINE_US",
+    "GIL_TRANSFER_US",
     "IDLE_BELOW",
     "WINDOW_S",
     "LoopLoad",
@@ -59,6 +74,7 @@ __all__ = [
     "enter",
     "leave",
     "loop_load",
+    "net_free_us",
     "note_callers",
     "offload",
     "sensor",
@@ -71,6 +87,20 @@ __all__ = [
 #: estimates run 2-3x above measured kernel times, so a kernel estimated above ~35 µs
 #: takes the loop longer inline than the hop would.
 BUSY_INLINE_US = 35.0
+#: On a busy loop, a kernel in the band goes to the pool only if its GIL-free time (net of
+#: transfers, :func:`net_free_us`) exceeds this many µs: the hop's loop cost as above, less
+#: one op's dispatch (``_cost.OVERHEAD_NS``), which holds the GIL. So a single op whose
+#: loop releases the GIL (``gil_free_us``: its estimate less the dispatch) decides as
+#: "estimated above BUSY_INLINE_US".
+BUSY_FREE_US = 33.5
+#: What the loop loses (in the cost model's µs, 2-3x measured ones) each time a worker
+#: takes the GIL back after a numpy loop released it, beyond the one hand-over the hop's
+#: cost counts: the loop thread waits while the worker runs its next GIL-held stretch,
+#: and is woken after it. Measured with 32 callers on a saturated loop, the loop's wall
+#: time not spent on its CPU per call on the pool: ~17 µs for one 220x220 add (one
+#: release), ~23 µs for four 110x110 adds (four), ~45 µs for a fused MLP (three, with
+#: the function's Python between them) (``docs/performance.md``).
+GIL_TRANSFER_US = 10.0
 #: Seconds of wall time per utilization sample at least.
 WINDOW_S = 0.005
 #: The loop counts as saturated once its smoothed utilization exceeds this ...
@@ -116,6 +146,13 @@ class LoopLoad:
         requests: HTTP requests in flight on this loop now (``aiotensor.web``'s middleware).
         kept_alone: Of ``kept_inline``, the kernels kept on a saturated loop because no
             other caller contended (offloading them would only add the hop).
+        busy_free_us: The GIL-free µs (net of transfers) above which a busy loop sends a
+            kernel in the band to the pool.
+        kept_held: Of ``kept_inline``, the kernels kept on a busy loop because they run
+            mostly holding the GIL: their GIL-free µs (``free_us``) did not exceed
+            ``busy_free_us``, so on the pool the loop would have waited for them.
+        free_us: The GIL-free µs (net of transfers) of the last kernel a busy loop placed
+            (``None`` before the first).
     """
 
     utilization: float = 0.0
@@ -128,6 +165,9 @@ class LoopLoad:
     callers: int = 0
     requests: int = 0
     kept_alone: int = 0
+    busy_free_us: float = BUSY_FREE_US
+    kept_held: int = 0
+    free_us: float | None = None
 
 
 class Sensor:
@@ -148,7 +188,9 @@ class Sensor:
         "_wall",
         "_wall0",
         "callers",
+        "free_us",
         "kept_alone",
+        "kept_held",
         "kept_inline",
         "offloaded",
         "samples",
@@ -169,6 +211,8 @@ class Sensor:
         self.offloaded = 0
         self.kept_inline = 0
         self.kept_alone = 0
+        self.kept_held = 0
+        self.free_us: float | None = None  # the input of the last decision on a busy loop
         # The requests in flight (their tasks: enter/leave), the last window's peak of
         # callers, this one's.
         self._requests: set[object] = set()
@@ -285,15 +329,22 @@ class Sensor:
         return self.busy
 
     # -- decisions --------------------------------------------------------------------
-    def offload(self) -> bool:
-        """Whether a kernel that would run on the loop, estimated above ``BUSY_INLINE_US``, goes to the pool."""
+    def offload(self, free_us: float) -> bool:
+        """Whether a kernel that would run on the loop, estimated above ``BUSY_INLINE_US``, goes to the pool.
+
+        ``free_us``: its GIL-free µs, net of transfers (:func:`net_free_us`); it goes only
+        if the loop is busy and that exceeds ``BUSY_FREE_US``.
+        """
         self.observe()
         if self.sample():
-            self.offloaded += 1
-            return True
-        self.kept_inline += 1
-        if self.saturated:
+            self.free_us = free_us
+            if free_us > BUSY_FREE_US:
+                self.offloaded += 1
+                return True
+            self.kept_held += 1
+        elif self.saturated:
             self.kept_alone += 1
+        self.kept_inline += 1
         return False
 
     def snapshot(self) -> LoopLoad:
@@ -309,6 +360,9 @@ class Sensor:
             max(self.callers, self._peak),
             self.requests,
             self.kept_alone,
+            BUSY_FREE_US,
+            self.kept_held,
+            self.free_us,
         )
 
 
@@ -325,24 +379,41 @@ def sensor() -> Sensor:
     return _local.sensor
 
 
-def offload(est_us: float) -> bool:
-    """Whether a kernel estimated at ``est_us``, within the inline threshold, goes to the pool: the loop is busy."""
-    return est_us > BUSY_INLINE_US and _local.sensor.offload()
+def net_free_us(free_us: float, releases: int) -> float:
+    """The GIL-free µs of a kernel whose loops release the GIL ``releases`` times, less the hand-overs beyond the first.
+
+    The rule's one input: ``free_us`` is the sum of its ops' ``_cost.gil_free_us``.
+    """
+    return free_us - GIL_TRANSFER_US * (releases - 1) if releases > 1 else free_us
 
 
-def stays_inline() -> bool:
-    """For a kernel in the band about to run inline: True (counted as kept inline) unless the loop is busy.
+def offload(est_us: float, free_us: float = math.inf) -> bool:
+    """Whether a kernel estimated at ``est_us`` (within the inline threshold) goes to the pool.
 
-    When it is, the kernel's caller takes the path that calls :func:`offload`, which
-    counts it once.
+    It does when it is in the band (above ``BUSY_INLINE_US``), the loop is busy, and
+    ``free_us``, its GIL-free µs net of transfers (:func:`net_free_us`; unknown: ``inf``),
+    exceeds ``BUSY_FREE_US``.
+    """
+    return est_us > BUSY_INLINE_US and _local.sensor.offload(free_us)
+
+
+def stays_inline(free_us: float = math.inf) -> bool:
+    """For a kernel in the band about to run inline: True (counted as kept inline) unless it goes to the pool.
+
+    It goes when the loop is busy and ``free_us`` (as for :func:`offload`; unknown: ``inf``)
+    exceeds ``BUSY_FREE_US``; then the kernel's caller takes the path that calls
+    :func:`offload`, which counts it once.
     """
     sensor = _local.sensor
     sensor.observe()
     if sensor.sample():
-        return False
-    sensor.kept_inline += 1
-    if sensor.saturated:
+        if free_us > BUSY_FREE_US:
+            return False
+        sensor.free_us = free_us
+        sensor.kept_held += 1
+    elif sensor.saturated:
         sensor.kept_alone += 1
+    sensor.kept_inline += 1
     return True
 
 
@@ -375,7 +446,10 @@ def loop_load() -> LoopLoad:
     slices) run on the loop unless it is busy: saturated (its thread found no time to
     wait for I/O) and contended (``callers`` of at least 2: requests in flight, tasks
     ready together or interleaving, or the callers of one batch of a batched function).
-    Then the pool's thread computes them while the loop serves the others. One caller
+    Then the pool's thread computes them while the loop serves the others, if they run
+    long enough without the GIL to pay for the hop (``free_us`` above ``busy_free_us``);
+    a kernel that mostly holds the GIL would keep the loop waiting as long on the pool,
+    and stays inline (``kept_held``). One caller
     awaiting one computation after another keeps its kernels inline even on a saturated
     loop (``kept_alone``): nothing else would run meanwhile. Counts are totals since the thread first asked.
     """

@@ -13,7 +13,15 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor._cost import DEFAULT_INLINE_US, HOLD_PER_OP_S, HOLD_THRESHOLDS, estimate_us
+from aiotensor._cost import (
+    DEFAULT_INLINE_US,
+    GIL_FREE_ABOVE,
+    HOLD_PER_OP_S,
+    HOLD_THRESHOLDS,
+    OVERHEAD_NS,
+    estimate_us,
+    gil_free_us,
+)
 from aiotensor._opdef import OPS
 from aiotensor.testing import RecordingBackend
 
@@ -213,3 +221,38 @@ def test_broadcasting_operands_are_estimated_as_the_general_path_does(a: tuple[i
     general = estimate_us(add, (Spec(a, 4), Spec(b, 8)), None, None)
     assert estimate_us(add, (x, y), None, None) == general
     assert estimate_us(add, (x, y), None, None) == general
+
+
+def _free(op: str, *args: Any, kwargs: dict[str, Any] | None = None) -> tuple[float, float]:
+    d = OPS[op]
+    est = estimate_us(d, args, kwargs, None)
+    return est, gil_free_us(d, args, kwargs, est)
+
+
+def test_an_elementwise_op_runs_without_the_gil_above_numpys_threshold() -> None:
+    # numpy releases the GIL in a loop over more than GIL_FREE_ABOVE elements: then all of
+    # the estimate but the dispatch runs without it; at or below, none does.
+    small, large = np.ones(GIL_FREE_ABOVE), np.ones(GIL_FREE_ABOVE + 1)
+    assert _free("add", small, small)[1] == 0.0
+    est, free = _free("add", large, large)
+    assert free == pytest.approx(est - OVERHEAD_NS / 1000.0)
+    # Broadcasting: the loop runs over the output (a column against a row).
+    est, free = _free("add", np.ones((40, 1)), np.ones(40))
+    assert free == pytest.approx(est - OVERHEAD_NS / 1000.0)
+    # A reduction's loop runs over its input.
+    assert _free("sum", large)[1] > 0.0
+
+
+def test_a_product_runs_without_the_gil_when_its_output_is_large() -> None:
+    # numpy's matmul counts its output's elements: (16, 512) @ (512, 10) holds the GIL
+    # throughout, though its inputs are large; (16, 64) @ (64, 512) releases it.
+    h, w2 = np.ones((16, 512), np.float32), np.ones((512, 10), np.float32)
+    assert _free("matmul", h, w2)[1] == 0.0
+    x, w1 = np.ones((16, 64), np.float32), np.ones((64, 512), np.float32)
+    est, free = _free("matmul", x, w1)
+    assert free == pytest.approx(est - OVERHEAD_NS / 1000.0)
+
+
+def test_an_unbounded_estimate_stays_unbounded_without_the_gil() -> None:
+    d = OPS["apply"]
+    assert gil_free_us(d, (np.ones(4),), None, math.inf) == math.inf

@@ -1,18 +1,20 @@
-"""Busy-loop placement: a saturated, contended loop sends kernels in the band to the pool; an idle loop, or a
-saturated one with a single serial caller, keeps them inline."""
+"""Busy-loop placement: a saturated, contended loop sends kernels in the band to the pool when they run long enough
+without the GIL; an idle loop, a saturated one with a single serial caller, or a kernel that mostly holds the GIL
+keeps them inline."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
 import aiotensor as at
 from aiotensor import _loopload
-from aiotensor._loopload import BUSY_ABOVE, BUSY_INLINE_US, IDLE_BELOW, WINDOW_S, Sensor
+from aiotensor._loopload import BUSY_ABOVE, BUSY_FREE_US, BUSY_INLINE_US, IDLE_BELOW, WINDOW_S, Sensor
 
 # An add of two float64 (230, 230) arrays: the cost model puts it between BUSY_INLINE_US
 # and the default inline threshold (50 µs), the band whose placement depends on the loop.
@@ -184,6 +186,7 @@ async def test_an_idle_loop_keeps_kernels_in_the_band_inline(clocks: Clocks) -> 
     assert load.offloaded == 0
     assert load.kept_inline == 10
     assert load.kept_alone == 0
+    assert (load.kept_held, load.free_us) == (0, None)  # the GIL is weighed on a busy loop only
 
 
 async def test_an_idle_contended_loop_keeps_kernels_in_the_band_inline(clocks: Clocks) -> None:
@@ -213,6 +216,149 @@ async def test_a_busy_loop_sends_fused_calls_in_the_band_to_the_pool(clocks: Clo
     load = at.loop_load()
     assert load.offloaded >= 8  # (the first call runs on the pool to be measured)
     assert load.offloaded + load.kept_inline == 9  # each later call counted once
+    # One large ufunc: its loop runs without the GIL, long enough to pay for the hop.
+    assert load.kept_held == 0
+    assert load.free_us is not None
+    assert load.free_us > load.busy_free_us == BUSY_FREE_US
+
+
+def test_a_single_op_releasing_the_gil_decides_as_its_estimate_did() -> None:
+    # BUSY_FREE_US is BUSY_INLINE_US less one op's dispatch, which holds the GIL.
+    from aiotensor._cost import OVERHEAD_NS, estimate_us, gil_free_us
+    from aiotensor._opdef import OPS
+
+    assert pytest.approx(BUSY_INLINE_US - OVERHEAD_NS / 1000.0) == BUSY_FREE_US
+    a = np.ones(BAND)
+    est = estimate_us(OPS["add"], (a, a), None, None)
+    assert gil_free_us(OPS["add"], (a, a), None, est) > BUSY_FREE_US
+
+
+WIDE = at.SessionConfig(inline_threshold_us=1000.0)
+
+
+async def call_ten_times(clocks: Clocks, fn: at.FusedFunction, inputs: list[np.ndarray], want: np.ndarray) -> None:
+    """Ten calls of ``fn`` on ``inputs`` (as tensors), a window apart, each checked against ``want``.
+
+    The session's threshold is high (the band reaches it) so that no two slow runs on a loaded
+    machine (over four thresholds: ``_placement.Placement``) send the function to the pool.
+    """
+    async with at.AsyncEagerSession(config=WIDE) as s:
+        args = [await s.constant(a) for a in inputs]
+        for _ in range(10):
+            clocks.tick()
+            y = await fn(*args)
+            assert isinstance(y, at.Tensor)
+            np.testing.assert_allclose(await y.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def small_ops(ops: at.FusedOps, v: Any) -> Any:
+    """Thirty small element-wise ops: the function's Python and numpy's dispatch, all holding the GIL."""
+    for _ in range(15):
+        v = v * 0.5 + 1.0
+    return v
+
+
+async def test_a_busy_loop_keeps_a_fused_function_of_small_ops_inline(clocks: Clocks) -> None:
+    # In the band, but no loop of its ops runs over more than 500 elements: on the pool, the
+    # worker would hold the GIL throughout and the loop thread would wait for it.
+    a = np.random.default_rng(0).standard_normal((16, 16))
+    want = a.copy()
+    for _ in range(15):
+        want = want * 0.5 + 1.0
+    clocks.busy = True
+    await request_in_flight(clocks, lambda: call_ten_times(clocks, at.function(small_ops), [a], want))
+    load = at.loop_load()
+    assert load.busy
+    assert load.offloaded == 0
+    assert load.kept_inline == 9  # in the band: each call after the first (on the pool, measured) asked
+    assert load.kept_held >= 8  # kept because of the GIL, not because the loop was idle
+    assert load.free_us == 0.0
+
+
+def mlp(ops: at.FusedOps, x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
+    """A small MLP: three ops over 8,192 elements release the GIL, the rest run holding it."""
+    return ops.softmax(ops.relu(x @ w1 + b1) @ w2 + b2, axis=-1)
+
+
+async def test_a_busy_loop_keeps_a_fused_function_that_hands_the_gil_back_and_forth_inline(clocks: Clocks) -> None:
+    # (16, 64) @ (64, 512), + b1 and relu release the GIL; the rest holds it. Their GIL-free
+    # time, less a hand-over for each release after the first, does not pay for the hop.
+    from aiotensor._loopload import GIL_TRANSFER_US
+
+    rng = np.random.default_rng(0)
+    shapes = [(16, 64), (64, 512), (512,), (512, 10), (10,)]
+    x, w1, b1, w2, b2 = [rng.standard_normal(sh).astype(np.float32) for sh in shapes]
+    logits = np.maximum(x @ w1 + b1, 0) @ w2 + b2
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    want = e / e.sum(axis=-1, keepdims=True)
+    clocks.busy = True
+    at.set_blas_threads(1)  # as a server runs BLAS: threads spinning on a loaded machine slow a run 100x
+    try:
+        await request_in_flight(clocks, lambda: call_ten_times(clocks, at.function(mlp), [x, w1, b1, w2, b2], want))
+    finally:
+        at.set_blas_threads(None)
+    load = at.loop_load()
+    assert load.busy
+    assert (load.offloaded, load.kept_inline) == (0, 9)
+    assert load.kept_held >= 8
+    assert load.free_us is not None
+    assert 0.0 < load.free_us <= BUSY_FREE_US
+    assert load.free_us < load.busy_free_us - GIL_TRANSFER_US  # (three releases: two hand-overs counted)
+
+
+async def test_a_busy_loop_keeps_a_single_op_that_holds_the_gil_inline(clocks: Clocks) -> None:
+    # erf of 450 float64: in the band (a special function of numpy steps), each step's loop
+    # over 450 elements, all holding the GIL.
+    import math
+
+    from aiotensor._cost import estimate_us
+    from aiotensor._opdef import OPS
+
+    a = np.random.default_rng(0).standard_normal(450)
+    assert BUSY_INLINE_US < estimate_us(OPS["erf"], (a,), None, None) <= at.SessionConfig().inline_threshold_us
+    # (the erf op would run inline in a session of the default threshold too)
+    clocks.busy = True
+
+    async def erf_ten_times() -> None:
+        async with at.AsyncEagerSession(config=WIDE) as s:
+            x = await s.constant(a)
+            for _ in range(10):
+                clocks.tick()
+                y = await s.erf(x)
+                np.testing.assert_allclose(await y.numpy(), [math.erf(v) for v in a], rtol=1e-12, atol=1e-15)
+
+    await request_in_flight(clocks, erf_ten_times)
+    load = at.loop_load()
+    assert load.busy
+    assert (load.offloaded, load.kept_inline) == (0, 10)
+    assert load.kept_held >= 9
+    assert load.free_us == 0.0
+
+
+async def test_a_busy_loop_keeps_a_program_of_small_steps_inline(clocks: Clocks) -> None:
+    a = np.random.default_rng(0).standard_normal((16, 16))
+    want = a.copy()
+    for _ in range(15):
+        want = want * 0.5 + a
+    clocks.busy = True
+
+    async def programs() -> None:
+        async with at.AsyncEagerSession(config=WIDE) as s:
+            x = await s.constant(a)
+            for _ in range(3):
+                clocks.tick(2 * WINDOW_S)
+                e: Any = x
+                for _ in range(15):
+                    e = e * 0.5 + x  # thirty steps over 256 elements: one program
+                y = await e
+                np.testing.assert_allclose(await y.numpy(), want)
+
+    await request_in_flight(clocks, programs)
+    load = at.loop_load()
+    assert load.busy
+    assert load.offloaded == 0
+    assert load.kept_held >= 2
+    assert load.free_us == 0.0
 
 
 async def test_a_saturated_loop_runs_a_serial_callers_fused_calls_in_the_band_inline(clocks: Clocks) -> None:

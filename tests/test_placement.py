@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor._cost import OVERHEAD_NS, PER_BYTE, estimate_us
+from aiotensor._cost import GIL_FREE_ABOVE, OVERHEAD_NS, PER_BYTE, estimate_us, gil_free_us
 from aiotensor._engine._expressions import _is_tensor
 from aiotensor._expr import Expr
+from aiotensor._loopload import GIL_TRANSFER_US, net_free_us
 from aiotensor._opdef import Cost
 from aiotensor._programs._compile import compile_program
-from aiotensor._programs._placement import RETRY_INLINE_EVERY, Placement, program_cost
+from aiotensor._programs._placement import RETRY_INLINE_EVERY, Placement, program_cost, program_free_us
 
 LIMIT = 50.0  # the session's inline threshold (µs)
 KEY = (((16, 64), "float32"),)
@@ -125,3 +126,49 @@ async def test_a_program_past_the_limit_or_with_no_limit_is_never_inline(s: at.A
     program, leaves = _program_of((a @ a) * 2.0)  # step by step: the sum stops at the limit
     assert program_cost(program, leaves, 1e-3) == math.inf
     assert program_cost(program, leaves, 0.0) == math.inf  # inline_threshold_us=0: never inline
+
+
+def test_a_functions_gil_free_time_is_learnt_with_its_cost() -> None:
+    p = Placement()
+    assert p.free_us(KEY) == math.inf  # unknown: weighed as before (the pool)
+    est = p.estimate(KEY)
+    p.record(KEY, math.inf if est is None else est, 40.0, 900.0, LIMIT, free=12.0)
+    assert (p.estimate(KEY), p.free_us(KEY)) == (40.0, 12.0)
+    assert p.free_us(OTHER) == math.inf  # per shapes
+
+
+def test_gil_hand_overs_beyond_the_first_count_against_the_gil_free_time() -> None:
+    assert net_free_us(30.0, 0) == 30.0
+    assert net_free_us(30.0, 1) == 30.0  # one release: the hop's own hand-over
+    assert net_free_us(30.0, 3) == pytest.approx(30.0 - 2 * GIL_TRANSFER_US)
+
+
+async def test_an_elementwise_programs_gil_free_time_is_its_loops(s: at.AsyncEagerSession) -> None:
+    # Three steps over 1000 items: each loop releases the GIL; only their dispatch holds it.
+    a = await s.constant(np.ones(1000, np.float32))
+    program, leaves = _program_of(((a * 2.0) + a) - 1.0)
+    est = program_cost(program, leaves, 1e6)
+    want = net_free_us(est - 3 * OVERHEAD_NS / 1000.0, 3)
+    assert program_free_us(program, leaves, est) == pytest.approx(want)
+    # At numpy's threshold or below, no step releases the GIL.
+    b = await s.constant(np.ones(GIL_FREE_ABOVE, np.float32))
+    program, leaves = _program_of(((b * 2.0) + b) - 1.0)
+    assert program_free_us(program, leaves, program_cost(program, leaves, 1e6)) == 0.0
+
+
+async def test_a_programs_gil_free_time_step_by_step_counts_only_steps_that_release(
+    s: at.AsyncEagerSession,
+) -> None:
+    # (16, 64) @ (64, 512) releases the GIL, and so does scaling its 8192 outputs.
+    x = np.ones((16, 64), np.float32)
+    w = np.ones((64, 512), np.float32)
+    a, b = await s.constant(x), await s.constant(w)
+    program, leaves = _program_of((a @ b) * 2.0)
+    d0, d1 = program.steps[0][0], program.steps[1][0]
+    matmul = gil_free_us(d0, (x, w), None, estimate_us(d0, (x, w), None, None))
+    h = np.ones((16, 512))  # out_spec: 8-byte items
+    scaled = gil_free_us(d1, (h, 2.0), None, estimate_us(d1, (h, 2.0), None, None))
+    assert matmul > 0
+    assert scaled > 0
+    est = program_cost(program, leaves, 1e6)
+    assert program_free_us(program, leaves, est) == pytest.approx(net_free_us(matmul + scaled, 2))

@@ -65,6 +65,7 @@ async def call(
     budget: Budget | None = None,
     need: int | None = None,
     blas: bool = False,
+    free_us: float = math.inf,
 ) -> tuple[list[Tensor], bool]:
     """Run ``kernel(*bufs, **kw)`` inline (when ``est_us`` allows) or on the backend; own its outputs.
 
@@ -73,7 +74,9 @@ async def call(
     intermediates may hold under ``memory_limit``, reserved for the run
     (:meth:`_hold`): ``need`` bytes when the caller knows them, else what is free.
     A :class:`~aiotensor._programs._program.Program` estimated at most ``SLICED_MAX``
-    thresholds runs on the loop in slices (:meth:`_run_sliced`).
+    thresholds runs on the loop in slices (:meth:`_run_sliced`). ``free_us``: the
+    kernel's GIL-free µs net of transfers (``_loopload.net_free_us``; unknown: ``inf``),
+    which busy-loop placement weighs.
     """
     if self._held >= self._hold_s and est_us <= SLICED_MAX * self._inline_us:
         await self._yield_held()  # this kernel would not suspend either
@@ -91,7 +94,7 @@ async def call(
         safe_point()
     inline = est_us <= self._inline_us and self._inline_us > 0
     sliced = not inline and est_us <= SLICED_MAX * self._inline_us and isinstance(kernel, Program)
-    if (inline or sliced) and est_us > BUSY_INLINE_US and offload(est_us):
+    if (inline or sliced) and est_us > BUSY_INLINE_US and offload(est_us, free_us):
         inline = sliced = False  # a busy loop (_loopload) sends it to the pool
     if (inline or sliced) and policy.inline_point is not None:
         policy.inline_point()  # runs on the loop without suspending: free what was dropped first
@@ -193,14 +196,15 @@ def call_inline(
     user: bool,
     est_us: float,
     budget: Budget | None = None,
+    free_us: float = math.inf,
 ) -> tuple[list[Tensor], bool] | None:
     """:meth:`call`'s common case without a coroutine frame, or ``None`` (then await :meth:`call`).
 
     It applies to a lean session (open, on its loop, numpy, no memory limit) on its
     default device, for a kernel whose ``est_us`` is within the inline threshold
-    (and, above ``BUSY_INLINE_US``, while the loop is not busy: else :meth:`call`
-    sends it to the pool), while the run of inline work has not spent its hold
-    budget (then :meth:`call` yields first).
+    (and, above ``BUSY_INLINE_US``, while the loop is not busy or ``free_us``, its GIL-free
+    µs, would not pay for the hop: else :meth:`call` sends it to the pool), while the run
+    of inline work has not spent its hold budget (then :meth:`call` yields first).
     """
     lean_loop = self._lean_loop
     if (
@@ -209,7 +213,7 @@ def call_inline(
         or lean_loop is None
         or _get_loop() is not lean_loop
         or (self.placed and self.device_var.get() is not None)
-        or (est_us > BUSY_INLINE_US and not stays_inline())  # (last: it counts the kernel as kept)
+        or (est_us > BUSY_INLINE_US and not stays_inline(free_us))  # (last: it counts the kernel as kept)
     ):
         return None
     policy = self.policy

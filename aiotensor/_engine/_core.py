@@ -28,7 +28,7 @@ import numpy as np
 from .. import _fpwarn
 from .._backends._allocator import out_for
 from .._backends._base import Backend, LocalBackend
-from .._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS, OVERHEAD_NS, estimate_us
+from .._cost import HOLD_PER_OP_S, HOLD_THRESHOLDS, OVERHEAD_NS, estimate_us, gil_free_us
 from .._errors import InvalidArgumentError, InvalidDeviceError, SessionClosedError
 from .._expr import Expr
 from .._kernels import KernelResult, as_numeric, finalize, info, kernel_error, normalize
@@ -246,7 +246,8 @@ class Engine:
         device = self.place(label) if self.placed else self.backend.default_device
         limit = self._inline_us
         est = estimate_us(d, bufs, kw, nbytes) if limit and d.cost is not _UNKNOWN else math.inf  # type: ignore[arg-type]
-        if est <= limit and (est <= BUSY_INLINE_US or not offload(est)):  # (_loopload: a busy loop offloads)
+        if est <= limit and (est <= BUSY_INLINE_US or not offload(est, gil_free_us(d, bufs, kw, est))):
+            # (_loopload: a busy loop offloads what runs long enough without the GIL)
             if nbytes is None and d.returns == "one" and self.registry.memory_limit is None:
                 # Nothing to reserve or wait for: run and own it without another coroutine frame.
                 policy = self.policy

@@ -13,8 +13,9 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from .._expr import Expr
-from .._programs._compile import NEED_KEY, compile_program, compiled, program_need
-from .._programs._placement import program_cost
+from .._loopload import BUSY_INLINE_US
+from .._programs._compile import FREE_KEY, NEED_KEY, compile_program, compiled, program_need
+from .._programs._placement import program_cost, program_free_us
 from .._programs._program import Program
 from .._tensor import Tensor
 from ._call import _shape_result
@@ -83,11 +84,30 @@ def evaluate_expr(self: Engine, expr: Expr) -> Any:
             if est is None:
                 est = costs[inline_us] = program_cost(program, leaves, inline_us)
             done = engine.call_inline(
-                expr._d.name, program, tuple(bufs), {}, tuple(leaves), user=False, est_us=est, budget=program.budget
+                expr._d.name,
+                program,
+                tuple(bufs),
+                {},
+                tuple(leaves),
+                user=False,
+                est_us=est,
+                budget=program.budget,
+                free_us=_free(costs, program, leaves, est),
             )
             if done is not None:  # (None: nothing ran, the program is still fresh)
                 return done[0][0] if expr._d.returns == "one" else _shape_result(expr._d, *done)
     return engine._run_expr(program, leaves, expr, costs)
+
+
+def _free(costs: dict[float, float], program: Program, leaves: list[Tensor], est: float) -> float:
+    # The program's GIL-free µs (busy-loop placement weighs it), computed only for a
+    # program in the band it decides on, once per compiled program (cached with its costs).
+    if est <= BUSY_INLINE_US or est == math.inf:
+        return math.inf
+    free = costs.get(FREE_KEY)
+    if free is None:
+        free = costs[FREE_KEY] = program_free_us(program, leaves, est)
+    return free
 
 
 async def _evaluate_one(self: Engine, expr: Expr) -> Tensor:
@@ -155,6 +175,7 @@ async def _run_program(
         budget=program.budget,
         need=need,
         blas=program.blas,
+        free_us=_free(costs, program, leaves, est),
     )
     if len(roots) == 1 and roots[0]._d.returns != "one":
         return [_shape_result(roots[0]._d, tensors, multi)]

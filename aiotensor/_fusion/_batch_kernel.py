@@ -74,6 +74,7 @@ class BatchKernel:
         "engine",
         "estimate",
         "fn",
+        "free",
         "label",
         "measure",
         "multi",
@@ -98,6 +99,7 @@ class BatchKernel:
         self.label = label
         self.elapsed = math.inf
         self.estimate = math.inf
+        self.free = math.inf  # what of ``estimate`` runs without the GIL, net of transfers
         self.multi = False
         #: Whether ``fn`` called BLAS, and made outputs worth recycling; ``None``: not
         #: known from this run (it took plain fused ops).
@@ -153,6 +155,7 @@ class BatchKernel:
             self.blas = self.big = None
         if ops._estimate is not None:
             self.estimate = ops._estimate
+            self.free = ops.free_us
         if len(xs) == 1:
             self.elapsed = (time.perf_counter() - start) * 1e6
             return arrays if multi else arrays[0]

@@ -210,14 +210,25 @@ async def kernel_call(
     else:
         counts = list(map(len, xs))  # (an array's len: its rows)
         kernel = BatchKernel(self._fn, engine, budget, counts, label, measure=measure, recycle=recycle)
-    done = engine.call_inline(label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget)
+    free = self._placement.free_us(key)
+    done = engine.call_inline(label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, free_us=free)
     if done is None:
         # Under a memory_limit: what the last batch of these shapes held is reserved for this one.
         limited = engine.registry.memory_limit is not None
         need = self._needs.get(key) if limited else None
         try:
             done = await engine.call(
-                label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, need=need, blas=blas
+                label,
+                kernel,
+                bufs,
+                {},
+                described,
+                user=True,
+                est_us=est,
+                budget=budget,
+                need=need,
+                blas=blas,
+                free_us=free,
             )
         finally:
             if limited and budget.peak:
@@ -226,10 +237,10 @@ async def kernel_call(
     if ops is not None:
         _check_rows(tensors, rows, label, engine)
         estimate = math.inf if ops._estimate is None else ops._estimate
-        self._placement.record(key, est, estimate, ops._elapsed, engine.inline_us)
+        self._placement.record(key, est, estimate, ops._elapsed, engine.inline_us, ops.free_us)
         return tensors, multi
     assert type(kernel) is BatchKernel
-    self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us)
+    self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us, kernel.free)
     if kernel.blas is not None and kernel.big is not None:  # (learned only from recycling runs)
         self._learned[key] = (kernel.blas, kernel.big)
     return tensors, kernel.multi

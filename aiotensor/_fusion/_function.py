@@ -22,7 +22,8 @@ consecutive inline calls that take more than four times that threshold (the func
 its own between ops) send those shapes back to the pool; one call in
 ``RETRY_INLINE_EVERY`` (64) then runs inline again, and those shapes stay inline if it
 is fast (the slow runs were contention, not the function). JAX keys its compilation
-cache on shapes the same way.
+cache on shapes the same way. The same measured run says how much of the sum runs
+without the GIL, which busy-loop placement weighs (``_loopload``).
 
 On a backend out of this process the whole call is one task (``_remote``).
 """
@@ -138,18 +139,21 @@ class FusedFunction:
         if est is None:
             est = math.inf
         kernel = ops._kernel
-        done = engine.call_inline(op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget)
+        free = self._placement.free_us(key)
+        done = engine.call_inline(op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget, free_us=free)
         if done is None:
             limited = engine.registry.memory_limit is not None
             need = self._needs.get(key) if limited else None  # what its last run for these shapes held
             try:
-                done = await engine.call(op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget, need=need)
+                done = await engine.call(
+                    op, kernel, bufs, kw, args, user=True, est_us=est, budget=budget, need=need, free_us=free
+                )
             finally:
                 if limited and budget.peak:
                     self._needs[key] = max(budget.peak, budget.live)
         tensors, multi = done
         estimate = math.inf if ops._estimate is None else ops._estimate
-        self._placement.record(key, est, estimate, ops._elapsed, engine._inline_us)
+        self._placement.record(key, est, estimate, ops._elapsed, engine._inline_us, ops.free_us)
         return tuple(tensors) if multi else tensors[0]
 
 

@@ -64,6 +64,8 @@ class FusedOps(Interpreter):
         self._budget = budget
         self._xp = xp
         self._estimate = 0.0 if measure else None
+        self._free = 0.0
+        self._releases = 0
         self._recycle = RECYCLER if recycle else None
         self._fast = not measure and not recycle and xp is np
         self._keeps = not measure and recycle and xp is np

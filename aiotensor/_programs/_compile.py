@@ -26,7 +26,7 @@ from ._program import Program, Ref
 if TYPE_CHECKING:
     from .._expr import Expr
 
-__all__ = ["NEED_KEY", "compile_program", "compiled", "program_need"]
+__all__ = ["FREE_KEY", "NEED_KEY", "compile_program", "compiled", "program_need"]
 
 _ndarray = np.ndarray
 
@@ -217,6 +217,8 @@ def compiled(
 
 #: The key under which a program's cost cache keeps :func:`program_need` (thresholds are >= 0).
 NEED_KEY = -1.0
+#: The key, in a compiled expression's costs, of its program's GIL-free µs (``_placement.program_free_us``).
+FREE_KEY = -2.0
 
 
 def program_need(program: Program, leaves: list[Any]) -> int | None:

@@ -15,7 +15,8 @@ Either way this module owns, once:
   when it is dropped: ``Recycler.keep``, then ``Recycler.take`` of the one
   :data:`RECYCLER`);
 * the run's memory :class:`Budget`: every value a run makes counts until it dies;
-* the kernel call, and what a measured run's ops cost by the cost model (``_cost``).
+* the kernel call, and what a measured run's ops cost by the cost model (``_cost``), and
+  how much of that runs without the GIL (what busy-loop placement weighs: ``_loopload``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from .._cost import estimate_us
+from .._cost import estimate_us, gil_free_us
 from .._errors import ResourceExhaustedError
 from .._kernels import NUMERIC_KINDS, SEQUENCES, as_numeric, kernel_error
+from .._loopload import net_free_us
 from .._opdef import OPS, OpDef
 from .._ops._elementwise import relu_into
 from ._recycler import MIN_BYTES, SPECS, SPECS_MAX, WANTED, Recycler, Ref, writable_into
@@ -106,7 +108,7 @@ class Interpreter:
     :class:`Recycler` (batched kernels: their intermediates are large).
     """
 
-    __slots__ = ("_big", "_blas", "_budget", "_estimate", "_fast", "_keeps", "_recycle", "_xp")
+    __slots__ = ("_big", "_blas", "_budget", "_estimate", "_fast", "_free", "_keeps", "_recycle", "_releases", "_xp")
 
     #: The driver's value types (set by ``_fusion._fused_ops``).
     _made_type: ClassVar[type[Any]]
@@ -116,8 +118,11 @@ class Interpreter:
         # (FusedOps.__init__ writes this out: keep the two alike)
         self._budget = budget
         self._xp = xp
-        # The cost model's µs for the ops run so far (as for single ops), when measured.
+        # The cost model's µs for the ops run so far (as for single ops), when measured, of
+        # which so many ran without the GIL, in so many loops that released it.
         self._estimate: float | None = 0.0 if measure else None
+        self._free = 0.0
+        self._releases = 0
         self._recycle: Recycler | None = RECYCLER if recycle else None
         # Whether plain ops on values and numbers may take :meth:`_plain` (numpy kernels,
         # nothing to estimate, nothing to recycle).
@@ -132,7 +137,12 @@ class Interpreter:
     def _step(self, d: OpDef, label: str, vals: tuple[Any, ...], kw: dict[str, Any] | None, described: Any) -> Any:
         """``d``'s kernel on ``vals`` (arrays and plain values) and ``kw``: its raw output, or the op's error."""
         if self._estimate is not None:
-            self._estimate += estimate_us(d, vals, kw, None)
+            est = estimate_us(d, vals, kw, None)
+            self._estimate += est
+            free = gil_free_us(d, vals, kw, est)
+            if free:
+                self._free += free
+                self._releases += 1
         if d.blas:
             self._blas = True
         xp = self._xp
@@ -148,6 +158,11 @@ class Interpreter:
         except Exception as exc:  # the same errors as the op would raise outside
             error = kernel_error(label, described, exc, d.user)
             raise error from error.__cause__
+
+    @property
+    def free_us(self) -> float:
+        """The measured run's GIL-free µs by the cost model, net of transfers (``_loopload.net_free_us``)."""
+        return net_free_us(self._free, self._releases)
 
     def _recycled(self, d: OpDef, kernel: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         # The kernel with a kept buffer as out= when one fits: only element-wise ufuncs

@@ -14,6 +14,11 @@ consecutive inline runs more than four thresholds long (the function does work o
 own between ops, which the model cannot see) send those shapes back to the pool; one
 call in :data:`RETRY_INLINE_EVERY` then runs inline again, and the shapes stay inline if
 it is fast (the slow runs were contention, not the function).
+
+A busy loop (``_loopload``) weighs what of a kernel runs without the GIL: for a single op
+``_cost.gil_free_us``; for a program the sum over its steps (:func:`program_free_us`);
+for a function the sum over the ops of its measured run, kept per shapes with its cost
+(:meth:`Placement.free_us`). Each is net of the GIL's hand-overs (``_loopload.net_free_us``).
 """
 
 from __future__ import annotations
@@ -23,14 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._cost import OVERHEAD_NS, PER_BYTE, Spec, estimate_us, out_spec
+from .._cost import GIL_FREE_ABOVE, OVERHEAD_NS, PER_BYTE, Spec, estimate_us, gil_free_us, out_spec
+from .._loopload import net_free_us
 from .._opdef import Cost
 from ._recycler import Ref
 
 if TYPE_CHECKING:
     from ._program import Program
 
-__all__ = ["RETRY_INLINE_EVERY", "Placement", "Unknown", "program_cost", "spec_of"]
+__all__ = ["RETRY_INLINE_EVERY", "Placement", "Unknown", "program_cost", "program_free_us", "spec_of"]
 
 _ndarray = np.ndarray
 
@@ -62,6 +68,39 @@ def program_cost(program: Program, leaves: list[Any], limit: float) -> float:
             return math.inf
         specs.append(out_spec(d, args, kwargs))
     return total
+
+
+def program_free_us(program: Program, leaves: list[Any], est: float) -> float:
+    """What of ``program``'s estimate ``est`` (:func:`program_cost`) runs without the GIL, net of transfers.
+
+    Step by step as :func:`program_cost` goes, each step's ``gil_free_us``; for
+    element-wise steps over leaves of one shape, every step's loop runs over that shape:
+    all of ``est`` but the steps' dispatch, or nothing. ``inf`` (the pool, as before)
+    where a size is unknown.
+    """
+    steps = program.steps
+    shape = leaves[0]._shape if leaves else None
+    if (
+        shape is not None
+        and all(t._shape == shape for t in leaves)
+        and _elementwise_cost(steps, shape, leaves) is not None
+    ):
+        if math.prod(shape) <= GIL_FREE_ABOVE:
+            return 0.0
+        return net_free_us(est - len(steps) * OVERHEAD_NS / 1000.0, len(steps))
+    specs: list[Any] = [Spec(t._shape, t._dtype.itemsize) for t in leaves]
+    free, releases = 0.0, 0
+    for d, templates, kwargs, _, _ in steps:
+        try:
+            args = tuple(spec_of(t, specs) for t in templates)
+        except Unknown:
+            return math.inf
+        step = gil_free_us(d, args, kwargs, estimate_us(d, args, kwargs, None))
+        if step:
+            free += step
+            releases += 1
+        specs.append(out_spec(d, args, kwargs))
+    return net_free_us(free, releases)
 
 
 _ELEMENTWISE_COSTS = (Cost.MEMORY, Cost.MATH, Cost.DIVMOD)
@@ -131,10 +170,11 @@ class Placement:
     :meth:`record` learns from a run.
     """
 
-    __slots__ = ("_model", "_strikes", "_struck", "_timings")
+    __slots__ = ("_free", "_model", "_strikes", "_struck", "_timings")
 
     def __init__(self) -> None:
         self._timings: dict[tuple[Any, ...], float] = {}
+        self._free: dict[tuple[Any, ...], float] = {}  # the GIL-free µs of a run, net of transfers
         self._strikes: dict[tuple[Any, ...], int] = {}
         self._model: dict[tuple[Any, ...], float] = {}  # the cost model's µs, kept while struck
         self._struck: dict[tuple[Any, ...], int] = {}  # calls since the key was sent to the pool
@@ -148,13 +188,24 @@ class Placement:
                 return self._model[key]  # one run inline again: was it slow, or the machine?
         return est
 
-    def record(self, key: tuple[Any, ...], est: float, estimate: float, elapsed: float, limit: float) -> None:
-        """Learn from a run made with ``est``: the cost model's ``estimate`` of it and its ``elapsed`` µs."""
+    def free_us(self, key: tuple[Any, ...]) -> float:
+        """The GIL-free µs of a run with these shapes, net of transfers (``inf`` before the first)."""
+        return self._free.get(key, math.inf)
+
+    def record(
+        self, key: tuple[Any, ...], est: float, estimate: float, elapsed: float, limit: float, free: float = math.inf
+    ) -> None:
+        """Learn from a run made with ``est``: the cost model's ``estimate`` of it, its GIL-free µs, its ``elapsed`` µs.
+
+        ``free``: what of ``estimate`` ran without the GIL, net of transfers (a measured
+        run's ``Interpreter.free_us``).
+        """
         if est > limit:
             if key not in self._timings:
                 # First call for these shapes ran on the pool: from now on the cost model's
                 # sum over the ops it ran decides, as for single ops.
                 self._timings[key] = estimate
+                self._free[key] = free
         elif elapsed > 4 * limit:
             # It ran inline and took far longer than the model said: a first run on this
             # thread may be cold once (BLAS warming up), but twice means the function does
