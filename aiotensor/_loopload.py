@@ -50,7 +50,9 @@ It needs no private API, so it reads asyncio and uvloop alike; it costs one
 kernels that would run on the loop (inline, or a program in slices) and are estimated
 above :data:`BUSY_INLINE_US` (the decision is never asked for smaller ones), and a set
 insert and removal per request in the middleware (~0.3 µs), and one comparison per
-batch of a batched function.
+batch of a batched function. The GIL-free time is worked out only for kernels in the
+band: a single op's each time (shapes only, no numpy call), a program's once per
+compiled expression, a function's once per argument shapes (its measured run).
 """
 
 from __future__ import annotations
