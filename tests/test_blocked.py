@@ -174,6 +174,41 @@ async def test_shapes_not_multiples_of_the_block_and_degenerate_ones(
             assert blocked[0] == "ok"
 
 
+async def test_values_every_block_reads_whole_are_copied_over_a_block_with_the_same_values(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A row vector and a hoisted op's value (``row * 2.0``) read by every block are copied
+    # once over a block's shape (``Layout.tiled``); a column is sliced with the rows; a
+    # value its readers broadcast to two block shapes is read as it is. Tail blocks too.
+    layouts: list[Any] = []
+    real = _blocked_layout.Layout.run
+
+    def run(self: Any, inputs: Any, flagged: Any) -> Any:
+        layouts.append(self)
+        return real(self, inputs, flagged)
+
+    monkeypatch.setattr(_blocked_layout.Layout, "run", run)
+    x = await s.constant(_values("float32", (37, 29), 30))
+    x3 = await s.constant(_values("float32", (37, 5, 29), 31))
+    row = await s.constant(_values("float32", (29,), 32))
+    col = await s.constant(_values("float32", (37, 1), 33))
+    col3 = await s.constant(_values("float32", (37, 1, 1), 34))
+    cases: list[tuple[Callable[[], Expr], int]] = [
+        (lambda: (x - row) / (row * 2.0 + 1e-3) + col, 2),  # the row and the hoisted value
+        (lambda: (x3 * row) + (col3 * row), 0),  # the row read at (h, 5, 29) and (h, 1, 29)
+        (lambda: (x * 2.0 + 1.0) * x, 0),  # nothing read whole
+    ]
+    with np.errstate(all="ignore"):
+        for make, tiled in cases:
+            layouts.clear()
+            blocked, plain = await _both(blocking, make)
+            assert blocked == plain
+            assert blocked[0] == "ok"
+            assert layouts
+            blocks = layouts[0].whole is None
+            assert len(layouts[0].tiled) == (tiled if blocks else 0)
+
+
 async def test_non_contiguous_inputs(
     s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int]
 ) -> None:
