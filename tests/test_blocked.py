@@ -209,6 +209,35 @@ async def test_values_every_block_reads_whole_are_copied_over_a_block_with_the_s
             assert len(layouts[0].tiled) == (tiled if blocks else 0)
 
 
+def test_a_one_block_result_is_asked_again_when_it_is_not_32_byte_aligned() -> None:
+    # malloc's chunk 16 bytes off a 32-byte boundary: the second one, if aligned, is the
+    # result (a plain array of its own); if not, the first is.
+    raw = np.empty((1 << 16) * 4 + 64, np.uint8)
+    base = -raw.ctypes.data % 64
+    misaligned = raw[base + 16 : base + 16 + (1 << 18)].view(np.float32).reshape(256, 256)
+    aligned = _blocked_var.aligned_empty((256, 256), np.dtype(np.float32))
+    given: list[Any] = []
+
+    def empty(answers: list[Any]) -> Callable[..., Any]:
+        def make(shape: tuple[int, ...], dtype: Any) -> Any:
+            given.append((shape, dtype))
+            return answers.pop(0)
+
+        return make
+
+    f32 = np.dtype(np.float32)
+    assert _blocked_layout._aligned_result((256, 256), f32, empty([misaligned, aligned])) is aligned
+    assert _blocked_layout._aligned_result((256, 256), f32, empty([misaligned, misaligned[:]])) is misaligned
+    assert _blocked_layout._aligned_result((256, 256), f32, empty([aligned])) is aligned
+    assert given == [((256, 256), f32)] * 5
+    small = np.empty(100, np.float32)
+    assert _blocked_layout._aligned_result((100,), f32, empty([small])) is small  # (too small to matter)
+    got = _blocked_layout._aligned_result((256, 256), f32)
+    assert got.base is None
+    assert got.shape == (256, 256)
+    assert got.dtype == f32
+
+
 async def test_non_contiguous_inputs(
     s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int]
 ) -> None:
