@@ -141,8 +141,8 @@ class Layout:
                 (run.ufuncs[k], typed[k], buf_of.get(nbase + k, -1 if varies[nbase + k] else -2)) for k in range(n)
             ]
         #: Values read whole by every block (a row vector, a hoisted ``std + 1e-8``) copied
-        #: once per call into a block of the shape they broadcast to: (slot, shape, dtype).
-        self.tiled = [] if self.whole is not None or h >= oshape[0] else _tiled(run, typed, varies, shapes, all_dtypes)
+        #: once per call into a block of the shape they broadcast to: (slot, shape).
+        self.tiled = [] if self.whole is not None or h >= oshape[0] else _tiled(run, typed, varies, shapes)
 
     def run(self, inputs: tuple[Any, ...], flagged: list[str]) -> Any:
         """The result, computed in blocks; floating-point flags raised go to ``flagged``."""
@@ -221,8 +221,8 @@ class Layout:
         steps = [(ufunc, args, scratch[b] if b >= 0 else None, slot, len(args)) for ufunc, args, b, slot in self.loop]
         inputs = [(i, vals[i]) for i in self.sliced]
         tiled = []
-        for i, shape, dtype in self.tiled:
-            block = aligned_empty(shape, dtype)
+        for i, shape in self.tiled:
+            block = aligned_empty(shape, vals[i].dtype)  # (its own dtype: the copy is exact)
             np.copyto(block, vals[i])
             vals[i] = block
             tiled.append((i, block))
@@ -256,8 +256,7 @@ def _tiled(
     typed: list[tuple[int, ...]],
     varies: list[bool],
     shapes: list[tuple[int, ...]],
-    all_dtypes: list[np.dtype[Any]],
-) -> list[tuple[int, tuple[int, ...], np.dtype[Any]]]:
+) -> list[tuple[int, tuple[int, ...]]]:
     # The array values every block reads whole and broadcasts (an input that is not sliced
     # by rows, a hoisted op's value; not a scalar), each with the one block shape its
     # readers give it. numpy's loop over a block then runs once over contiguous
@@ -274,12 +273,7 @@ def _tiled(
         for i in args:
             if i < len(shapes) and not varies[i] and not nin <= i < nbase and shapes[i] and shapes[i] != shapes[slot]:
                 wanted.setdefault(i, set()).add(shapes[slot])
-    out = []
-    for i, found in wanted.items():
-        if len(found) == 1:
-            dtype = all_dtypes[i] if i < nin else all_dtypes[nin + i - nbase]
-            out.append((i, found.pop(), dtype))
-    return out
+    return [(i, found.pop()) for i, found in wanted.items() if len(found) == 1]
 
 
 #: Whether a one-block run asks malloc again for a result that is not 32-byte aligned
