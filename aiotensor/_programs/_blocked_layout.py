@@ -290,7 +290,8 @@ def _aligned_result(shape: tuple[int, ...], dtype: np.dtype[Any], empty: Callabl
     # chunk call after call, so one process paid it on every call (the 256x256 chain's
     # "uvloop" gap). Asked again while the first is held, malloc gives the next chunk
     # (16 bytes further on for these sizes); the first goes back. At most one retry:
-    # a plain array either way (the registry owns it as any result).
+    # a plain array either way (the registry owns it as any result); for a moment the
+    # run holds two results' worth (one-block runs: under ``BLOCK_FROM_ITEMS`` elements).
     out = empty(shape, dtype)
     if out.nbytes < _ALIGN_FROM or not _address(_char_at(out)) & 31:
         return out
