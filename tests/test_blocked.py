@@ -179,7 +179,8 @@ async def test_values_every_block_reads_whole_are_copied_over_a_block_with_the_s
 ) -> None:
     # A row vector and a hoisted op's value (``row * 2.0``) read by every block are copied
     # once over a block's shape (``Layout.tiled``); a column is sliced with the rows; a
-    # value its readers broadcast to two block shapes is read as it is. Tail blocks too.
+    # value its readers broadcast to two block shapes, or of one element, is read as it
+    # is. Tail blocks too.
     layouts: list[Any] = []
     real = _blocked_layout.Layout.run
 
@@ -193,9 +194,11 @@ async def test_values_every_block_reads_whole_are_copied_over_a_block_with_the_s
     row = await s.constant(_values("float32", (29,), 32))
     col = await s.constant(_values("float32", (37, 1), 33))
     col3 = await s.constant(_values("float32", (37, 1, 1), 34))
+    one = await s.constant(np.full((1, 1), 1.5, np.float32))
     cases: list[tuple[Callable[[], Expr], int]] = [
         (lambda: (x - row) / (row * 2.0 + 1e-3) + col, 2),  # the row and the hoisted value
         (lambda: (x3 * row) + (col3 * row), 0),  # the row read at (h, 5, 29) and (h, 1, 29)
+        (lambda: (x - one) * row, 1),  # one element: numpy's loop reads it as a scalar already
         (lambda: (x * 2.0 + 1.0) * x, 0),  # nothing read whole
     ]
     with np.errstate(all="ignore"):

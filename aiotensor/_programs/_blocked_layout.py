@@ -142,7 +142,7 @@ class Layout:
             ]
         #: Values read whole by every block (a row vector, a hoisted ``std + 1e-8``) copied
         #: once per call into a block of the shape they broadcast to: (slot, shape).
-        self.tiled = [] if self.whole is not None or h >= oshape[0] else _tiled(run, typed, varies, shapes)
+        self.tiled = [] if self.whole is not None or not 1 < h < oshape[0] else _tiled(run, typed, varies, shapes)
 
     def run(self, inputs: tuple[Any, ...], flagged: list[str]) -> Any:
         """The result, computed in blocks; floating-point flags raised go to ``flagged``."""
@@ -258,7 +258,8 @@ def _tiled(
     shapes: list[tuple[int, ...]],
 ) -> list[tuple[int, tuple[int, ...]]]:
     # The array values every block reads whole and broadcasts (an input that is not sliced
-    # by rows, a hoisted op's value; not a scalar), each with the one block shape its
+    # by rows, a hoisted op's value; not one element: numpy's loop already reads that as
+    # a scalar; blocks of one row gain nothing), each with the one block shape its
     # readers give it. numpy's loop over a block then runs once over contiguous
     # operands instead of once per row with the row vector re-read: the standardization's
     # ``x - mean`` and ``/ std`` over (128, 512) blocks took 257 and 210 µs per (4096, 512)
@@ -271,7 +272,13 @@ def _tiled(
         if not varies[slot]:
             continue
         for i in args:
-            if i < len(shapes) and not varies[i] and not nin <= i < nbase and shapes[i] and shapes[i] != shapes[slot]:
+            if (
+                i < len(shapes)
+                and not varies[i]
+                and not nin <= i < nbase
+                and math.prod(shapes[i]) > 1
+                and shapes[i] != shapes[slot]
+            ):
                 wanted.setdefault(i, set()).add(shapes[slot])
     return [(i, found.pop()) for i, found in wanted.items() if len(found) == 1]
 

@@ -76,7 +76,7 @@ class BlockedVar:
         # The mean copied over a block's rows: one loop over contiguous operands per block
         # instead of one per row (see ``_blocked_layout._tiled``; same values).
         mean = arrmean
-        if rows > h:
+        if rows > h > 1 and row_items > 1:
             mean = aligned_empty((h, *x.shape[1:]), x.dtype)
             np.copyto(mean, arrmean)
         for lo in range(0, rows, h):
