@@ -174,6 +174,73 @@ async def test_shapes_not_multiples_of_the_block_and_degenerate_ones(
             assert blocked[0] == "ok"
 
 
+async def test_values_every_block_reads_whole_are_copied_over_a_block_with_the_same_values(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A row vector and a hoisted op's value (``row * 2.0``) read by every block are copied
+    # once over a block's shape (``Layout.tiled``); a column is sliced with the rows; a
+    # value its readers broadcast to two block shapes, or of one element, is read as it
+    # is. Tail blocks too.
+    layouts: list[Any] = []
+    real = _blocked_layout.Layout.run
+
+    def run(self: Any, inputs: Any, flagged: Any) -> Any:
+        layouts.append(self)
+        return real(self, inputs, flagged)
+
+    monkeypatch.setattr(_blocked_layout.Layout, "run", run)
+    x = await s.constant(_values("float32", (37, 29), 30))
+    x3 = await s.constant(_values("float32", (37, 5, 29), 31))
+    row = await s.constant(_values("float32", (29,), 32))
+    col = await s.constant(_values("float32", (37, 1), 33))
+    col3 = await s.constant(_values("float32", (37, 1, 1), 34))
+    one = await s.constant(np.full((1, 1), 1.5, np.float32))
+    cases: list[tuple[Callable[[], Expr], int]] = [
+        (lambda: (x - row) / (row * 2.0 + 1e-3) + col, 2),  # the row and the hoisted value
+        (lambda: (x3 * row) + (col3 * row), 0),  # the row read at (h, 5, 29) and (h, 1, 29)
+        (lambda: (x - one) * row, 1),  # one element: numpy's loop reads it as a scalar already
+        (lambda: (x * 2.0 + 1.0) * x, 0),  # nothing read whole
+    ]
+    with np.errstate(all="ignore"):
+        for make, tiled in cases:
+            layouts.clear()
+            blocked, plain = await _both(blocking, make)
+            assert blocked == plain
+            assert blocked[0] == "ok"
+            assert layouts
+            blocks = layouts[0].whole is None
+            assert len(layouts[0].tiled) == (tiled if blocks else 0)
+
+
+def test_a_one_block_result_is_asked_again_when_it_is_not_32_byte_aligned() -> None:
+    # malloc's chunk 16 bytes off a 32-byte boundary: the second one, if aligned, is the
+    # result (a plain array of its own); if not, the first is.
+    raw = np.empty((1 << 16) * 4 + 64, np.uint8)
+    base = -raw.ctypes.data % 64
+    misaligned = raw[base + 16 : base + 16 + (1 << 18)].view(np.float32).reshape(256, 256)
+    aligned = _blocked_var.aligned_empty((256, 256), np.dtype(np.float32))
+    given: list[Any] = []
+
+    def empty(answers: list[Any]) -> Callable[..., Any]:
+        def make(shape: tuple[int, ...], dtype: Any) -> Any:
+            given.append((shape, dtype))
+            return answers.pop(0)
+
+        return make
+
+    f32 = np.dtype(np.float32)
+    assert _blocked_layout._aligned_result((256, 256), f32, empty([misaligned, aligned])) is aligned
+    assert _blocked_layout._aligned_result((256, 256), f32, empty([misaligned, misaligned[:]])) is misaligned
+    assert _blocked_layout._aligned_result((256, 256), f32, empty([aligned])) is aligned
+    assert given == [((256, 256), f32)] * 5
+    small = np.empty(100, np.float32)
+    assert _blocked_layout._aligned_result((100,), f32, empty([small])) is small  # (too small to matter)
+    got = _blocked_layout._aligned_result((256, 256), f32)
+    assert got.base is None
+    assert got.shape == (256, 256)
+    assert got.dtype == f32
+
+
 async def test_non_contiguous_inputs(
     s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int]
 ) -> None:
