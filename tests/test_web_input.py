@@ -331,11 +331,15 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> _Parses:
     return p
 
 
-def pool_app(offload: bool | None, **limits: Any) -> tuple[Starlette, list[web.RequestStats], list[at.Tensor]]:
+def pool_app(
+    offload: bool | None, config: at.SessionConfig | None = None, **limits: Any
+) -> tuple[Starlette, list[web.RequestStats], list[at.Tensor]]:
     """``POST /rows``: ``read_rows(offload=...)``, answering the rows; the tensors are kept past their request."""
     log: list[web.RequestStats] = []
     kept: list[at.Tensor] = []
-    sessions = web.Sessions(on_request=log.append, limits=web.Limits(**limits) if limits else None)
+    sessions = web.Sessions(
+        on_request=log.append, request_config=config, limits=web.Limits(**limits) if limits else None
+    )
 
     async def rows(request: Request) -> Response:
         x = await web.read_rows(request, width=3, offload=offload)
@@ -348,11 +352,16 @@ def pool_app(offload: bool | None, **limits: Any) -> tuple[Starlette, list[web.R
     return app, log, kept
 
 
-@pytest.mark.parametrize(("offload", "n", "on_pool"), [(True, 2, True), (None, 4096, True), (None, 2, False)])
+#: (offload, rows, the request sessions' inline_threshold_us, parsed on the pool)
+WHERE = [(True, 2, 50.0, True), (None, 4096, 50.0, True), (None, 2, 50.0, False), (None, 2, 0.0, True)]
+WHERE += [(None, 4096, 1e6, False), (False, 4096, 50.0, False)]
+
+
+@pytest.mark.parametrize(("offload", "n", "threshold", "on_pool"), WHERE)
 async def test_rows_are_parsed_on_the_pool_when_large_and_owned_by_the_request_session(
-    parses: _Parses, offload: bool | None, n: int, on_pool: bool
+    parses: _Parses, offload: bool | None, n: int, threshold: float, on_pool: bool
 ) -> None:
-    app, log, kept = pool_app(offload)
+    app, log, kept = pool_app(offload, at.SessionConfig(inline_threshold_us=threshold))
     body = rows_body(n)
     async with app.router.lifespan_context(app), client(app) as c:
         r = await c.post("/rows", content=body, headers=JSON)

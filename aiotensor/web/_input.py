@@ -17,10 +17,9 @@ non-finite values are found on the array; only a refused body is walked value by
 to say where it went wrong.
 
 Where the parse runs: a body whose parse is estimated above the request session's
-``inline_threshold_us`` (or above the busy band while the loop is busy, as an op's
-kernel) is parsed on the session's pool, so the event loop answers other requests while
-the rows are read; a small body is parsed on the loop, where a hop would cost more than
-the parse.
+``inline_threshold_us`` is parsed on the session's pool, so the event loop answers
+other requests while the rows are read; a small body is parsed on the loop, where a hop
+would cost more than the parse.
 """
 
 from __future__ import annotations
@@ -31,12 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _loopload
+from .._config import SessionConfig
 from .._errors import KernelError
 from .._opdef import OPS
 from ._errors import ErrorItem, RequestRejected
 from ._limits import Limits, limits_for
-from ._middleware import request_session
+from ._middleware import _request_of, request_session
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -67,6 +66,7 @@ _APPLY = OPS["apply"]
 #: decimals (``python -m benchmarks.bench_input``'s bodies): a few µs, then ~3.6 ns per byte.
 PARSE_US = 4.0
 PARSE_US_PER_BYTE = 0.0036
+_DEFAULT_CONFIG = SessionConfig()
 
 
 def _reject(detail: str, loc: list[str | int] | None = None, kind: str = "value_error") -> RequestRejected:
@@ -257,9 +257,9 @@ async def read_rows(
         session: The session that owns the tensor (default: :func:`~aiotensor.web.request_session`).
         name: The tensor's name.
         offload: ``True``: parse on the session's pool; ``False``: on the event loop;
-            ``None`` (the default): by the parse's estimated cost (a few µs plus ~3.6 ns
-            per byte of body), against the session's ``inline_threshold_us`` and, on a
-            busy loop, the busy band of :func:`aiotensor.loop_load` (as an op's kernel).
+            ``None`` (the default): on the pool when the parse's estimated cost (a few
+            µs plus ~3.6 ns per byte of body) is above the session's
+            ``inline_threshold_us``.
     """
     dt = np.dtype(dtype)
     if dt.kind != "f":
@@ -269,10 +269,14 @@ async def read_rows(
     body = await read_body(request, max_bytes=limits.max_bytes)
     s = session
     if offload is None:
+        # No busy band as for an op's kernel: measured under wrk on 2 cores, sending
+        # 40 µs parses to the pool on a busy loop cost the web example a quarter of its
+        # requests/s at 16 rows (the hop costs the loop ~16 µs, and the worker's time
+        # competes for the same cores).
         est = PARSE_US + len(body) * PARSE_US_PER_BYTE
-        if est > _loopload.BUSY_INLINE_US:  # (below it, a body refused opens no request session)
-            s = s if s is not None else request_session(request)
-            offload = est > s.config.inline_threshold_us or _loopload.offload(est)
+        # (the request sessions' config, without making one: a body refused on the loop opens none)
+        config = session.config if session is not None else _request_of(request, "read_rows").sessions.request_config
+        offload = est > (config or _DEFAULT_CONFIG).inline_threshold_us
     if offload:
         s = s if s is not None else request_session(request)
         options = {"width": width, "dtype": dt, "key": key, "max_rows": limits.max_rows}
