@@ -6,6 +6,11 @@ a huge body) is sent to the apps of ``tests/_web_app.py``: in process through
 ``httpx.ASGITransport`` and to a real uvicorn on 127.0.0.1. Each answer must have its
 documented status and the one :data:`aiotensor.web.ErrorBody` shape, and nothing may be
 left in any session afterwards.
+
+A large body is parsed on the request session's pool: where the parse runs (by size,
+by the request sessions' threshold, by ``offload=``), every bad body refused alike from
+the pool, the parsed array owned by the request session and gone when it closes, and a
+request cancelled during its parse leaving nothing.
 """
 
 from __future__ import annotations
