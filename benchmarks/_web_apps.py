@@ -6,8 +6,12 @@
   teaches, op by op, no batching: ``POST /predict`` with ``{"inputs": [[...32 floats],
   ...]}`` standardizes the rows with a fitted scaler (mean and scale of the app session)
   and scores them with a linear model (``x @ w + b``), answering ``{"scores": [...]}``.
-  ``user_app`` is it on aiotensor; ``user_numpy_app`` and ``user_to_thread_app`` are its
-  twins in plain NumPy, in the handler and through ``asyncio.to_thread``.
+  ``user_app`` is it on aiotensor, as the guide's whole service is written: the rows
+  read by ``web.read_rows`` (under the guide's body limits), the request session from
+  ``web.request_session``. ``user_numpy_app`` and ``user_to_thread_app`` are its twins
+  in plain NumPy as FastAPI's own tutorial writes a handler (a pydantic body model), in
+  the handler and through ``asyncio.to_thread``. All three answer with the same
+  pydantic response model.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ sys.path.append(str(Path(__file__).resolve().parent.parent / "examples"))
 from web_service.app import create_app
 
 from aiotensor import web
-from aiotensor.web.fastapi import RequestSession
 
 #: The op-by-op example without the disconnect watcher: what watching costs is the difference.
 no_watch_app = create_app(forward="ops", cancel_on_disconnect=False)
@@ -39,6 +42,8 @@ no_watch_app = create_app(forward="ops", cancel_on_disconnect=False)
 USER_FEATURES = 32
 #: Scores per row (the linear model's outputs).
 USER_OUTPUTS = 4
+#: The body limits of the aiotensor service, as the guide's service sets them.
+USER_LIMITS = web.Limits(max_bytes=1 << 20, max_rows=1024)
 
 
 class ScoreRequest(BaseModel):
@@ -65,7 +70,7 @@ def user_weights(seed: int = 7) -> dict[str, np.ndarray[Any, np.dtype[np.float32
 
 
 def _user_aiotensor_app() -> FastAPI:
-    sessions = web.Sessions()
+    sessions = web.Sessions(limits=USER_LIMITS)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -77,9 +82,10 @@ def _user_aiotensor_app() -> FastAPI:
     sessions.install(app)
 
     @app.post("/predict")
-    async def predict(body: ScoreRequest, request: Request, s: RequestSession) -> ScoreResponse:
+    async def predict(request: Request) -> ScoreResponse:
+        x = await web.read_rows(request, width=USER_FEATURES)  # float32[rows, 32], or a 413/422
+        s = web.request_session(request)
         m = request.app.state.model
-        x = np.asarray(body.inputs, dtype=np.float32)
         z = await s.divide(await s.subtract(x, m["mean"]), m["scale"])
         scores = await s.add(await s.matmul(z, m["w"]), m["b"])
         return ScoreResponse(scores=(await scores.numpy()).tolist())

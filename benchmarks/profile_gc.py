@@ -25,7 +25,7 @@ from ._web_apps import USER_FEATURES
 from .profile_web import CLIENTS, USER_RUNGS, _bodies, _load, user_rung
 
 #: The rungs measured: the session alone, one op, two ops, the whole service.
-STAGES = (3, 4, 5, 8)
+STAGES = (2, 3, 4, 7)
 
 
 async def _measure(requests: int) -> list[tuple[str, float, dict[int, tuple[int, float]]]]:

@@ -3,11 +3,15 @@
 Each rung adds one piece of the request path to the one before, so the difference of
 two rungs' loop CPU per request is what that piece costs the loop thread:
 
-* the **user-style service** (``_web_apps.user_app``: standardize 16 x 32 rows with a
-  fitted scaler, score them linearly, op by op, as ``docs/guides/web-services.md``
-  teaches): FastAPI and pydantic alone, + the request-session middleware, + the request
-  session (opened by the dependency, closed by the middleware), + each of its four ops,
-  + the fetch and the response; beside its NumPy twins (in the handler, ``to_thread``);
+* the **user-style service** (``_web_apps.user_app``: standardize 16 or 512 rows of 32
+  features with a fitted scaler, score them linearly, op by op, as
+  ``docs/guides/web-services.md`` teaches): FastAPI with the body parsed as
+  ``web.read_rows`` parses it, + the middleware and the body limits, + ``read_rows``
+  (the request session opened, the rows its tensor, closed by the middleware), + each
+  of its four ops, + the fetch and the response; beside the same service written with a
+  pydantic body and the ``RequestSession`` dependency, and its NumPy twins (in the
+  handler, ``to_thread``). The loop CPU of a body parsed on the pool is not in the
+  figure (it runs on a worker thread);
 * the **web example** (an MLP, 64 -> 512 -> 512 -> 10): op by op, fused, batched, and
   its NumPy twins.
 
@@ -35,10 +39,10 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 
 import aiotensor as at
 from aiotensor import web
@@ -54,16 +58,23 @@ from web_service import app as example
 from web_service import baselines
 from web_service.model import IN_FEATURES
 
-from ._web_apps import USER_FEATURES, ScoreRequest, ScoreResponse, user_numpy_app, user_to_thread_app, user_weights
+from ._web_apps import (
+    USER_FEATURES,
+    USER_LIMITS,
+    ScoreRequest,
+    ScoreResponse,
+    user_numpy_app,
+    user_to_thread_app,
+    user_weights,
+)
 
 App = Callable[..., Awaitable[None]]
 CLIENTS = 32
 #: The user-style service's rungs: how far its handler goes.
 USER_RUNGS = (
-    "FastAPI + pydantic, no aiotensor",
-    "+ middleware (no session)",
-    "+ an async FastAPI dependency (no session)",
-    "+ request session open/close (the dependency's)",
+    "FastAPI, the body parsed as read_rows parses it, no aiotensor",
+    "+ middleware and body limits (no session)",
+    "+ read_rows (request session open/close, the rows its tensor)",
     "+ subtract",
     "+ divide",
     "+ matmul",
@@ -72,13 +83,9 @@ USER_RUNGS = (
 )
 
 
-async def _nothing() -> None:
-    """A dependency as cheap as they come: what FastAPI charges for one."""
-
-
 def user_rung(stage: int) -> FastAPI:
     """The user-style service cut after rung ``stage`` (an index into :data:`USER_RUNGS`)."""
-    sessions = web.Sessions()
+    sessions = web.Sessions(limits=USER_LIMITS)
     weights = user_weights()
 
     @contextlib.asynccontextmanager
@@ -95,27 +102,17 @@ def user_rung(stage: int) -> FastAPI:
     if stage < 2:
 
         @app.post("/predict")
-        async def bare(body: ScoreRequest, request: Request) -> ScoreResponse:
-            np.asarray(body.inputs, dtype=np.float32)
+        async def bare(request: Request) -> ScoreResponse:
+            web.parse_rows(await request.body(), width=USER_FEATURES)
             return fixed
 
         return app
-    if stage == 2:
-
-        @app.post("/predict")
-        async def dependency(
-            body: ScoreRequest, request: Request, s: Annotated[None, Depends(_nothing)]
-        ) -> ScoreResponse:
-            np.asarray(body.inputs, dtype=np.float32)
-            return fixed
-
-        return app
-    stage -= 1  # (the rungs below count from the session's)
 
     @app.post("/predict")
-    async def predict(body: ScoreRequest, request: Request, s: RequestSession) -> ScoreResponse:
+    async def predict(request: Request) -> ScoreResponse:
+        x: Any = await web.read_rows(request, width=USER_FEATURES)
+        s = web.request_session(request)
         m = request.app.state.model
-        x: Any = np.asarray(body.inputs, dtype=np.float32)
         if stage >= 3:
             x = await s.subtract(x, m["mean"])
         if stage >= 4:
@@ -127,6 +124,31 @@ def user_rung(stage: int) -> FastAPI:
         if stage >= 7:
             return ScoreResponse(scores=(await x.numpy()).tolist())
         return fixed
+
+    return app
+
+
+def user_before() -> FastAPI:
+    """The user-style service as it was written before: a pydantic body, the session from the dependency."""
+    sessions = web.Sessions()
+    weights = user_weights()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> Any:
+        async with sessions.open() as s:
+            app.state.model = {k: await s.constant(v, name=k) for k, v in weights.items()}
+            yield
+
+    app = FastAPI(lifespan=lifespan)
+    sessions.install(app)
+
+    @app.post("/predict")
+    async def predict(body: ScoreRequest, request: Request, s: RequestSession) -> ScoreResponse:
+        m = request.app.state.model
+        x = np.asarray(body.inputs, dtype=np.float32)
+        z = await s.divide(await s.subtract(x, m["mean"]), m["scale"])
+        scores = await s.add(await s.matmul(z, m["w"]), m["b"])
+        return ScoreResponse(scores=(await scores.numpy()).tolist())
 
     return app
 
@@ -219,16 +241,19 @@ def profile(rounds: int, n: int, loop_name: str) -> list[tuple[str, str, float, 
     rows: list[tuple[str, str, float, float | None]] = []
     at.set_blas_threads(1)
     try:
-        user = {label: user_rung(i) for i, label in enumerate(USER_RUNGS)}
+        user: dict[str, FastAPI] = {label: user_rung(i) for i, label in enumerate(USER_RUNGS)}
+        user["written with a pydantic body and the dependency"] = user_before()
         user["numpy in handler"] = user_numpy_app
         user["numpy to_thread"] = user_to_thread_app
-        measured = run_on(loop_name, _measure(user, _bodies(16, USER_FEATURES), rounds, n))
-        previous = None
-        for label in user:
-            us = statistics.median(measured[label])
-            step = us - previous if previous is not None and label in USER_RUNGS else None
-            rows.append((f"user-style service, 16x{USER_FEATURES}", label, us, step))
-            previous = us if label in USER_RUNGS else previous
+        for size in (16, 512):
+            bodies = _bodies(size, USER_FEATURES)
+            measured = run_on(loop_name, _measure(user, bodies, rounds, n if size == 16 else n // 4))
+            previous = None
+            for label in user:
+                us = statistics.median(measured[label])
+                step = us - previous if previous is not None and label in USER_RUNGS else None
+                rows.append((f"user-style service, {size}x{USER_FEATURES}", label, us, step))
+                previous = us if label in USER_RUNGS else previous
         ex = {
             "example op by op": example.ops_app,
             "example fused": example.fused_app,

@@ -486,3 +486,30 @@ async def test_an_expression_that_runs_inline_needs_no_coroutine_and_the_others_
             assert s.stats().live_tensors == 2  # a and the result: no intermediate registered
             del t, a
         assert s.stats().live_tensors == 0
+
+
+async def test_adopt_owns_a_fresh_array_without_a_copy_and_refuses_anything_else() -> None:
+    async with at.AsyncEagerSession() as s:
+        await s.constant(0.0)  # opened on this loop
+        x = np.array([[0, 1, 2], [3, 4, 5]], dtype=np.float32)
+        t = s._engine.adopt(x, "rows")
+        assert t is not None
+        assert s._engine.buffer(t, "test") is x  # the array itself, now read-only
+        assert not x.flags.writeable
+        assert (t.name, t.shape, t.dtype) == ("rows", (2, 3), np.dtype(np.float32))
+        assert t.session is s
+        np.testing.assert_array_equal(await t.numpy(), np.arange(6).reshape(2, 3))
+        # What someone else may hold or write, or what is not numeric: refused, for an op to copy.
+        base = np.zeros(4)
+        assert s._engine.adopt(base[1:], None) is None
+        assert s._engine.adopt(x, None) is None  # read-only
+        assert s._engine.adopt(np.array(["a"]), None) is None
+        assert s._engine.adopt([1.0, 2.0], None) is None
+        allocated = s.stats().allocated
+    assert s.stats().live_tensors == 0
+    assert allocated == 2
+    # A session with a memory limit (its bytes must be fitted first) or not open here takes the op.
+    async with at.AsyncEagerSession(config=at.SessionConfig(memory_limit=1 << 20)) as limited:
+        await limited.constant(0.0)
+        assert limited._engine.adopt(np.ones(3), None) is None
+    assert at.AsyncEagerSession()._engine.adopt(np.ones(3), None) is None

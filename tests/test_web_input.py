@@ -6,12 +6,19 @@ a huge body) is sent to the apps of ``tests/_web_app.py``: in process through
 ``httpx.ASGITransport`` and to a real uvicorn on 127.0.0.1. Each answer must have its
 documented status and the one :data:`aiotensor.web.ErrorBody` shape, and nothing may be
 left in any session afterwards.
+
+A large body is parsed on the request session's pool: where the parse runs (by size,
+by the request sessions' threshold, by ``offload=``), every bad body refused alike from
+the pool, the parsed array owned by the request session and gone when it closes, and a
+request cancelled during its parse leaving nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,7 +27,12 @@ import httpx
 import numpy as np
 import pytest
 import uvloop
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
+import aiotensor as at
 from aiotensor import web
 from examples.web_service.server import RunningServer, serve
 from tests import _web_app
@@ -194,11 +206,6 @@ async def test_a_body_without_content_length_is_cut_off_at_the_limit(app: Any, p
 
 
 async def test_route_limits_replace_the_service_limits() -> None:
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response
-    from starlette.routing import Route
-
     async def echo(request: Request) -> Response:
         return JSONResponse({"n": len(await request.body())})
 
@@ -297,3 +304,117 @@ def test_server_answers_health_while_refusing_a_huge_body(server: RunningServer)
             assert (await c.get("/health")).json() == {"in_flight": 0}
 
     run(main)
+
+
+# -- the parse on the pool ----------------------------------------------------------------
+class _Parses:
+    """A ``parse_rows`` that records where it ran and keeps a weak reference to each array it made."""
+
+    def __init__(self, real: Callable[..., Any]) -> None:
+        self.real = real
+        self.threads: list[int] = []
+        self.made: list[weakref.ref[Any]] = []
+        self.gate: threading.Event | None = None  # set: the parse waits for it
+        self.started = threading.Event()
+
+    def __call__(self, body: bytes, **kwargs: Any) -> Any:
+        self.threads.append(threading.get_ident())
+        self.started.set()
+        if self.gate is not None:
+            self.gate.wait(30)
+        x = self.real(body, **kwargs)
+        self.made.append(weakref.ref(x))
+        return x
+
+
+@pytest.fixture
+def parses(monkeypatch: pytest.MonkeyPatch) -> _Parses:
+    from aiotensor.web import _input
+
+    p = _Parses(_input.parse_rows)
+    monkeypatch.setattr(_input, "parse_rows", p)
+    return p
+
+
+def pool_app(
+    offload: bool | None, config: at.SessionConfig | None = None, **limits: Any
+) -> tuple[Starlette, list[web.RequestStats], list[at.Tensor]]:
+    """``POST /rows``: ``read_rows(offload=...)``, answering the rows; the tensors are kept past their request."""
+    log: list[web.RequestStats] = []
+    kept: list[at.Tensor] = []
+    sessions = web.Sessions(
+        on_request=log.append, request_config=config, limits=web.Limits(**limits) if limits else None
+    )
+
+    async def rows(request: Request) -> Response:
+        x = await web.read_rows(request, width=3, offload=offload)
+        assert x.session is web.request_session(request)
+        kept.append(x)
+        return JSONResponse({"y": (await x.numpy()).tolist()})
+
+    app = Starlette(routes=[Route("/rows", rows, methods=["POST"])], lifespan=sessions.lifespan)
+    sessions.install(app)
+    return app, log, kept
+
+
+#: (offload, rows, the request sessions' inline_threshold_us, parsed on the pool)
+WHERE = [(True, 2, 50.0, True), (None, 4096, 50.0, True), (None, 2, 50.0, False), (None, 2, 0.0, True)]
+WHERE += [(None, 4096, 1e6, False), (False, 4096, 50.0, False)]
+
+
+@pytest.mark.parametrize(("offload", "n", "threshold", "on_pool"), WHERE)
+async def test_rows_are_parsed_on_the_pool_when_large_and_owned_by_the_request_session(
+    parses: _Parses, offload: bool | None, n: int, threshold: float, on_pool: bool
+) -> None:
+    app, log, kept = pool_app(offload, at.SessionConfig(inline_threshold_us=threshold))
+    body = rows_body(n)
+    async with app.router.lifespan_context(app), client(app) as c:
+        r = await c.post("/rows", content=body, headers=JSON)
+        assert r.status_code == 200, r.text
+        np.testing.assert_array_equal(np.asarray(r.json()["y"], dtype=np.float32), web.parse_rows(body, width=3))
+    assert (parses.threads[0] != threading.get_ident()) is on_pool
+    # Owned by the request session, not copied, and freed with it: the array the parse
+    # made is gone once the request ended, though its tensor object is still held here.
+    (x,) = kept
+    assert parses.made[0]() is None
+    with pytest.raises(at.SessionClosedError):
+        await x.numpy()
+    assert (log[0].session.allocated, log[0].session.freed, log[0].session.live_tensors) == (1, 1, 0)
+
+
+@pytest.mark.parametrize("name", sorted(set(BAD) - {"huge body"}))
+async def test_bad_rows_parsed_on_the_pool_are_refused_alike(parses: _Parses, name: str) -> None:
+    body, status, code, fragment = BAD[name]
+    app, log, kept = pool_app(True, max_rows=_web_app.MAX_ROWS)
+    async with app.router.lifespan_context(app), client(app) as c:
+        assert_error(await c.post("/rows", content=body, headers=JSON), status, code, fragment)
+    assert parses.threads
+    assert parses.threads[0] != threading.get_ident()
+    assert not kept
+    assert [(e.status, e.session.allocated, e.session.live_tensors) for e in log] == [(status, 0, 0)]
+
+
+async def test_a_request_cancelled_while_its_rows_are_parsed_leaves_nothing(parses: _Parses) -> None:
+    app, log, kept = pool_app(True)
+    parses.gate = threading.Event()
+    async with app.router.lifespan_context(app), client(app) as c:
+        post = asyncio.ensure_future(c.post("/rows", content=rows_body(64), headers=JSON))
+        while not parses.started.is_set():  # the parse is running on a worker, held at the gate
+            await asyncio.sleep(0.005)
+        post.cancel()
+        await asyncio.sleep(0)
+        parses.gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await post
+        assert not kept
+        # The parse finished after its request was gone: its array was never a tensor, and is freed.
+        for _ in range(1000):
+            if parses.made and parses.made[0]() is None:
+                break
+            await asyncio.sleep(0.005)
+        assert parses.made
+        assert parses.made[0]() is None
+        assert [(e.session.live_tensors, e.session.live_bytes) for e in log] == [(0, 0)]
+        # The service goes on serving.
+        r = await c.post("/rows", content=rows_body(2), headers=JSON)
+        assert r.status_code == 200, r.text

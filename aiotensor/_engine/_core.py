@@ -379,6 +379,7 @@ class Engine:
     # -- the other concerns: plain functions on the engine in their modules, bound here --
     # the lean path of element-wise ops (_lean.py)
     lean = _lean.lean
+    adopt = _lean.adopt
     # any kernel: inline or on the backend, its outputs owned (_call.py)
     call = _call.call
     _run_sliced = _call._run_sliced

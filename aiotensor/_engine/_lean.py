@@ -20,7 +20,7 @@ from .._tensor import Tensor
 if TYPE_CHECKING:
     from ._core import Engine
 
-__all__ = ["lean"]
+__all__ = ["adopt", "lean"]
 
 _ndarray = np.ndarray
 _ufunc = np.ufunc
@@ -170,3 +170,44 @@ def lean(self: Engine, d: OpDef, args: tuple[Any, ...], name: str | None) -> Ten
                 safe_point()
             return tensors[0]
     return None
+
+
+def adopt(self: Engine, arr: Any, name: str | None) -> Tensor | None:
+    """A fresh numeric ndarray as this engine's tensor, without a copy; ``None`` to take an op (``constant``).
+
+    For data the caller made and hands over whole, such as a request's parsed rows: the
+    array must own its memory and be writeable (nobody made it read-only to keep it),
+    and the caller must hold the only reference it keeps, since the array becomes the
+    tensor's read-only buffer. Taken under :func:`lean`'s conditions (open on this
+    loop, no yield due, numpy inline without a memory limit to fit, no device scope);
+    anything else returns ``None``.
+    """
+    if not (
+        self._lean_loop is not None
+        and _get_loop() is self._lean_loop
+        and self._held < self._hold_s
+        and (name is None or type(name) is str)
+        and (not self.placed or self.device_var.get() is None)
+        and type(arr) is _ndarray
+        and arr.base is None
+        and arr.flags.writeable
+        and arr.dtype.kind in NUMERIC_KINDS
+    ):
+        return None
+    arr.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
+    registry = self.registry
+    nbytes = arr.nbytes
+    t = _new(Tensor)
+    t._engine = self
+    t._registry = registry
+    t._rid = registry.add(arr, nbytes)
+    t._shape = arr.shape
+    t._dtype = arr.dtype
+    t._nbytes = nbytes
+    t._label = name or ("constant", -1)
+    t._device = self._device
+    self._held += HOLD_PER_OP_S
+    safe_point = self.policy.safe_point
+    if safe_point is not None and registry._dropped:
+        safe_point()
+    return t

@@ -15,6 +15,11 @@ from the body's bytes before parsing, a body of nothing but numbers and brackets
 ``bytes.translate``) skips the per-value type check, and widths, raggedness and
 non-finite values are found on the array; only a refused body is walked value by value,
 to say where it went wrong.
+
+Where the parse runs: a body whose parse is estimated above the request session's
+``inline_threshold_us`` is parsed on the session's pool, so the event loop answers
+other requests while the rows are read; a small body is parsed on the loop, where a hop
+would cost more than the parse.
 """
 
 from __future__ import annotations
@@ -25,9 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._config import SessionConfig
+from .._errors import KernelError
+from .._opdef import OPS
 from ._errors import ErrorItem, RequestRejected
 from ._limits import Limits, limits_for
-from ._middleware import request_session
+from ._middleware import _request_of, request_session
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -53,6 +61,12 @@ else:
 # Bytes a body of numbers, brackets and object punctuation is made of (its keys aside).
 _NUMERIC = b"0123456789+-.eE,[]{}: \t\r\n"
 _SHOWN = 3  # refused parts listed in an answer's ``errors``
+_APPLY = OPS["apply"]
+#: The parse's cost model, from ``parse_rows`` on rows of float32 numbers with six
+#: decimals (``python -m benchmarks.bench_input``'s bodies): a few µs, then ~3.6 ns per byte.
+PARSE_US = 4.0
+PARSE_US_PER_BYTE = 0.0036
+_DEFAULT_CONFIG = SessionConfig()
 
 
 def _reject(detail: str, loc: list[str | int] | None = None, kind: str = "value_error") -> RequestRejected:
@@ -210,6 +224,7 @@ async def read_rows(
     allow_nonfinite: bool = False,
     session: AsyncEagerSession | None = None,
     name: str | None = "inputs",
+    offload: bool | None = None,
 ) -> Tensor:
     """The rows of ``request``'s JSON body as a ``(rows, width)`` tensor of ``dtype`` in the request session.
 
@@ -223,8 +238,13 @@ async def read_rows(
     The body is read under ``limits`` (by default the route's or the service's, from
     :class:`~aiotensor.web.Sessions`), then parsed and checked by :func:`parse_rows`
     (see there for what is refused, always before anything is allocated in a session).
-    A refusal raises :class:`~aiotensor.web.RequestRejected`, answered 413 or 422 with
-    an :data:`~aiotensor.web.ErrorBody` by the installed handlers.
+    A large body is parsed on the session's pool, as an op's kernel: the event loop
+    serves other requests meanwhile, and the array never exists outside the session
+    (cancelled while it is parsed, the request leaves nothing behind). A small one is
+    parsed on the loop, where a hop to the pool would cost more than the parse
+    (``offload`` decides instead, for one call). A refusal raises
+    :class:`~aiotensor.web.RequestRejected`, answered 413 or 422 with an
+    :data:`~aiotensor.web.ErrorBody` by the installed handlers.
 
     Args:
         request: A Starlette (or FastAPI) ``Request``.
@@ -236,10 +256,39 @@ async def read_rows(
         allow_nonfinite: Accept NaN and infinities (the default refuses them, 422).
         session: The session that owns the tensor (default: :func:`~aiotensor.web.request_session`).
         name: The tensor's name.
+        offload: ``True``: parse on the session's pool; ``False``: on the event loop;
+            ``None`` (the default): on the pool when the parse's estimated cost (a few
+            µs plus ~3.6 ns per byte of body) is above the session's
+            ``inline_threshold_us``.
     """
+    dt = np.dtype(dtype)
+    if dt.kind != "f":
+        raise TypeError(f"read_rows: dtype must be a floating dtype, got {dt}")
     if limits is None:
         limits = limits_for(request)
     body = await read_body(request, max_bytes=limits.max_bytes)
-    x = parse_rows(body, width=width, dtype=dtype, key=key, max_rows=limits.max_rows, allow_nonfinite=allow_nonfinite)
-    s = session if session is not None else request_session(request)
-    return await s.constant(x, name=name)
+    s = session
+    if offload is None:
+        # No busy band as for an op's kernel: measured under wrk on 2 cores, sending
+        # 40 µs parses to the pool on a busy loop cost the web example a quarter of its
+        # requests/s at 16 rows (the hop costs the loop ~16 µs, and the worker's time
+        # competes for the same cores).
+        est = PARSE_US + len(body) * PARSE_US_PER_BYTE
+        # (the request sessions' config, without making one: a body refused on the loop opens none)
+        config = session.config if session is not None else _request_of(request, "read_rows").sessions.request_config
+        offload = est > (config or _DEFAULT_CONFIG).inline_threshold_us
+    if offload:
+        s = s if s is not None else request_session(request)
+        options = {"width": width, "dtype": dt, "key": key, "max_rows": limits.max_rows}
+        options["allow_nonfinite"] = allow_nonfinite
+        try:
+            rows: Tensor = await s._engine.op(_APPLY, (parse_rows, body), options, None, name)
+        except KernelError as exc:
+            if isinstance(exc.__cause__, RequestRejected):  # the refusal as the loop would raise it
+                raise exc.__cause__ from None
+            raise
+        return rows
+    x = parse_rows(body, width=width, dtype=dt, key=key, max_rows=limits.max_rows, allow_nonfinite=allow_nonfinite)
+    s = s if s is not None else request_session(request)
+    owned = s._engine.adopt(x, name)  # the fresh array itself, when the session can take it so
+    return owned if owned is not None else await s.constant(x, name=name)
