@@ -64,6 +64,54 @@ class Expr(Operand):
     _n: int
 
     def __init__(self, d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, nbytes: int | None) -> None:
+        self._nbytes = nbytes
+        # The operators' common case (``y * 2.0``, ``y + v``): two tensors, expressions or
+        # plain numbers, in one pass without the general loop's lists; the signature,
+        # tensors read and node count are exactly the general loop's, which takes the rest.
+        if kwargs is None and len(args) == 2:
+            a, b = args
+            ta = type(a)
+            tb = type(b)
+            n = 1
+            sa: Any = _OTHER
+            sb: Any = _OTHER
+            if ta is Expr:
+                sa = a._sig
+                la = a._lv
+                n += a._n
+            elif ta is _Tensor:
+                sa = _LEAF
+                la = (a,)
+            elif ta is int or (ta is float and a == a and a != 0.0):
+                sa = (ta, a)
+                la = ()
+            if tb is Expr:
+                sb = b._sig
+                lb = b._lv
+                n += b._n
+            elif tb is _Tensor:
+                sb = _LEAF
+                lb = (b,)
+            elif tb is int or (tb is float and b == b and b != 0.0):
+                sb = (tb, b)
+                lb = ()
+            if sa is not _OTHER and sb is not _OTHER:
+                if ta is Expr:
+                    a._used = True  # evaluated as part of this one (or this one warns)
+                if tb is Expr:
+                    b._used = True
+                self._d = d
+                self._args = args
+                self._kwargs = None
+                self._used = False
+                self._n = n
+                if sa is not None and sb is not None and n <= _MAX_SIG_NODES:
+                    self._sig = (d, sa, sb)
+                    self._lv = la + lb
+                else:
+                    self._sig = None
+                    self._lv = ()
+                return
         sig: list[Any] | None = [d]
         lv: tuple[Any, ...] = ()
         n = 1
@@ -112,7 +160,6 @@ class Expr(Operand):
         self._d = d
         self._args = args
         self._kwargs = kwargs
-        self._nbytes = nbytes
         self._used = False
         self._n = n
         if sig is not None and n <= _MAX_SIG_NODES:
@@ -123,11 +170,16 @@ class Expr(Operand):
             self._lv = ()
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
-        if not getattr(self, "_used", True):
-            try:
-                _warn(f"expression {self!r} was never evaluated (await it)", RuntimeWarning, source=self, stacklevel=1)
-            except Exception:  # at interpreter shutdown, or a warning filter set to "error"
-                pass
+        # Called for every node: the common case (used) returns after one attribute read.
+        try:
+            if self._used:
+                return
+        except AttributeError:  # a construction that raised (a forgotten await): nothing to warn about
+            return
+        try:
+            _warn(f"expression {self!r} was never evaluated (await it)", RuntimeWarning, source=self, stacklevel=1)
+        except Exception:  # at interpreter shutdown, or a warning filter set to "error"
+            pass
 
     @property
     def op(self) -> str:
@@ -309,6 +361,8 @@ class Expr(Operand):
 _MAX_SIG_NODES = 256
 #: Where a tensor goes in a signature (which tensor is told apart at evaluation).
 _LEAF = ("T",)
+#: An argument the fast path of ``Expr.__init__`` leaves to the general loop.
+_OTHER = object()
 #: Set by ``_tensor`` (a layer above) to ``Tensor``.
 _Tensor: type = type(None)
 

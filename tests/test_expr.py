@@ -660,3 +660,29 @@ async def test_a_refused_conversion_does_not_warn_again_when_dropped(s: at.Async
             del e
             gc.collect()
     assert [str(w.message) for w in seen if "never evaluated" in str(w.message)] == []
+
+
+async def test_a_binary_node_has_the_signature_of_the_general_construction(s: at.AsyncEagerSession) -> None:
+    # Expr.__init__ builds two-argument nodes without keywords in one pass; with keywords
+    # (an empty dict) it takes the general loop: both must give the same signature, tensors
+    # read and node count, for every kind of argument the fast pass takes or leaves.
+    from aiotensor._expr import Expr
+    from aiotensor._opdef import OPS
+
+    a = await s.constant(np.ones(3, np.float32))
+    b = await s.constant(np.ones(3, np.float32))
+    inner = a * 2.0
+    inner._used = True
+    unkeyed = a + np.ones(3, np.float32)  # holds an array: no signature
+    unkeyed._used = True
+    values: list[Any] = [a, b, inner, unkeyed, 2, True, 2.5, 0.0, -0.0, float("nan"), np.float32(2.0), "x", None]
+    add = OPS["add"]
+    for x in values:
+        for y in values:
+            fast = Expr(add, (x, y), None, None)
+            general = Expr(add, (x, y), {}, None)
+            fast._used = general._used = True
+            assert fast._sig == general._sig, (x, y)
+            assert [id(t) for t in fast._lv] == [id(t) for t in general._lv], (x, y)
+            assert fast._n == general._n, (x, y)
+            assert fast._kwargs is None

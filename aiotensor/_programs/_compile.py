@@ -191,6 +191,15 @@ def compiled(
         distinct = [lv[0]]
         key: Any = (sig, xp, lv[0]._shape, lv[0]._dtype)
     else:
+        if lv:
+            first = lv[0]
+            for t in lv:
+                if t is not first:
+                    break
+            else:  # one tensor read several times (``y + v`` in a formula of ``v``): the key below, made directly
+                entry = _CACHE.get((sig, xp, (0,) * len(lv), (first._shape, first._dtype)))
+                if entry is not None:
+                    return entry.program.fresh(), [first], entry.costs
         index: dict[int, int] = {}
         distinct = []
         pattern = []

@@ -174,7 +174,10 @@ _NEP50 = int(np.__version__.split(".")[0]) >= 2
 
 def writes_into(leaves: tuple[Any, ...]) -> bool:
     """Whether a program's run writes into its dying intermediates: only on leaves large enough to gain."""
-    return any(type(x) is _ndarray and x.nbytes >= INTO_MIN_BYTES for x in leaves)
+    for x in leaves:  # noqa: SIM110  (a loop, not any() of a generator: asked at every run of a program)
+        if type(x) is _ndarray and x.nbytes >= INTO_MIN_BYTES:
+            return True
+    return False
 
 
 def writable_into(y: Any, other: Any) -> bool:
