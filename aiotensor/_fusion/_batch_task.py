@@ -66,21 +66,31 @@ _get_loop = asyncio.get_running_loop
 class _Group:
     """Calls of one batch: the same params, the same kind of rows, ``max_batch_size`` rows at most."""
 
-    __slots__ = ("callers", "ctx", "engine", "params", "rows", "task")
+    __slots__ = ("callers", "ctx", "dtype", "engine", "key", "loop", "params", "row_shape", "rows", "task")
 
-    def __init__(self, engine: Engine, params: tuple[Any, ...], caller: _Caller, rows: int) -> None:
+    def __init__(
+        self, engine: Engine, params: tuple[Any, ...], caller: _Caller, rows: int, key: tuple[Any, ...]
+    ) -> None:
         self.engine = engine  # where the batch runs: the params' session
         self.params = params  # held: the group is keyed by their ids
         self.callers = [caller]
         self.rows = rows
+        # (loop, engine, the params' ids, row shape, dtype): its key among the pending groups
+        self.key = key
+        self.loop: asyncio.AbstractEventLoop = key[0]
+        self.row_shape: tuple[int, ...] = key[3]
+        self.dtype: np.dtype[Any] = key[4]
         self.ctx = contextvars.copy_context()  # its first caller's: the batch runs under them
         self.task: asyncio.Task[None] | None = None  # started by the first call to join
 
 
-def close(self: BatchedFunction, key: tuple[Any, ...], group: _Group) -> None:
+def close(self: BatchedFunction, group: _Group) -> None:
     """Take the group out of the pending ones (if it is still there): no call joins it now."""
+    key = group.key
     if self._pending.get(key) is group:
         del self._pending[key]
+    if self._open is group:
+        self._open = None
 
 
 def count(self: BatchedFunction, calls: int, rows: int) -> None:
@@ -93,20 +103,20 @@ def count(self: BatchedFunction, calls: int, rows: int) -> None:
         counts["max_rows"] = rows
 
 
-def spawn(self: BatchedFunction, key: tuple[Any, ...], group: _Group, loop: asyncio.AbstractEventLoop) -> None:
+def spawn(self: BatchedFunction, group: _Group, loop: asyncio.AbstractEventLoop) -> None:
     """Start the group's task (``run``) under its first caller's context variables."""
-    task = loop.create_task(self._run(key, group), context=group.ctx)
+    task = loop.create_task(self._run(group), context=group.ctx)
     group.task = task
     self._running.add(task)  # the loop keeps only a weak reference to tasks
     task.add_done_callback(self._running.discard)
 
 
-async def run(self: BatchedFunction, key: tuple[Any, ...], group: _Group) -> None:
+async def run(self: BatchedFunction, group: _Group) -> None:
     """The task of a group that several calls joined: close it and run its batch.
 
     Each caller gets its rows, or the batch's error.
     """
-    self._close(key, group)
+    self._close(group)
     callers = group.callers
     if any(map(_done, map(_future, callers))):  # (a cancelled call's future is done)
         callers = [c for c in callers if not c[2].done()]

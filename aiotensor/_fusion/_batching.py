@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import operator
 import types
 import weakref
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import numpy as np
 
@@ -65,6 +66,7 @@ DEFAULT_MAX_CONCURRENT_BATCHES: int | None = None
 _OPEN = State.OPEN
 _get_loop = asyncio.get_running_loop
 _ndarray = np.ndarray
+_is = operator.is_
 
 
 @types.coroutine
@@ -154,6 +156,7 @@ class BatchedFunction:
         self._label = f"batched({getattr(fn, '__name__', type(fn).__name__)})"
         self._placement = Placement()
         self._pending: dict[tuple[Any, ...], _Group] = {}
+        self._open: _Group | None = None  # the group the last call led, while calls may join it
         self._running: set[asyncio.Task[None]] = set()
         # Per shape key, from the last run on recycling ops: (did fn call BLAS, did it make
         # outputs worth recycling). Before the first run: assume both.
@@ -179,60 +182,93 @@ class BatchedFunction:
     async def __call__(self, x: Any, *params: Any) -> Tensor | tuple[Tensor, ...]:
         loop = _get_loop()
         tx = type(x)
-        # The common case first, without the general checks' calls: params all tensors of
-        # one session, x an ndarray or a tensor.
+        group = self._open
         runner: Any = None
-        for p in params:
-            if type(p) is not Tensor:
-                runner = None
-                break
-            e = p._engine
-            if runner is None:
-                runner = e
-            elif e is not runner:
-                runner = None
-                break
-        if runner is not None and (tx is _ndarray or tx is Tensor):
-            if tx is Tensor:
-                engine = x._engine
+        engine: Any = None
+        if (
+            group is not None
+            and tx is _ndarray
+            and group.loop is loop
+            and len(params) == len(group.params)
+            and all(map(_is, params, group.params))
+            and x.dtype is group.dtype
+        ):
+            # Joining the group the last call led, the common case under load: the same
+            # param objects and the same kind of rows give the same key, so neither the
+            # params' sessions nor the key are looked at again.
+            shape = x.shape
+            runner = group.engine
+            default = _defaults.get_default_session()
+            engine = runner if default is None else session_engine(default)
+            if (
+                shape
+                and shape[0]
+                and shape[1:] == group.row_shape
+                and engine.state is _OPEN
+                and engine._loop is loop
+                and (engine is runner or (runner in engine.ancestors and engine.backend.in_process))
+            ):
+                arr = x
+                n = shape[0]
             else:
-                default = _defaults.get_default_session()
-                engine = runner if default is None else session_engine(default)
-            if engine is not runner and runner not in engine.ancestors:
-                engine, runner = self._engines(x, params)  # (it raises the error)
+                engine = None  # the general path below: it opens, raises or finds another group
+        if engine is None:
+            # The common case first, without the general checks' calls: params all tensors of
+            # one session, x an ndarray or a tensor.
+            runner = None
+            for p in params:
+                if type(p) is not Tensor:
+                    runner = None
+                    break
+                e = p._engine
+                if runner is None:
+                    runner = e
+                elif e is not runner:
+                    runner = None
+                    break
+            if runner is not None and (tx is _ndarray or tx is Tensor):
+                if tx is Tensor:
+                    engine = x._engine
+                else:
+                    default = _defaults.get_default_session()
+                    engine = runner if default is None else session_engine(default)
+                if engine is not runner and runner not in engine.ancestors:
+                    engine, runner = self._engines(x, params)  # (it raises the error)
+            else:
+                types = {tx, *map(type, params)}
+                if Expr in types or ((list in types or tuple in types) and _nested_expr(params)):
+                    return await self._call_on_values(x, params)
+                engine, runner = self._engines(x, params)
+            if engine.state is not _OPEN:
+                await engine.open()
+            if engine._loop is not loop:
+                raise engine._wrong_loop()
+            if not engine.backend.in_process:
+                # Before reading x's rows: a remote tensor's buffer is a handle, not rows.
+                raise InvalidArgumentError(f"{self._label}: batched functions run on local backends only")
+            if tx is _ndarray and self._any_rows and x.ndim and x.shape[0] and x.dtype.kind in NUMERIC_KINDS:
+                arr = x  # rows as they are: no option to check them against
+            else:
+                arr = self._rows(x, engine)
+            shape = arr.shape
+            n = shape[0]
+            key = (loop, runner, tuple(map(id, params)), shape[1:], arr.dtype)
+            group = self._pending.get(key)
         else:
-            types = {tx, *map(type, params)}
-            if Expr in types or ((list in types or tuple in types) and _nested_expr(params)):
-                return await self._call_on_values(x, params)
-            engine, runner = self._engines(x, params)
-        if engine.state is not _OPEN:
-            await engine.open()
-        if engine._loop is not loop:
-            raise engine._wrong_loop()
-        if not engine.backend.in_process:
-            # Before reading x's rows: a remote tensor's buffer is a handle, not rows.
-            raise InvalidArgumentError(f"{self._label}: batched functions run on local backends only")
-        if tx is _ndarray and self._any_rows and x.ndim and x.shape[0] and x.dtype.kind in NUMERIC_KINDS:
-            arr = x  # rows as they are: no option to check them against
-        else:
-            arr = self._rows(x, engine)
-        shape = arr.shape
-        n = shape[0]
-        key = (loop, runner, tuple(map(id, params)), shape[1:], arr.dtype)
+            key = cast(_Group, group).key
         future = loop.create_future()
         caller = (arr, engine, future)
-        pending = self._pending
-        group = pending.get(key)
         if group is not None:
-            if group.rows + n <= self._max:
+            rows = group.rows + n
+            if rows <= self._max:
                 group.callers.append(caller)
-                group.rows += n
+                group.rows = rows
                 if group.task is None:
                     # The first call to join starts the group's task: it runs in the next
                     # loop iteration, with the leader's resumption, and submits the kernel.
-                    self._spawn(key, group, loop)
-                if group.rows >= self._max:
-                    del pending[key]  # full: the next call starts a group of its own
+                    self._spawn(group, loop)
+                if rows >= self._max:
+                    self._close(group)  # full: the next call starts a group of its own
                 try:
                     out: Tensor | tuple[Tensor, ...] = await future  # its tensor (a tuple: several outputs), in runner
                 except asyncio.CancelledError:
@@ -244,12 +280,13 @@ class BatchedFunction:
                 if moved is not None:  # (no coroutine: the common case of a child session's caller)
                     return moved
                 return await self._deliver(engine, runner, out)
-            del pending[key]  # this call would take it over the limit: it leads the next one
+            self._close(group)  # this call would take it over the limit: it leads the next one
         # The first call leads the group: one loop iteration (not a timer) lets the calls
         # that are ready now join it (the first to join starts its batch's task).
-        group = _Group(runner, params, caller, n)
+        group = _Group(runner, params, caller, n, key)
         if n < self._max:
-            pending[key] = group
+            self._pending[key] = group
+            self._open = group
         # What this session dropped is freed now, as an inline op would: otherwise the
         # loop iteration below would wake the cleanup task just for it.
         inline_point = engine.policy.inline_point
@@ -259,7 +296,7 @@ class BatchedFunction:
             await _one_iteration()
         except asyncio.CancelledError:
             if group.task is None:
-                self._close(key, group)
+                self._close(group)
             else:
                 future.cancel()  # its batch leaves it out
             raise
@@ -276,8 +313,7 @@ class BatchedFunction:
                 return moved
             return await self._deliver(engine, runner, out)
         # Alone: its batch of one runs in this task, as a fused function call would.
-        if pending.get(key) is group:
-            del pending[key]
+        self._close(group)
         self._count(1, n)
         try:
             if self._concurrent is None:  # (no lane to take: one coroutine frame less)
