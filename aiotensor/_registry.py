@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import operator
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,9 @@ from ._memory import MemoryGate
 __all__ = ["Registry", "SessionStats"]
 
 logger = logging.getLogger("aiotensor")
+
+
+_nbytes_of = operator.itemgetter(1)
 
 
 def _physical_memory() -> int | None:
@@ -169,6 +173,23 @@ class Registry:
         rid = self._next_id
         self._next_id = rid + 1
         self._buffers[rid] = (buffer, nbytes)
+        self.allocated_bytes += nbytes
+        live = self.live_bytes + nbytes
+        self.live_bytes = live
+        if live > self.peak_bytes:
+            self.peak_bytes = live
+        return rid
+
+    def add_all(self, entries: list[tuple[Any, int]]) -> int:
+        """Take ownership of several buffers, ``(buffer, nbytes)`` each: the first one's id (the others' follow it).
+
+        :meth:`add` for each in turn, in C loops: a batch's results are registered at once.
+        """
+        rid = self._next_id
+        k = len(entries)
+        self._next_id = rid + k
+        self._buffers.update(zip(range(rid, rid + k), entries, strict=True))
+        nbytes = sum(map(_nbytes_of, entries))
         self.allocated_bytes += nbytes
         live = self.live_bytes + nbytes
         self.live_bytes = live
