@@ -25,10 +25,12 @@ engine's concerns are bound in ``Engine``'s.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import copy
 import math
 import operator
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -61,12 +63,13 @@ _rows_of = operator.itemgetter(0)
 _future = operator.itemgetter(2)
 _done = operator.methodcaller("done")  # (any loop's future type)
 _get_loop = asyncio.get_running_loop
+_Future = asyncio.Future  # (what asyncio's and uvloop's create_future make)
 
 
 class _Group:
     """Calls of one batch: the same params, the same kind of rows, ``max_batch_size`` rows at most."""
 
-    __slots__ = ("callers", "ctx", "dtype", "engine", "key", "loop", "params", "row_shape", "rows", "task")
+    __slots__ = ("callers", "ctx", "dtype", "engine", "key", "loop", "params", "row_shape", "rows", "task", "thread")
 
     def __init__(
         self, engine: Engine, params: tuple[Any, ...], caller: _Caller, rows: int, key: tuple[Any, ...]
@@ -78,6 +81,7 @@ class _Group:
         # (loop, engine, the params' ids, row shape, dtype): its key among the pending groups
         self.key = key
         self.loop: asyncio.AbstractEventLoop = key[0]
+        self.thread = threading.get_ident()  # the loop's
         self.row_shape: tuple[int, ...] = key[3]
         self.dtype: np.dtype[Any] = key[4]
         self.ctx = contextvars.copy_context()  # its first caller's: the batch runs under them
@@ -126,6 +130,12 @@ async def run(self: BatchedFunction, group: _Group) -> None:
     rows = group.rows if len(callers) == len(group.callers) else sum([c[0].shape[0] for c in callers])
     self._count(len(callers), rows)
     note_callers(len(callers))  # (busy-loop placement counts them: this one task serves them all)
+    # What the batch's session had dropped (its callers' last results, typically) is freed
+    # now, before the kernel starts: freed by the cleanup task instead, it would take the
+    # loop thread's turn while the kernel's first ops wait for the GIL.
+    inline_point = group.engine.policy.inline_point
+    if inline_point is not None:
+        inline_point()
     try:
         if self._concurrent is None:  # (no lane to take: one coroutine frame less)
             tensors, multi = await self._kernel_call(group, callers, rows)
@@ -155,6 +165,11 @@ async def run(self: BatchedFunction, group: _Group) -> None:
             else:
                 future.set_result(mine)
     else:
+        futures = list(map(_future, callers))
+        if type(futures[0]) is _Future and len(tensors) == len(futures) and not any(map(_Future.done, futures)):
+            # No caller left while the batch ran: each future gets its tensor in C loops.
+            collections.deque(map(_Future.set_result, futures, tensors), 0)
+            return
         for (_, _, future), t in zip(callers, tensors, strict=True):
             if future.done():
                 cancelled += 1

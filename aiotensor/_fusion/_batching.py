@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import operator
+import threading
 import types
 import weakref
 from collections.abc import Callable, Generator
@@ -65,6 +66,7 @@ DEFAULT_MAX_BATCH_SIZE = 512
 DEFAULT_MAX_CONCURRENT_BATCHES: int | None = None
 _OPEN = State.OPEN
 _get_loop = asyncio.get_running_loop
+_get_ident = threading.get_ident
 _ndarray = np.ndarray
 _is = operator.is_
 
@@ -180,7 +182,6 @@ class BatchedFunction:
         return BatchStats(**self._counts)
 
     async def __call__(self, x: Any, *params: Any) -> Tensor | tuple[Tensor, ...]:
-        loop = _get_loop()
         tx = type(x)
         group = self._open
         runner: Any = None
@@ -188,7 +189,11 @@ class BatchedFunction:
         if (
             group is not None
             and tx is _ndarray
-            and group.loop is loop
+            # On the group's loop: its thread, while it runs (a thread runs one loop at a
+            # time). Cheaper than asking for the running loop (Python 3.11 asks the OS
+            # for the process id each time).
+            and _get_ident() == group.thread
+            and group.loop.is_running()
             and len(params) == len(group.params)
             and all(map(_is, params, group.params))
             and x.dtype is group.dtype
@@ -205,14 +210,16 @@ class BatchedFunction:
                 and shape[0]
                 and shape[1:] == group.row_shape
                 and engine.state is _OPEN
-                and engine._loop is loop
+                and engine._loop is group.loop
                 and (engine is runner or (runner in engine.ancestors and engine.backend.in_process))
             ):
                 arr = x
                 n = shape[0]
+                loop = group.loop
             else:
                 engine = None  # the general path below: it opens, raises or finds another group
         if engine is None:
+            loop = _get_loop()
             # The common case first, without the general checks' calls: params all tensors of
             # one session, x an ndarray or a tensor.
             runner = None
