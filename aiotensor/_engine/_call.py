@@ -161,6 +161,8 @@ async def call(
         for buf in result.buffers:
             self.backend.release(buf.handle)
         raise SessionClosedError(f"{label}: the session was closed while the op ran")
+    if registry.memory_limit is None:  # nothing to fit: _own without its coroutine
+        return self._take(result, label, name, device), result.multi
     return await self._own(result, label, name, nbytes, device), result.multi
 
 
