@@ -40,7 +40,7 @@ import types
 import weakref
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -290,7 +290,7 @@ class BatchedFunction:
             key = (loop, runner, tuple(map(id, params)), shape[1:], arr.dtype)
             group = self._pending.get(key)
         else:
-            key = cast(_Group, group).key
+            key = group.key  # type: ignore[union-attr]  # (joining: not None)
         future = loop.create_future()
         caller = (arr, engine, future)
         if group is not None:
