@@ -63,6 +63,7 @@ _rows_of = operator.itemgetter(0)
 _future = operator.itemgetter(2)
 _done = operator.methodcaller("done")  # (any loop's future type)
 _get_loop = asyncio.get_running_loop
+_get_ident = threading.get_ident
 _Future = asyncio.Future  # (what asyncio's and uvloop's create_future make)
 
 
@@ -81,7 +82,7 @@ class _Group:
         # (loop, engine, the params' ids, row shape, dtype): its key among the pending groups
         self.key = key
         self.loop: asyncio.AbstractEventLoop = key[0]
-        self.thread = threading.get_ident()  # the loop's
+        self.thread = _get_ident()  # the loop's
         self.row_shape: tuple[int, ...] = key[3]
         self.dtype: np.dtype[Any] = key[4]
         self.ctx = contextvars.copy_context()  # its first caller's: the batch runs under them

@@ -80,7 +80,7 @@ _is = operator.is_
 
 
 def _others_ready(loop: asyncio.AbstractEventLoop, engine: Engine) -> bool:
-    """Whether a call could join a group this call leads if it let the loop run one iteration.
+    """Whether a call could join a group this call leads if it let asyncio's own ``loop`` run one iteration.
 
     Always, but on asyncio's own loops (lazy tasks) when no callback is ready to run but
     the wake-up of the session's cleanup (which calls nobody): then nothing else runs
@@ -90,7 +90,7 @@ def _others_ready(loop: asyncio.AbstractEventLoop, engine: Engine) -> bool:
     asyncio's queue of ready callbacks (private to it; unchanged since 3.4); uvloop has
     none to read, and an eager task factory runs a new task before queueing anything.
     """
-    if type(loop) not in _ASYNCIO_LOOPS or loop.get_task_factory() is not None:
+    if loop.get_task_factory() is not None:
         return True
     ready = getattr(loop, "_ready", None)
     if type(ready) is not collections.deque:
@@ -324,7 +324,7 @@ class BatchedFunction:
         inline_point = engine.policy.inline_point
         if inline_point is not None:
             inline_point()
-        if _others_ready(loop, engine):
+        if type(loop) not in _ASYNCIO_LOOPS or _others_ready(loop, engine):
             if n < self._max:
                 self._pending[key] = group
                 self._open = group
