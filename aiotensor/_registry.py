@@ -306,21 +306,26 @@ class Registry:
                 if self.free(dropped.popleft()):
                     n += 1
             return n
-        # The common case (in-process buffers, no memory wait): free() written out.
+        # The common case (in-process buffers, no memory wait): free() written out, the
+        # counts summed here and written once (a batch's 32 results come at once).
         buffers, cache = self._buffers, self.cache
-        n = 0
-        while dropped:
-            entry = buffers.pop(dropped.popleft(), None)
-            if entry is not None:
-                n += 1
-                nbytes = entry[1]
-                self.live_bytes -= nbytes
-                self.freed += 1
-                if cache is not None and nbytes >= cache.min_bytes:
-                    buffer = entry[0]
-                    del entry  # the cache counts references: only ``buffer`` may hold it here
-                    cache.give(buffer)
-                    del buffer
+        min_bytes = cache.min_bytes if cache is not None else 1 << 62
+        n = freed_bytes = 0
+        try:
+            while dropped:
+                entry = buffers.pop(dropped.popleft(), None)
+                if entry is not None:
+                    n += 1
+                    nbytes = entry[1]
+                    freed_bytes += nbytes
+                    if nbytes >= min_bytes:
+                        buffer = entry[0]
+                        del entry  # the cache counts references: only ``buffer`` may hold it here
+                        cache.give(buffer)  # type: ignore[union-attr]  # (min_bytes: a cache)
+                        del buffer
+        finally:
+            self.live_bytes -= freed_bytes
+            self.freed += n
         return n
 
     def close(self) -> int:
