@@ -80,15 +80,16 @@ _is = operator.is_
 
 
 def _others_ready(loop: asyncio.AbstractEventLoop, engine: Engine) -> bool:
-    """Whether a call could join a group this call leads if it let asyncio's own ``loop`` run one iteration.
+    """On asyncio's own ``loop``: whether a call could join the group this call leads if it let the loop run once.
 
-    Always, but on asyncio's own loops (lazy tasks) when no callback is ready to run but
-    the wake-up of the session's cleanup (which calls nobody): then nothing else runs
-    before this call would resume (what the next iteration polls, timers and other
-    threads' callbacks included, is queued behind it), so its batch would be of one,
-    and the iteration is skipped (~5 µs of the loop's time on asyncio). Read from
-    asyncio's queue of ready callbacks (private to it; unchanged since 3.4); uvloop has
-    none to read, and an eager task factory runs a new task before queueing anything.
+    Not when no callback is ready to run but the wake-up of the session's cleanup (which
+    calls nobody) and tasks are lazy: then nothing else runs before this call would
+    resume (what the next iteration polls, timers and other threads' callbacks
+    included, is queued behind it), so its batch would be of one, and the iteration is
+    skipped (~5 µs of the loop's time on asyncio). Read from asyncio's queue of ready
+    callbacks (private to asyncio; the same since 3.4). uvloop has none to read (its
+    callers always wait the iteration), and an eager task factory runs a new task before
+    anything is queued.
     """
     if loop.get_task_factory() is not None:
         return True
