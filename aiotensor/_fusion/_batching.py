@@ -50,6 +50,7 @@ from .._engine._session_rule import engine_of, session_engine
 from .._errors import InvalidArgumentError
 from .._expr import Expr, Operand
 from .._kernels import NUMERIC_KINDS, numeric_array
+from .._loopload import Sensor
 from .._programs._placement import Placement
 from .._tensor import Tensor
 from . import _batch_delivery, _batch_task
@@ -77,27 +78,37 @@ _ASYNCIO_LOOPS = frozenset(
     c for c in (getattr(asyncio, "SelectorEventLoop", None), getattr(asyncio, "ProactorEventLoop", None)) if c
 )
 _is = operator.is_
+# The busy-loop sensor's end of a turn (a callback that calls nobody: see _others_ready).
+_END_TURN: object = getattr(Sensor, "_end_turn", object())
+_NOT_A_METHOD = object()
 
 
 def _others_ready(loop: asyncio.AbstractEventLoop, engine: Engine) -> bool:
     """On asyncio's own ``loop``: whether a call could join the group this call leads if it let the loop run once.
 
-    Not when no callback is ready to run but the wake-up of the session's cleanup (which
-    calls nobody) and tasks are lazy: then nothing else runs before this call would
-    resume (what the next iteration polls, timers and other threads' callbacks
-    included, is queued behind it), so its batch would be of one, and the iteration is
-    skipped (~5 µs of the loop's time on asyncio). Read from asyncio's queue of ready
-    callbacks (private to asyncio; the same since 3.4). uvloop has none to read (its
-    callers always wait the iteration), and an eager task factory runs a new task before
-    anything is queued.
+    Not when tasks are lazy and no callback is ready to run but bookkeeping that calls
+    nobody (the wake-up of the session's cleanup, the end of the busy-loop sensor's
+    turn): then nothing else runs before this call would resume (what the next iteration
+    polls, timers and other threads' callbacks included, is queued behind it), so its
+    batch would be of one, and the iteration is skipped (~5 µs of the loop's time on
+    asyncio). Read from asyncio's queue of ready callbacks and their ``_callback``
+    (private to asyncio; the same since 3.4). uvloop has none to read (its callers always
+    wait the iteration), and an eager task factory runs a new task before anything is
+    queued.
     """
     if loop.get_task_factory() is not None:
         return True
     ready = getattr(loop, "_ready", None)
     if type(ready) is not collections.deque:
         return True
-    n = len(ready)
-    return n > 1 or (n == 1 and ready[0] is not engine.policy.wake_handle)
+    wake = engine.policy.wake_handle
+    for handle in ready:
+        if (
+            handle is not wake
+            and getattr(getattr(handle, "_callback", None), "__func__", _NOT_A_METHOD) is not _END_TURN
+        ):
+            return True
+    return False
 
 
 @types.coroutine
