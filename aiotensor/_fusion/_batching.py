@@ -101,8 +101,13 @@ def _others_ready(loop: asyncio.AbstractEventLoop, engine: Engine) -> bool:
     ready = getattr(loop, "_ready", None)
     if type(ready) is not collections.deque:
         return True
+    n = len(ready)
+    if n > 2:  # (bookkeeping is two callbacks at most)
+        return True
     wake = engine.policy.wake_handle
-    for handle in ready:
+    # By index, not iterating: another thread's call_soon_threadsafe may append meanwhile.
+    for i in range(n):
+        handle = ready[i]
         if (
             handle is not wake
             and getattr(getattr(handle, "_callback", None), "__func__", _NOT_A_METHOD) is not _END_TURN
