@@ -292,9 +292,13 @@ def _take(self: Engine, result: KernelResult, label: str, name: str | None, devi
     registry = self.registry
     buffers = result.buffers
     multi = result.multi
-    # Registered at once (a batch's results are many), each given a handle as make_tensor
-    # does, written out: three calls fewer per buffer.
-    rid = registry.add_all(list(zip(map(_handle_of, buffers), map(_nbytes_of, buffers), strict=True)))
+    # Registered at once when there are several (a batch's results), each given a handle
+    # as make_tensor does, written out: three calls fewer per buffer.
+    if len(buffers) == 1:
+        b = buffers[0]
+        rid = registry.add(b[0], b[3])
+    else:
+        rid = registry.add_all(list(zip(map(_handle_of, buffers), map(_nbytes_of, buffers), strict=True)))
     tag: str | tuple[str, int] = (label, -1) if name is None else name
     tensors = []
     for i, b in enumerate(buffers):
