@@ -283,7 +283,7 @@ async def test_on_asyncio_a_caller_alone_with_nothing_else_ready_skips_the_loop_
     await asyncio.sleep(0)  # (the sensor's callback runs)
 
 
-async def test_a_caller_alone_whose_session_has_a_callback_ready_waits_the_iteration(s: at.AsyncEagerSession) -> None:
+async def test_a_caller_alone_whose_loop_has_a_callback_ready_waits_the_iteration(s: at.AsyncEagerSession) -> None:
     w = await weights(s)
     f = at.batched(mlp)
     for seed in range(3):
@@ -294,6 +294,21 @@ async def test_a_caller_alone_whose_session_has_a_callback_ready_waits_the_itera
     y = await f(x, *w)
     assert ran == [1]
     close(y, x)
+
+
+async def test_calls_without_rows_made_while_a_group_is_open_fail_alone(s: at.AsyncEagerSession) -> None:
+    # The same params and dtype as the open group's leader, but no rows: the joining
+    # call's shortcut leaves them to the general checks.
+    w = await weights(s)
+    f = at.batched(mlp)
+    x = rows(3)
+    lead = asyncio.create_task(f(x, *w))
+    await asyncio.sleep(0)  # it leads an open group
+    for bad in (np.zeros((0, IN), np.float32), np.zeros((), np.float32)):
+        with pytest.raises(at.InvalidArgumentError, match="at least one row"):
+            await f(bad, *w)
+    close(await lead, x)
+    assert (f.stats().calls, f.stats().batches) == (1, 1)
 
 
 async def test_a_batch_is_submitted_in_the_loop_iteration_after_its_first_call() -> None:
