@@ -46,6 +46,10 @@ class CleanupPolicy(ABC):
     inline_point: Callable[[], object] | None = None
     #: Times the machinery failed and was restarted.
     failures: int = 0
+    #: The loop's handle of a wake-up of the machinery scheduled from the loop's thread and
+    #: not run yet, else ``None``: a batched call tells it apart from callbacks that could
+    #: be callers (``_batching._others_ready``).
+    wake_handle: asyncio.Handle | None = None
 
     @abstractmethod
     def start(self, registry: Registry, loop: asyncio.AbstractEventLoop) -> None:
@@ -134,13 +138,14 @@ class BackgroundCleanup(CleanupPolicy):
             return
         try:
             if _get_ident() == self._loop_thread:
-                loop.call_soon(self._wake)
+                self.wake_handle = loop.call_soon(self._wake)
             else:
                 loop.call_soon_threadsafe(self._wake)
         except RuntimeError:  # the loop is closed: close() or the session finalizer frees
             pass
 
     def _wake(self) -> None:
+        self.wake_handle = None
         if self._stopping:
             return
         # Disarm before looking at the queue (a racing drop then schedules another

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import operator
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,9 @@ from ._memory import MemoryGate
 __all__ = ["Registry", "SessionStats"]
 
 logger = logging.getLogger("aiotensor")
+
+
+_nbytes_of = operator.itemgetter(1)
 
 
 def _physical_memory() -> int | None:
@@ -176,6 +180,23 @@ class Registry:
             self.peak_bytes = live
         return rid
 
+    def add_all(self, entries: list[tuple[Any, int]]) -> int:
+        """Take ownership of several buffers, ``(buffer, nbytes)`` each: the first one's id (the others' follow it).
+
+        :meth:`add` for each in turn, in C loops: a batch's results are registered at once.
+        """
+        rid = self._next_id
+        k = len(entries)
+        self._next_id = rid + k
+        self._buffers.update(zip(range(rid, rid + k), entries, strict=True))
+        nbytes = sum(map(_nbytes_of, entries))
+        self.allocated_bytes += nbytes
+        live = self.live_bytes + nbytes
+        self.live_bytes = live
+        if live > self.peak_bytes:
+            self.peak_bytes = live
+        return rid
+
     def get(self, rid: int) -> Any:
         """The buffer of ``rid``; ``KeyError`` if it was freed."""
         return self._buffers[rid][0]
@@ -285,21 +306,26 @@ class Registry:
                 if self.free(dropped.popleft()):
                     n += 1
             return n
-        # The common case (in-process buffers, no memory wait): free() written out.
+        # The common case (in-process buffers, no memory wait): free() written out, the
+        # counts summed here and written once (a batch's 32 results come at once).
         buffers, cache = self._buffers, self.cache
-        n = 0
-        while dropped:
-            entry = buffers.pop(dropped.popleft(), None)
-            if entry is not None:
-                n += 1
-                nbytes = entry[1]
-                self.live_bytes -= nbytes
-                self.freed += 1
-                if cache is not None and nbytes >= cache.min_bytes:
-                    buffer = entry[0]
-                    del entry  # the cache counts references: only ``buffer`` may hold it here
-                    cache.give(buffer)
-                    del buffer
+        min_bytes = cache.min_bytes if cache is not None else 1 << 62
+        n = freed_bytes = 0
+        try:
+            while dropped:
+                entry = buffers.pop(dropped.popleft(), None)
+                if entry is not None:
+                    n += 1
+                    nbytes = entry[1]
+                    freed_bytes += nbytes
+                    if nbytes >= min_bytes:
+                        buffer = entry[0]
+                        del entry  # the cache counts references: only ``buffer`` may hold it here
+                        cache.give(buffer)  # type: ignore[union-attr]  # (min_bytes: a cache)
+                        del buffer
+        finally:
+            self.live_bytes -= freed_bytes
+            self.freed += n
         return n
 
     def close(self) -> int:

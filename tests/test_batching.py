@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
+from aiotensor import _loopload
 
 from ._results import one
 from .conftest import settle
@@ -248,6 +249,66 @@ async def test_a_caller_alone_waits_one_loop_iteration_not_a_timer(s: at.AsyncEa
     await asyncio.sleep(0)  # one more loop iteration: the batch has started
     assert f.stats().batches == 1
     close(await task, x)
+
+
+async def test_on_asyncio_a_caller_alone_with_nothing_else_ready_skips_the_loop_iteration(
+    s: at.AsyncEagerSession,
+) -> None:
+    # Nothing could join it (whatever the next iteration brings is queued behind it), so
+    # on asyncio's own loop its batch of one runs at once: a cheap kernel, inline, never
+    # suspends. uvloop shows no queue to read: its caller waits the iteration.
+    w = await weights(s)
+    f = at.batched(mlp)
+    for seed in range(3):  # the first batch of a shape runs on the pool (measured), then inline
+        close(await f(rows(2, seed=seed), *w), rows(2, seed=seed))
+    for _ in range(3):  # the cleanup task frees the results dropped above: then nothing is ready
+        await asyncio.sleep(0)
+    # ... but bookkeeping that calls nobody: the end of the busy-loop sensor's turn (queued
+    # while the loop is saturated)
+    turn: list[object] = [None]
+    asyncio.get_running_loop().call_soon(_loopload.sensor()._end_turn, turn)
+    x = rows(2, seed=9)
+    call = f(x, *w)
+    try:
+        suspended = call.send(None)
+    except StopIteration as done:
+        close(done.value, x)
+        assert type(asyncio.get_running_loop()) is asyncio.SelectorEventLoop
+        assert f.stats().batches == 4
+    else:
+        assert suspended is None  # the bare yield of the one loop iteration
+        assert type(asyncio.get_running_loop()) is not asyncio.SelectorEventLoop
+        call.close()
+        f._close(f._open)  # type: ignore[arg-type]  # (the group of the call driven by hand, left behind)
+    await asyncio.sleep(0)  # (the sensor's callback runs)
+
+
+async def test_a_caller_alone_whose_loop_has_a_callback_ready_waits_the_iteration(s: at.AsyncEagerSession) -> None:
+    w = await weights(s)
+    f = at.batched(mlp)
+    for seed in range(3):
+        close(await f(rows(2, seed=seed), *w), rows(2, seed=seed))
+    ran: list[int] = []
+    asyncio.get_running_loop().call_soon(ran.append, 1)  # ready: it runs before the batch
+    x = rows(2, seed=9)
+    y = await f(x, *w)
+    assert ran == [1]
+    close(y, x)
+
+
+async def test_calls_without_rows_made_while_a_group_is_open_fail_alone(s: at.AsyncEagerSession) -> None:
+    # The same params and dtype as the open group's leader, but no rows: the joining
+    # call's shortcut leaves them to the general checks.
+    w = await weights(s)
+    f = at.batched(mlp)
+    x = rows(3)
+    lead = asyncio.create_task(f(x, *w))
+    await asyncio.sleep(0)  # it leads an open group
+    for bad in (np.zeros((0, IN), np.float32), np.zeros((), np.float32)):
+        with pytest.raises(at.InvalidArgumentError, match="at least one row"):
+            await f(bad, *w)
+    close(await lead, x)
+    assert (f.stats().calls, f.stats().batches) == (1, 1)
 
 
 async def test_a_batch_is_submitted_in_the_loop_iteration_after_its_first_call() -> None:

@@ -7,6 +7,7 @@ coroutine; ``peek`` a read-only view of a local buffer.
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import TYPE_CHECKING
 
 from .._backends._base import _COPY_ON_POOL_BYTES
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["discard", "fetch", "fetch_now", "peek"]
 
 _get_loop = asyncio.get_running_loop
+_get_ident = threading.get_ident
 
 
 class _NoRegistry:
@@ -78,20 +80,32 @@ def fetch_now(self: Engine, t: Tensor) -> NDArray | None:
     freed buffer, a large or remote value) returns ``None``, and :func:`fetch` opens,
     raises, yields or copies on the pool as it always does.
     """
-    if self.state is not _OPEN or self._held >= self._hold_s or not self._local_fetch or _get_loop() is not self._loop:
+    if (
+        self.state is not _OPEN
+        or self._held >= self._hold_s
+        or not self._local_fetch
+        # On the session's loop: its thread, while it runs (a thread runs one loop at a
+        # time). Cheaper than asking for the running loop (Python 3.11 asks the OS for
+        # the process id each time).
+        or _get_ident() != self._loop_thread
+        or not self._loop.is_running()  # type: ignore[union-attr]  # (open: it has a loop)
+    ):
         return None
     registry = t._registry
     entry = registry._buffers.get(t._rid)
     if entry is None or entry[1] > _COPY_ON_POOL_BYTES:
         return None
-    safe_point = self.policy.safe_point
-    dropped = registry._dropped  # (the hook frees what is queued here: nothing queued, no call)
-    if safe_point is not None and dropped:
-        safe_point()
-    value: NDArray = entry[0].copy()
+    value: NDArray
+    if registry._dropped:  # (the hook frees what is queued here: nothing queued, no call)
+        safe_point = self.policy.safe_point
+        if safe_point is not None:
+            safe_point()
+            value = entry[0].copy()
+            self._held += HOLD_PER_OP_S
+            safe_point()
+            return value
+    value = entry[0].copy()
     self._held += HOLD_PER_OP_S
-    if safe_point is not None and dropped:
-        safe_point()
     return value
 
 

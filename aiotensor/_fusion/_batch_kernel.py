@@ -35,7 +35,6 @@ from __future__ import annotations
 import collections
 import itertools
 import math
-import operator
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -177,14 +176,14 @@ class BatchKernel:
 
 _new_tuple = tuple.__new__  # BufferInfo(...) without the NamedTuple's __new__ (half the cost)
 _copy = np.ndarray.copy
-_read_only = operator.methodcaller("setflags", False)
+_setflags: Callable[[Any, bool], None] = np.ndarray.setflags  # type: ignore[assignment]  # (write= positional: numpy accepts it)
 
 
 def _equal_pieces(a: NDArray, k: int, n: int) -> list[_kernels.BufferInfo]:
     # ``a``'s rows as k owned read-only arrays of n rows each: a 3-d view iterated, copied,
     # flagged and described by map (no bytecode per piece: half the cost of a loop).
     pieces = list(map(_copy, a.reshape(k, n, *a.shape[1:])))
-    collections.deque(map(_read_only, pieces), 0)
+    collections.deque(map(_setflags, pieces, itertools.repeat(False)), 0)  # (write=False; a methodcaller: 1.4x)
     p = pieces[0]
     shape, dtype, nbytes = itertools.repeat(p.shape), itertools.repeat(p.dtype), itertools.repeat(p.nbytes)
     return list(map(_new_tuple, itertools.repeat(_kernels.BufferInfo), zip(pieces, shape, dtype, nbytes, strict=False)))

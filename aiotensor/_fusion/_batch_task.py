@@ -25,10 +25,12 @@ engine's concerns are bound in ``Engine``'s.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import copy
 import math
 import operator
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -61,26 +63,39 @@ _rows_of = operator.itemgetter(0)
 _future = operator.itemgetter(2)
 _done = operator.methodcaller("done")  # (any loop's future type)
 _get_loop = asyncio.get_running_loop
+_get_ident = threading.get_ident
+_Future = asyncio.Future  # (what asyncio's and uvloop's create_future make)
 
 
 class _Group:
     """Calls of one batch: the same params, the same kind of rows, ``max_batch_size`` rows at most."""
 
-    __slots__ = ("callers", "ctx", "engine", "params", "rows", "task")
+    __slots__ = ("callers", "ctx", "dtype", "engine", "key", "loop", "params", "row_shape", "rows", "task", "thread")
 
-    def __init__(self, engine: Engine, params: tuple[Any, ...], caller: _Caller, rows: int) -> None:
+    def __init__(
+        self, engine: Engine, params: tuple[Any, ...], caller: _Caller, rows: int, key: tuple[Any, ...]
+    ) -> None:
         self.engine = engine  # where the batch runs: the params' session
         self.params = params  # held: the group is keyed by their ids
         self.callers = [caller]
         self.rows = rows
+        # (loop, engine, the params' ids, row shape, dtype): its key among the pending groups
+        self.key = key
+        self.loop: asyncio.AbstractEventLoop = key[0]
+        self.thread = _get_ident()  # the loop's
+        self.row_shape: tuple[int, ...] = key[3]
+        self.dtype: np.dtype[Any] = key[4]
         self.ctx = contextvars.copy_context()  # its first caller's: the batch runs under them
         self.task: asyncio.Task[None] | None = None  # started by the first call to join
 
 
-def close(self: BatchedFunction, key: tuple[Any, ...], group: _Group) -> None:
+def close(self: BatchedFunction, group: _Group) -> None:
     """Take the group out of the pending ones (if it is still there): no call joins it now."""
+    key = group.key
     if self._pending.get(key) is group:
         del self._pending[key]
+    if self._open is group:
+        self._open = None
 
 
 def count(self: BatchedFunction, calls: int, rows: int) -> None:
@@ -93,29 +108,40 @@ def count(self: BatchedFunction, calls: int, rows: int) -> None:
         counts["max_rows"] = rows
 
 
-def spawn(self: BatchedFunction, key: tuple[Any, ...], group: _Group, loop: asyncio.AbstractEventLoop) -> None:
+def spawn(self: BatchedFunction, group: _Group, loop: asyncio.AbstractEventLoop) -> None:
     """Start the group's task (``run``) under its first caller's context variables."""
-    task = loop.create_task(self._run(key, group), context=group.ctx)
+    task = loop.create_task(self._run(group), context=group.ctx)
     group.task = task
     self._running.add(task)  # the loop keeps only a weak reference to tasks
     task.add_done_callback(self._running.discard)
 
 
-async def run(self: BatchedFunction, key: tuple[Any, ...], group: _Group) -> None:
+async def run(self: BatchedFunction, group: _Group) -> None:
     """The task of a group that several calls joined: close it and run its batch.
 
     Each caller gets its rows, or the batch's error.
     """
-    self._close(key, group)
+    self._close(group)
     callers = group.callers
-    if any(map(_done, map(_future, callers))):  # (a cancelled call's future is done)
+    futures = list(map(_future, callers))
+    # (a cancelled call's future is done; asyncio's and uvloop's futures: their method
+    # mapped in C, a methodcaller's call costs ~3x)
+    done = _Future.done if type(futures[0]) is _Future else _done
+    if any(map(done, futures)):
         callers = [c for c in callers if not c[2].done()]
+        futures = list(map(_future, callers))
         self._counts["cancelled"] += len(group.callers) - len(callers)
     if not callers:
         return
     rows = group.rows if len(callers) == len(group.callers) else sum([c[0].shape[0] for c in callers])
     self._count(len(callers), rows)
     note_callers(len(callers))  # (busy-loop placement counts them: this one task serves them all)
+    # What the batch's session had dropped (its callers' last results, typically) is freed
+    # now, before the kernel starts: freed by the cleanup task instead, it would take the
+    # loop thread's turn while the kernel's first ops wait for the GIL.
+    inline_point = group.engine.policy.inline_point
+    if inline_point is not None:
+        inline_point()
     try:
         if self._concurrent is None:  # (no lane to take: one coroutine frame less)
             tensors, multi = await self._kernel_call(group, callers, rows)
@@ -145,6 +171,10 @@ async def run(self: BatchedFunction, key: tuple[Any, ...], group: _Group) -> Non
             else:
                 future.set_result(mine)
     else:
+        if done is not _done and len(tensors) == len(futures) and not any(map(done, futures)):
+            # No caller left while the batch ran: each future gets its tensor in C loops.
+            collections.deque(map(_Future.set_result, futures, tensors), 0)
+            return
         for (_, _, future), t in zip(callers, tensors, strict=True):
             if future.done():
                 cancelled += 1

@@ -10,7 +10,10 @@ task (:mod:`aiotensor._fusion._batch_task`), which runs in the next loop iterati
 leader resumes; the batch's kernel is submitted there, as a hand-written batcher's
 ``call_soon`` flush would), closes the group and runs its one kernel call, so that no
 caller's cancellation can stop it. A group nobody joined runs its kernel in the leader's
-own task, exactly as a fused call would. A batch runs ``fn`` once on the stacked rows,
+own task, exactly as a fused call would; on asyncio's own loop, a call that finds no
+other callback ready to run (nothing could join it) skips the iteration (``_others_ready``).
+A call joining the group the last call led (the same param objects, the same kind of
+rows: the common case under load) skips the params' sessions and the key. A batch runs ``fn`` once on the stacked rows,
 as a fused function runs (:mod:`aiotensor._fusion._function`: one kernel, on the pool or
 inline as its cost says), and its kernel (:mod:`aiotensor._fusion._batch_kernel`) splits
 every output into each caller's rows.
@@ -29,7 +32,10 @@ concerns.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
+import operator
+import threading
 import types
 import weakref
 from collections.abc import Callable, Generator
@@ -44,6 +50,7 @@ from .._engine._session_rule import engine_of, session_engine
 from .._errors import InvalidArgumentError
 from .._expr import Expr, Operand
 from .._kernels import NUMERIC_KINDS, numeric_array
+from .._loopload import Sensor
 from .._programs._placement import Placement
 from .._tensor import Tensor
 from . import _batch_delivery, _batch_task
@@ -64,7 +71,49 @@ DEFAULT_MAX_BATCH_SIZE = 512
 DEFAULT_MAX_CONCURRENT_BATCHES: int | None = None
 _OPEN = State.OPEN
 _get_loop = asyncio.get_running_loop
+_get_ident = threading.get_ident
 _ndarray = np.ndarray
+# asyncio's own loop classes (not subclasses: their queue of ready callbacks may differ)
+_ASYNCIO_LOOPS = frozenset(
+    c for c in (getattr(asyncio, "SelectorEventLoop", None), getattr(asyncio, "ProactorEventLoop", None)) if c
+)
+_is = operator.is_
+# The busy-loop sensor's end of a turn (a callback that calls nobody: see _others_ready).
+_END_TURN: object = getattr(Sensor, "_end_turn", object())
+_NOT_A_METHOD = object()
+
+
+def _others_ready(loop: asyncio.AbstractEventLoop, engine: Engine) -> bool:
+    """On asyncio's own ``loop``: whether a call could join the group this call leads if it let the loop run once.
+
+    Not when tasks are lazy and no callback is ready to run but bookkeeping that calls
+    nobody (the wake-up of the session's cleanup, the end of the busy-loop sensor's
+    turn): then nothing else runs before this call would resume (what the next iteration
+    polls, timers and other threads' callbacks included, is queued behind it), so its
+    batch would be of one, and the iteration is skipped (~5 µs of the loop's time on
+    asyncio). Read from asyncio's queue of ready callbacks and their ``_callback``
+    (private to asyncio; the same since 3.4). uvloop has none to read (its callers always
+    wait the iteration), and an eager task factory runs a new task before anything is
+    queued.
+    """
+    if loop.get_task_factory() is not None:
+        return True
+    ready = getattr(loop, "_ready", None)
+    if type(ready) is not collections.deque:
+        return True
+    n = len(ready)
+    if n > 2:  # (bookkeeping is two callbacks at most)
+        return True
+    wake = engine.policy.wake_handle
+    # By index, not iterating: another thread's call_soon_threadsafe may append meanwhile.
+    for i in range(n):
+        handle = ready[i]
+        if (
+            handle is not wake
+            and getattr(getattr(handle, "_callback", None), "__func__", _NOT_A_METHOD) is not _END_TURN
+        ):
+            return True
+    return False
 
 
 @types.coroutine
@@ -154,6 +203,7 @@ class BatchedFunction:
         self._label = f"batched({getattr(fn, '__name__', type(fn).__name__)})"
         self._placement = Placement()
         self._pending: dict[tuple[Any, ...], _Group] = {}
+        self._open: _Group | None = None  # the group the last call led, while calls may join it
         self._running: set[asyncio.Task[None]] = set()
         # Per shape key, from the last run on recycling ops: (did fn call BLAS, did it make
         # outputs worth recycling). Before the first run: assume both.
@@ -177,62 +227,100 @@ class BatchedFunction:
         return BatchStats(**self._counts)
 
     async def __call__(self, x: Any, *params: Any) -> Tensor | tuple[Tensor, ...]:
-        loop = _get_loop()
         tx = type(x)
-        # The common case first, without the general checks' calls: params all tensors of
-        # one session, x an ndarray or a tensor.
+        group = self._open
         runner: Any = None
-        for p in params:
-            if type(p) is not Tensor:
-                runner = None
-                break
-            e = p._engine
-            if runner is None:
-                runner = e
-            elif e is not runner:
-                runner = None
-                break
-        if runner is not None and (tx is _ndarray or tx is Tensor):
-            if tx is Tensor:
-                engine = x._engine
+        engine: Any = None
+        if (
+            group is not None
+            and tx is _ndarray
+            # On the group's loop: its thread, while it runs (a thread runs one loop at a
+            # time). Cheaper than asking for the running loop (Python 3.11 asks the OS
+            # for the process id each time).
+            and _get_ident() == group.thread
+            and group.loop.is_running()
+            and len(params) == len(group.params)
+            and all(map(_is, params, group.params))
+            and x.dtype is group.dtype
+        ):
+            # Joining the group the last call led, the common case under load: the same
+            # param objects and the same kind of rows give the same key, so neither the
+            # params' sessions nor the key are looked at again.
+            shape = x.shape
+            runner = group.engine
+            default = _defaults.get_default_session()
+            engine = runner if default is None else session_engine(default)
+            if (
+                shape
+                and shape[0]
+                and shape[1:] == group.row_shape
+                and engine.state is _OPEN
+                and engine._loop is group.loop
+                and (engine is runner or (runner in engine.ancestors and engine.backend.in_process))
+            ):
+                arr = x
+                n = shape[0]
+                loop = group.loop
             else:
-                default = _defaults.get_default_session()
-                engine = runner if default is None else session_engine(default)
-            if engine is not runner and runner not in engine.ancestors:
-                engine, runner = self._engines(x, params)  # (it raises the error)
+                engine = None  # the general path below: it opens, raises or finds another group
+        if engine is None:
+            loop = _get_loop()
+            # The common case first, without the general checks' calls: params all tensors of
+            # one session, x an ndarray or a tensor.
+            runner = None
+            for p in params:
+                if type(p) is not Tensor:
+                    runner = None
+                    break
+                e = p._engine
+                if runner is None:
+                    runner = e
+                elif e is not runner:
+                    runner = None
+                    break
+            if runner is not None and (tx is _ndarray or tx is Tensor):
+                if tx is Tensor:
+                    engine = x._engine
+                else:
+                    default = _defaults.get_default_session()
+                    engine = runner if default is None else session_engine(default)
+                if engine is not runner and runner not in engine.ancestors:
+                    engine, runner = self._engines(x, params)  # (it raises the error)
+            else:
+                types = {tx, *map(type, params)}
+                if Expr in types or ((list in types or tuple in types) and _nested_expr(params)):
+                    return await self._call_on_values(x, params)
+                engine, runner = self._engines(x, params)
+            if engine.state is not _OPEN:
+                await engine.open()
+            if engine._loop is not loop:
+                raise engine._wrong_loop()
+            if not engine.backend.in_process:
+                # Before reading x's rows: a remote tensor's buffer is a handle, not rows.
+                raise InvalidArgumentError(f"{self._label}: batched functions run on local backends only")
+            if tx is _ndarray and self._any_rows and x.ndim and x.shape[0] and x.dtype.kind in NUMERIC_KINDS:
+                arr = x  # rows as they are: no option to check them against
+            else:
+                arr = self._rows(x, engine)
+            shape = arr.shape
+            n = shape[0]
+            key = (loop, runner, tuple(map(id, params)), shape[1:], arr.dtype)
+            group = self._pending.get(key)
         else:
-            types = {tx, *map(type, params)}
-            if Expr in types or ((list in types or tuple in types) and _nested_expr(params)):
-                return await self._call_on_values(x, params)
-            engine, runner = self._engines(x, params)
-        if engine.state is not _OPEN:
-            await engine.open()
-        if engine._loop is not loop:
-            raise engine._wrong_loop()
-        if not engine.backend.in_process:
-            # Before reading x's rows: a remote tensor's buffer is a handle, not rows.
-            raise InvalidArgumentError(f"{self._label}: batched functions run on local backends only")
-        if tx is _ndarray and self._any_rows and x.ndim and x.shape[0] and x.dtype.kind in NUMERIC_KINDS:
-            arr = x  # rows as they are: no option to check them against
-        else:
-            arr = self._rows(x, engine)
-        shape = arr.shape
-        n = shape[0]
-        key = (loop, runner, tuple(map(id, params)), shape[1:], arr.dtype)
+            key = group.key  # type: ignore[union-attr]  # (joining: not None)
         future = loop.create_future()
         caller = (arr, engine, future)
-        pending = self._pending
-        group = pending.get(key)
         if group is not None:
-            if group.rows + n <= self._max:
+            rows = group.rows + n
+            if rows <= self._max:
                 group.callers.append(caller)
-                group.rows += n
+                group.rows = rows
                 if group.task is None:
                     # The first call to join starts the group's task: it runs in the next
                     # loop iteration, with the leader's resumption, and submits the kernel.
-                    self._spawn(key, group, loop)
-                if group.rows >= self._max:
-                    del pending[key]  # full: the next call starts a group of its own
+                    self._spawn(group, loop)
+                if rows >= self._max:
+                    self._close(group)  # full: the next call starts a group of its own
                 try:
                     out: Tensor | tuple[Tensor, ...] = await future  # its tensor (a tuple: several outputs), in runner
                 except asyncio.CancelledError:
@@ -244,40 +332,41 @@ class BatchedFunction:
                 if moved is not None:  # (no coroutine: the common case of a child session's caller)
                     return moved
                 return await self._deliver(engine, runner, out)
-            del pending[key]  # this call would take it over the limit: it leads the next one
+            self._close(group)  # this call would take it over the limit: it leads the next one
         # The first call leads the group: one loop iteration (not a timer) lets the calls
         # that are ready now join it (the first to join starts its batch's task).
-        group = _Group(runner, params, caller, n)
-        if n < self._max:
-            pending[key] = group
+        group = _Group(runner, params, caller, n, key)
         # What this session dropped is freed now, as an inline op would: otherwise the
         # loop iteration below would wake the cleanup task just for it.
         inline_point = engine.policy.inline_point
         if inline_point is not None:
             inline_point()
-        try:
-            await _one_iteration()
-        except asyncio.CancelledError:
-            if group.task is None:
-                self._close(key, group)
-            else:
-                future.cancel()  # its batch leaves it out
-            raise
-        if group.task is not None:
+        if type(loop) not in _ASYNCIO_LOOPS or _others_ready(loop, engine):
+            if n < self._max:
+                self._pending[key] = group
+                self._open = group
             try:
-                out = await future
+                await _one_iteration()
             except asyncio.CancelledError:
-                _drop_result(future, runner)
+                if group.task is None:
+                    self._close(group)
+                else:
+                    future.cancel()  # its batch leaves it out
                 raise
-            if engine is runner:
-                return out
-            moved = self._moved(engine, runner, out)
-            if moved is not None:  # (no coroutine: the common case of a child session's caller)
-                return moved
-            return await self._deliver(engine, runner, out)
+            if group.task is not None:
+                try:
+                    out = await future
+                except asyncio.CancelledError:
+                    _drop_result(future, runner)
+                    raise
+                if engine is runner:
+                    return out
+                moved = self._moved(engine, runner, out)
+                if moved is not None:  # (no coroutine: the common case of a child session's caller)
+                    return moved
+                return await self._deliver(engine, runner, out)
         # Alone: its batch of one runs in this task, as a fused function call would.
-        if pending.get(key) is group:
-            del pending[key]
+        self._close(group)
         self._count(1, n)
         try:
             if self._concurrent is None:  # (no lane to take: one coroutine frame less)
@@ -380,7 +469,8 @@ def batched(
     (identity, not equality) and rows of the same shape and dtype, are stacked into
     one ``x`` of up to ``max_batch_size`` rows, run as one fused function, and split:
     each caller gets its own rows back. Nothing waits on a timer: a batch starts at the
-    next loop iteration, so a caller alone waits one loop iteration.
+    next loop iteration, so a caller alone waits one loop iteration (on asyncio's own
+    loop, none when no other callback is ready to run: no call could join it).
 
     Used bare or with options::
 
