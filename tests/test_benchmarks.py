@@ -260,3 +260,14 @@ def test_gc_profile_reports_every_rung_and_generation(capsys: pytest.CaptureFixt
     for stage in profile_gc.STAGES:
         assert profile_web.USER_RUNGS[stage] in out
     assert out.count("gen2:") == len(profile_gc.STAGES)
+
+
+def test_request_session_profile_times_every_life_in_and_out_of_a_request(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import profile_request_session as prs
+
+    assert prs.main(["--rounds", "1", "--requests", "1", "--loop", "asyncio", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    for make in (prs.CONSTRUCTOR, prs.SESSIONS):
+        for tensor in ("", ", one tensor"):
+            for where in ("back to back, bare loop", "inside a request, the first", "inside a request, the later"):
+                assert f"| {make}{tensor} | {where} |" in out

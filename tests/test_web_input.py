@@ -219,6 +219,35 @@ async def test_route_limits_replace_the_service_limits() -> None:
         assert_error(await c.post("/big", content=b"x" * 101), 413, "too_large", "at most 100")
 
 
+async def test_the_body_limits_alone_and_in_the_request_session_middleware_answer_alike() -> None:
+    async def echo(request: Request) -> Response:
+        return JSONResponse({"n": len(await request.body()), "limits": web.limits_for(request).max_bytes})
+
+    async def chunks(n: int) -> AsyncIterator[bytes]:
+        for _ in range(n):
+            yield b"x" * 4
+
+    inner = Starlette(routes=[Route("/small", echo, methods=["POST"]), Route("/big", echo, methods=["POST"])])
+    limits, route_limits = web.Limits(max_bytes=10), {"/big": web.Limits(max_bytes=20)}
+    sessions = web.Sessions(limits=limits, route_limits=route_limits)
+    alone = web.BodyLimitMiddleware(inner, limits, route_limits)
+    assert (alone.limits, alone.route_limits) == (limits, route_limits)
+    one_layer = web.RequestSessionMiddleware(inner, sessions, limits=limits, route_limits=route_limits)
+    installed = Starlette(routes=inner.routes)
+    sessions.install(installed)
+    assert [m.cls for m in installed.user_middleware] == [web.RequestSessionMiddleware]  # type: ignore[comparison-overlap]  # one layer
+    for app in (alone, one_layer, installed):
+        async with client(app) as c:
+            assert (await c.post("/small", content=b"x" * 10)).json() == {"n": 10, "limits": 10}
+            assert (await c.post("/big", content=b"x" * 20)).json() == {"n": 20, "limits": 20}
+            assert_error(await c.post("/small", content=b"x" * 11), 413, "too_large", "at most 10")
+            assert_error(await c.post("/big", content=b"x" * 21), 413, "too_large", "at most 20")
+            assert (await c.post("/small", content=chunks(2))).json() == {"n": 8, "limits": 10}
+            assert_error(await c.post("/small", content=chunks(3)), 413, "too_large", "over 10 bytes")
+            assert_error(await c.post("/big", content=chunks(6)), 413, "too_large", "over 20 bytes")
+    assert sessions.in_flight == 0
+
+
 # -- a real uvicorn ---------------------------------------------------------------------
 def run(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

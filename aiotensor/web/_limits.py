@@ -66,11 +66,63 @@ def limits_for(connection: Any) -> Limits:
     return limits
 
 
+class BodyGuard:
+    """What :class:`BodyLimitMiddleware` decides, for a middleware to apply itself (the request-session middleware).
+
+    Args:
+        limits: The limits of every route.
+        route_limits: The limits of one path (exact match), replacing ``limits`` there.
+    """
+
+    __slots__ = ("limits", "route_limits")
+
+    def __init__(self, limits: Limits, route_limits: Mapping[str, Limits] | None = None) -> None:
+        self.limits = limits
+        self.route_limits = dict(route_limits or {})
+
+    def admit(self, scope: Scope) -> int | None:
+        """Leave the request's limits in ``scope``; ``None`` to serve it as it is, else an argument for :meth:`serve`.
+
+        That is the declared length when it is over ``max_bytes`` (a 413), or
+        :data:`UNDECLARED` (no ``Content-Length`` under a ``max_bytes``: the body is counted).
+        """
+        limits = self.route_limits.get(scope.get("path", ""), self.limits) if self.route_limits else self.limits
+        scope[SCOPE_KEY] = limits
+        limit = limits.max_bytes
+        if limit is None:
+            return None
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                if not value.isdigit():
+                    break
+                declared = int(value)
+                return declared if declared > limit else None
+        return UNDECLARED
+
+    @staticmethod
+    async def serve(verdict: int, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve a request :meth:`admit` did not let through as it is: refuse it, or run ``app`` counting its body."""
+        limit = scope[SCOPE_KEY].max_bytes
+        if verdict == UNDECLARED:
+            await _Counted(app, limit)(scope, receive, send)
+            return
+        rejected = RequestRejected(413, f"the body is {verdict} bytes, at most {limit}")
+        if verdict <= DRAIN_MAX:
+            await _drain(receive)  # first: once the answer is sent the server reads no more
+        response = JSONResponse(rejected.body, status_code=413, headers={"Connection": "close"})
+        await response(scope, receive, send)
+
+
+#: :meth:`BodyGuard.admit`'s answer for a body without a declared length, under a ``max_bytes``.
+UNDECLARED = -1
+
+
 class BodyLimitMiddleware:
     """Pure ASGI middleware: 413 for a request body over its route's ``max_bytes``, before the app reads it.
 
-    :meth:`Sessions.install <aiotensor.web.Sessions.install>` adds it (outermost: a
-    request refused for its ``Content-Length`` opens no session). A body whose ``Content-Length`` is over the limit
+    :meth:`Sessions.install <aiotensor.web.Sessions.install>` does what it does inside
+    the request-session middleware, first (a request refused for its
+    ``Content-Length`` opens no session). A body whose ``Content-Length`` is over the limit
     is answered without being parsed: up to :data:`DRAIN_MAX` it is read and dropped
     first (so that the client gets the answer rather than a reset), beyond it the answer
     goes at once, the body unread. A body without a length is counted as it is read;
@@ -86,36 +138,28 @@ class BodyLimitMiddleware:
 
     def __init__(self, app: ASGIApp, limits: Limits, route_limits: Mapping[str, Limits] | None = None) -> None:
         self.app = app
-        self.limits = limits
-        self.route_limits = dict(route_limits or {})
+        self.guard = BodyGuard(limits, route_limits)
+
+    @property
+    def limits(self) -> Limits:
+        """The limits of every route."""
+        return self.guard.limits
+
+    @property
+    def route_limits(self) -> dict[str, Limits]:
+        """The limits of one path (exact match), replacing :attr:`limits` there."""
+        return self.guard.route_limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Check the body's size, then run the app with a counting ``receive`` when the size is not declared."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limits = self.route_limits.get(scope.get("path", ""), self.limits) if self.route_limits else self.limits
-        scope[SCOPE_KEY] = limits
-        limit = limits.max_bytes
-        if limit is None:
+        verdict = self.guard.admit(scope)
+        if verdict is None:
             await self.app(scope, receive, send)
-            return
-        declared = None
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                declared = int(value) if value.isdigit() else None
-                break
-        if declared is not None:
-            if declared > limit:
-                rejected = RequestRejected(413, f"the body is {declared} bytes, at most {limit}")
-                if declared <= DRAIN_MAX:
-                    await _drain(receive)  # first: once the answer is sent the server reads no more
-                response = JSONResponse(rejected.body, status_code=413, headers={"Connection": "close"})
-                await response(scope, receive, send)
-                return
-            await self.app(scope, receive, send)
-            return
-        await _Counted(self.app, limit)(scope, receive, send)
+        else:
+            await self.guard.serve(verdict, self.app, scope, receive, send)
 
 
 class _Counted:

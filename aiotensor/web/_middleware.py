@@ -24,12 +24,14 @@ import asyncio
 import collections
 import logging
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import _loopload
 from .._session import AsyncEagerSession
+from ._limits import BodyGuard, Limits
 from ._stats import Outcome, RequestStats
 
 if TYPE_CHECKING:
@@ -320,17 +322,40 @@ class RequestSessionMiddleware:
         app: The ASGI app to wrap.
         sessions: Where request sessions come from (their parent, strategy, config) and
             what to do when one closes (``on_request``).
+        limits: With ``limits`` or ``route_limits``, it first does what
+            :class:`~aiotensor.web.BodyLimitMiddleware` does with them, as if that were
+            outside it (a body refused for its ``Content-Length`` opens no session):
+            :meth:`~aiotensor.web.Sessions.install` adds one middleware, not two.
+        route_limits: One path's limits (exact match), replacing ``limits`` there.
     """
 
-    def __init__(self, app: ASGIApp, sessions: Sessions) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        sessions: Sessions,
+        *,
+        limits: Limits | None = None,
+        route_limits: Mapping[str, Limits] | None = None,
+    ) -> None:
         self.app = app
         self.sessions = sessions
+        self._guard: BodyGuard | None = None
+        if limits is not None or route_limits:
+            self._guard = BodyGuard(limits or Limits(), route_limits)
+            # What a request whose body is counted runs inside the counting (the guard outside it).
+            self._unguarded = RequestSessionMiddleware(app, sessions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app for one connection scope; HTTP requests get the request-session state."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        guard = self._guard
+        if guard is not None:
+            verdict = guard.admit(scope)
+            if verdict is not None:  # refused, or a body to count: served as BodyLimitMiddleware would
+                await guard.serve(verdict, self._unguarded, scope, receive, send)
+                return
         task = asyncio.current_task()
         assert task is not None
         request = _Request(self.sessions, scope, receive, send, task)

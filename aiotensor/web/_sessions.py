@@ -9,7 +9,7 @@ from typing import Any
 from .._config import ResourceCleanupStrategy, SessionConfig
 from .._session import AsyncEagerSession
 from ._errors import install_error_handlers
-from ._limits import BodyLimitMiddleware, Limits
+from ._limits import Limits
 from ._middleware import RequestSessionMiddleware, _Watches
 from ._stats import RequestStats
 
@@ -130,12 +130,13 @@ class Sessions:
         Call it before the app serves. The middleware sits outside the app's exception
         handlers (so a handled error still closes the session before its response goes
         out) and inside Starlette's last-resort 500 handler. With ``limits`` or
-        ``route_limits``, :class:`~aiotensor.web.BodyLimitMiddleware` goes outside it (a
-        body refused as too large opens no session). The error handlers are
+        ``route_limits``, it first does what :class:`~aiotensor.web.BodyLimitMiddleware`
+        does, in the same layer (a body refused as too large opens no session). The error handlers are
         :func:`~aiotensor.web.install_error_handlers`'s: every 4xx and 5xx answers with
         one :data:`~aiotensor.web.ErrorBody`.
         """
-        app.add_middleware(RequestSessionMiddleware, sessions=self)
-        if self.limits is not None or self.route_limits:
-            app.add_middleware(BodyLimitMiddleware, limits=self.limits or Limits(), route_limits=self.route_limits)
+        # One middleware: the body limits' guard is applied by the request-session
+        # middleware itself, first, as BodyLimitMiddleware outside it would (a layer
+        # less on every request).
+        app.add_middleware(RequestSessionMiddleware, sessions=self, limits=self.limits, route_limits=self.route_limits)
         install_error_handlers(app, retry_after=self.retry_after)
