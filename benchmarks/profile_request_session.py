@@ -1,8 +1,8 @@
 """A request session's life, in a bare loop and inside a request: what opening and closing one costs the loop.
 
-A request session is made (``AsyncEagerSession(parent=app_session)``, or the way
-``web.Sessions`` makes them), opened on the running loop and closed; with one adopted
-tensor (``read_rows``'s rows) too. The same life is timed:
+A request session is made (``AsyncEagerSession(parent=app_session)``, or as
+``web.Sessions``' middleware makes them, with its request cleanup and config), opened
+on the running loop and closed; with one adopted tensor (``read_rows``'s rows) too. The same life is timed:
 
 * **back to back** in one task of a bare loop (``time.perf_counter`` around each life);
 * **inside a request** of the user-style service's FastAPI app (middleware and body
@@ -64,7 +64,9 @@ def _makers(sessions: web.Sessions) -> dict[str, Callable[[], at.AsyncEagerSessi
     parent = sessions.app_session
     return {
         CONSTRUCTOR: lambda: at.AsyncEagerSession(cleanup=SAFE, parent=parent),
-        SESSIONS: sessions._make_request_session,
+        SESSIONS: lambda: at.AsyncEagerSession(
+            cleanup=sessions.request_cleanup, config=sessions.request_config, parent=parent
+        ),
     }
 
 
