@@ -195,19 +195,5 @@ def adopt(self: Engine, arr: Any, name: str | None) -> Tensor | None:
     ):
         return None
     arr.setflags(False)  # type: ignore[call-arg]  # (positional: cheaper; numpy accepts it)
-    registry = self.registry
-    nbytes = arr.nbytes
-    t = _new(Tensor)
-    t._engine = self
-    t._registry = registry
-    t._rid = registry.add(arr, nbytes)
-    t._shape = arr.shape
-    t._dtype = arr.dtype
-    t._nbytes = nbytes
-    t._label = name or ("constant", -1)
-    t._device = self._device
     self._held += HOLD_PER_OP_S
-    safe_point = self.policy.safe_point
-    if safe_point is not None and registry._dropped:
-        safe_point()
-    return t
+    return self._register(arr, "constant", name, self._device)

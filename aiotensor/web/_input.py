@@ -219,14 +219,7 @@ async def read_body(request: Request, *, max_bytes: int | None = None) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise RequestRejected(413, f"the body is {int(declared)} bytes, at most {max_bytes}")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise RequestRejected(413, f"the body is over {max_bytes} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await _read_counted(request, max_bytes)
 
 
 async def read_rows(
