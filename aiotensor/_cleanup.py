@@ -133,6 +133,11 @@ class BackgroundCleanup(CleanupPolicy):
         if self._armed:  # (a wake-up is scheduled, or the policy stopped)
             return
         self._armed = True
+        registry = self._registry
+        if registry is not None and not self._stopping:
+            # Until the wake-up runs, the registry queues drops without calling this hook:
+            # a burst of drops (a batch's 32 callers) pays one call, not one each.
+            registry.hook_armed = True
         loop = self._loop
         if loop is None:
             return
@@ -144,6 +149,13 @@ class BackgroundCleanup(CleanupPolicy):
         except RuntimeError:  # the loop is closed: close() or the session finalizer frees
             pass
 
+    def _disarm(self) -> None:
+        # The next drop schedules a wake-up again (and the registry calls the hook for it).
+        self._armed = False
+        registry = self._registry
+        if registry is not None:
+            registry.hook_armed = False
+
     def _wake(self) -> None:
         self.wake_handle = None
         if self._stopping:
@@ -152,7 +164,7 @@ class BackgroundCleanup(CleanupPolicy):
         # wake-up): when inline ops have already freed what was dropped, the task is not
         # woken for nothing (that would cost a loop iteration at every yield of a run of
         # inline ops).
-        self._armed = False
+        self._disarm()
         registry = self._registry
         if registry is None or not registry._dropped:
             return
@@ -171,7 +183,7 @@ class BackgroundCleanup(CleanupPolicy):
         assert loop is not None
         while True:
             if registry._dropped:
-                self._armed = False
+                self._disarm()
                 registry.collect()
             waiter = self._waiter = loop.create_future()
             try:
@@ -190,7 +202,7 @@ class BackgroundCleanup(CleanupPolicy):
             self.failures += 1
             logger.warning("aiotensor: background cleanup task was cancelled; restarting it on the next drop")
             self._task = None
-            self._armed = False
+            self._disarm()
             return
         exc = task.exception()
         self.failures += 1
@@ -198,7 +210,7 @@ class BackgroundCleanup(CleanupPolicy):
             "aiotensor: background cleanup task failed; restarting it",
             exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None,
         )
-        self._armed = False
+        self._disarm()
         self._spawn()
 
     def stop(self) -> asyncio.Task[None] | None:
@@ -206,6 +218,7 @@ class BackgroundCleanup(CleanupPolicy):
         self._armed = True  # for good: a drop racing with close schedules nothing
         if self._registry is not None:
             self._registry.on_drop = None
+            self._registry.hook_armed = False  # (no hook now: the flag is for it alone)
         task = self._task
         if task is None:
             return None

@@ -99,6 +99,7 @@ class Registry:
         "closed",
         "freed",
         "gate",
+        "hook_armed",
         "kernel_seconds",
         "live_bytes",
         "memory_limit",
@@ -126,6 +127,9 @@ class Registry:
         self._release = release
         self.memory_limit = memory_limit
         self.on_drop: Callable[[], None] | None = None
+        #: Set by ``on_drop``'s owner while what the hook schedules has not run yet: a
+        #: drop then only queues its id (no call per drop of a burst).
+        self.hook_armed = False
         self.closed = False
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -143,9 +147,10 @@ class Registry:
         if self.closed:
             return
         self._dropped.append(rid)
-        hook = self.on_drop
-        if hook is not None:
-            hook()
+        if not self.hook_armed:
+            hook = self.on_drop
+            if hook is not None:
+                hook()
 
     # -- loop thread only ---------------------------------------------------------
     @property

@@ -395,6 +395,48 @@ async def test_an_ndarray_x_gives_a_result_in_the_default_session_else_the_param
         del y, z
 
 
+@pytest.mark.parametrize("source", ["as_default", "interactive"])
+async def test_calls_joining_one_group_each_get_their_own_default_session(source: str) -> None:
+    # The calls after the first join its group on the shortcut that reads the default
+    # session without the general checks: each must still read its own (a context's
+    # as_default, else the open interactive session), not the group leader's.
+    from aiotensor import _defaults
+
+    async with at.AsyncEagerSession() as app, at.AsyncEagerSession(parent=app) as request:
+        w = await weights(app)
+        f = at.batched(mlp)
+        x = rows(2)
+
+        async def call(own: bool) -> Any:
+            if own and source == "as_default":
+                with request.as_default():
+                    return await f(x, *w)
+            return await f(x, *w)
+
+        if source == "interactive":
+            # Stands for an open InteractiveSession: the process-wide default of every
+            # context that set none (the leader below runs in one that sets app).
+            _defaults._interactive.append(request)
+
+            async def leader() -> Any:
+                with app.as_default():
+                    return await f(x, *w)
+
+            first = leader()
+        else:
+            first = call(False)
+        try:
+            ys = await asyncio.gather(first, call(True), call(False), call(True))
+        finally:
+            _defaults._interactive.clear()
+        expected = [app, request, app, request] if source == "as_default" else [app, request, request, request]
+        assert [y.session for y in ys] == expected
+        assert f.stats().batches == 1
+        for y in ys:
+            close(y, x)
+        del ys
+
+
 async def test_no_session_at_all_and_params_the_result_session_cannot_read() -> None:
     def double(ops: at.FusedOps, x: Any, k: Any) -> Any:
         return x * k

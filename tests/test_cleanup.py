@@ -21,6 +21,10 @@ SP = at.ResourceCleanupStrategy.ON_SAFE_POINTS
 SC = at.ResourceCleanupStrategy.ON_SESSION_CLOSE
 
 
+def _hook_armed(registry: Registry) -> bool:
+    return registry.hook_armed  # (read through a call: mypy would narrow the attribute)
+
+
 def _cleanup_tasks() -> list[asyncio.Task[Any]]:
     return [t for t in asyncio.all_tasks() if t.get_name() == "aiotensor-cleanup" and not t.done()]
 
@@ -43,6 +47,31 @@ async def test_in_background_frees_a_drop_from_another_thread() -> None:
         worker.join()
         await settle(s)
         assert s.stats().live_tensors == 0
+
+
+async def test_in_background_a_burst_of_drops_calls_the_hook_once_and_each_burst_is_freed() -> None:
+    # While a wake-up is scheduled the registry queues drops without calling the hook;
+    # the wake-up re-arms it, so the next burst schedules one again and is freed too.
+    async with at.AsyncEagerSession(cleanup=IB) as s:
+        registry = s._engine.registry
+        hook = registry.on_drop
+        assert hook is not None
+        calls = {"n": 0}
+
+        def counting() -> None:
+            calls["n"] += 1
+            hook()
+
+        registry.on_drop = counting
+        for burst in range(3):
+            held = [await s.zeros(4) for _ in range(5)]
+            calls["n"] = 0
+            held.clear()  # five drops in one go, no op in between
+            assert calls["n"] == 1, burst
+            assert _hook_armed(registry)
+            await settle(s)
+            assert not _hook_armed(registry)
+            assert s.stats().live_tensors == 0, burst
 
 
 async def test_in_background_runs_exactly_one_task_per_session_and_stops_it_at_close() -> None:
