@@ -277,12 +277,15 @@ class Engine:
         kernel = d._np_kernel
         if cache is None or type(kernel) is not _ufunc or self._xp is not np:
             return {}
-        if self.registry._dropped:  # a result dropped since: its buffer, still in cache, is the one to reuse
-            self._free_dropped()
-        if not cache.cached_bytes:
+        dropped = self.registry._dropped
+        if not dropped and not cache.cached_bytes:
             return {}
         if max((b.nbytes for b in bufs if type(b) is _ndarray), default=0) < cache.min_bytes:
-            return {}
+            return {}  # (small ops: what was dropped is freed as before, by the strategy)
+        if dropped:  # a result dropped since: its buffer, still in cache, is the one to reuse
+            self._free_dropped()
+            if not cache.cached_bytes:
+                return {}
         recycled = out_for(cache, kernel, bufs)
         return {} if recycled is None else {"out": recycled}
 
