@@ -41,8 +41,9 @@ class CleanupPolicy(ABC):
     #: Like ``inline_point``, it frees what the registry queued as dropped and nothing
     #: else: the engine's hottest paths skip the call while nothing is queued.
     safe_point: Callable[[], object] | None = None
-    #: Called before an op that runs inline on the loop (and so gives no task a turn);
-    #: ``None`` if the strategy has nothing to do there.
+    #: Called before an op that runs inline on the loop (and so gives no task a turn),
+    #: and before a pool op or program takes a recycled ``out=`` buffer (a result dropped
+    #: just before is the one to reuse); ``None`` if the strategy has nothing to do there.
     inline_point: Callable[[], object] | None = None
     #: Times the machinery failed and was restarted.
     failures: int = 0

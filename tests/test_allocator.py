@@ -516,6 +516,45 @@ async def test_a_loop_recycles_its_results(strategy: at.ResourceCleanupStrategy)
     assert cache.stats().cached_bytes == 0  # released at close
 
 
+def _address(s: at.AsyncEagerSession, t: at.Tensor) -> int:
+    # Where the tensor's buffer is, without keeping a view of it (a view would make it unrecyclable).
+    return int(s._engine.registry._buffers[t._rid][0].__array_interface__["data"][0])
+
+
+@pytest.mark.parametrize("formula", ["op", "expression"])
+async def test_a_pool_result_dropped_before_the_next_call_is_the_buffer_it_writes_into(
+    strategy: at.ResourceCleanupStrategy, formula: str
+) -> None:
+    # On the pool (threshold 0), a result dropped just before the next call is freed
+    # before that call takes a recycled buffer, so a loop that keeps only its last result
+    # writes into one buffer, still in cache (before: two buffers in turn, since the
+    # background task freed the drop only while the next kernel ran). An op and an
+    # expression with a blocked run (the standardization: its result's buffer).
+    config = at.SessionConfig(inline_threshold_us=0.0)
+    async with at.AsyncEagerSession(cleanup=strategy, config=config) as s:
+        v = np.random.default_rng(3).standard_normal(BIG).astype(np.float32)
+        x = await s.constant(v)
+
+        async def once() -> at.Tensor:
+            if formula == "op":
+                return await s.multiply(x, 2.0)
+            t: at.Tensor = await ((x - x.mean(axis=0)) / (x.std(axis=0) + 1e-8))
+            return t
+
+        expected = v * 2.0 if formula == "op" else (v - v.mean(axis=0)) / (v.std(axis=0) + 1e-8)
+        seen = []
+        for _ in range(6):
+            r = await once()
+            seen.append(_address(s, r))
+            assert (await r.numpy()).tobytes() == expected.tobytes()
+            del r
+        if strategy is at.ResourceCleanupStrategy.ON_SESSION_CLOSE:
+            assert len(set(seen)) == 6  # nothing is freed before close: never recycled
+        else:
+            assert len(set(seen)) == 1, seen
+            assert s._engine.registry.cache.stats().hits >= 5  # type: ignore[union-attr]
+
+
 async def test_a_recycled_buffer_never_changes_a_view_handed_out() -> None:
     async with at.AsyncEagerSession(cleanup=at.ResourceCleanupStrategy.ON_SAFE_POINTS) as s:
         x = await s.constant(np.ones(BIG, np.float32))

@@ -127,6 +127,8 @@ async def call(
         else:
             self._held = 0.0
             if not kw and getattr(kernel, "spawning", None) is not None and self.backend.in_process:
+                if registry._dropped and policy.inline_point is not None:
+                    policy.inline_point()  # (a result dropped since: its buffer, still in cache, is reused)
                 kw = result_buffer(registry.cache, bufs)  # a blocked run's result into a freed buffer
             # numpy's warnings on the worker, reported at the caller's line (_fpwarn)
             backend = self.backend

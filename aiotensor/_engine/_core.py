@@ -277,12 +277,32 @@ class Engine:
         kernel = d._np_kernel
         if cache is None or type(kernel) is not _ufunc or self._xp is not np:
             return {}
-        if not cache.cached_bytes:
+        dropped = self.registry._dropped
+        if not dropped and not cache.cached_bytes:
             return {}
-        if max((b.nbytes for b in bufs if type(b) is _ndarray), default=0) < cache.min_bytes:
-            return {}
+        largest = 0
+        for b in bufs:  # (a loop: a quarter of max() over a generator, on small pool ops too)
+            if type(b) is _ndarray and b.nbytes > largest:
+                largest = b.nbytes
+        if largest < cache.min_bytes:
+            return {}  # (small ops: what was dropped is freed as before, by the strategy)
+        if dropped:  # a result dropped since: its buffer, still in cache, is the one to reuse
+            self._free_dropped()
+            if not cache.cached_bytes:
+                return {}
         recycled = out_for(cache, kernel, bufs)
         return {} if recycled is None else {"out": recycled}
+
+    def _free_dropped(self) -> None:
+        # What the registry queued as dropped, freed now by the strategy's own hooks (a
+        # strategy that frees at close only has none) before a recycled buffer is taken:
+        # else a result dropped just before the next call reaches the cache only during
+        # that call, and calls alternate between two buffers, one of them out of cache.
+        policy = self.policy
+        if policy.safe_point is not None:
+            policy.safe_point()
+        if policy.inline_point is not None:
+            policy.inline_point()
 
     def _value(self, v: Any, op: str) -> Any:
         tv = type(v)
