@@ -122,7 +122,7 @@ class Spec:
         self.nbytes = self.size * itemsize
 
 
-def _arrays(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[Any] | None:
+def _arrays(args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any] | None) -> list[Any] | None:
     """The array arguments (one level into lists and tuples), or None if a size is unknown."""
     found: list[Any] = []
     for a in (*args, *kwargs.values()) if kwargs else args:
@@ -220,7 +220,9 @@ def _product_flops(d: OpDef, arrays: list[Any]) -> float:
     return float(2.0 * math.prod(a.size or 1 for a in arrays))
 
 
-def estimate_us(d: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any] | None, nbytes: int | None) -> float:
+def estimate_us(
+    d: OpDef, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any] | None, nbytes: int | None
+) -> float:
     """The estimated kernel time of ``d`` on these arguments in µs; ``inf`` when it cannot be bounded cheaply."""
     cost = d.cost
     per_byte = PER_BYTE.get(cost)

@@ -2221,7 +2221,10 @@ async def isin(x1: TensorLike, x2: TensorLike, /, *, invert: bool = False, name:
 
 async def matmul(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Matrix product ``x1 @ x2``, batched over leading dimensions."""
-    r: Tensor = await engine_of((x1, x2), None, "matmul").op(_matmul, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2), None, "matmul")
+    r = engine.lean(_matmul, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_matmul, (x1, x2), None, None, name)
     return r
 
 

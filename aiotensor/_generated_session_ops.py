@@ -1844,7 +1844,10 @@ class SessionOps:
 
     async def matmul(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Matrix product ``x1 @ x2``, batched over leading dimensions."""
-        r: Tensor = await self._engine.op(_matmul, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_matmul, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_matmul, (x1, x2), None, None, name)
         return r
 
     async def tensordot(
