@@ -1743,7 +1743,10 @@ async def erf(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     Full float64 precision (W. J. Cody's rational approximations), without SciPy;
     float32 stays float32, integers give float64, complex input is refused.
     """
-    r: Tensor = await engine_of((x,), None, "erf").op(_erf, (x,), None, None, name)
+    engine = engine_of((x,), None, "erf")
+    r = engine.lean(_erf, (x,), name)
+    if r is None:
+        r = await engine.op(_erf, (x,), None, None, name)
     return r
 
 

@@ -1395,7 +1395,10 @@ class SessionOps:
         Full float64 precision (W. J. Cody's rational approximations), without SciPy;
         float32 stays float32, integers give float64, complex input is refused.
         """
-        r: Tensor = await self._engine.op(_erf, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_erf, (x,), name)
+        if r is None:
+            r = await engine.op(_erf, (x,), None, None, name)
         return r
 
     async def gelu(self, x: TensorLike, /, *, approximate: str = "none", name: str | None = None) -> Tensor:

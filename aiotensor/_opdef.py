@@ -155,7 +155,7 @@ class OpDef:
             self.plain
             and not self.user
             and self.returns == "one"
-            and self.cost in (Cost.MEMORY, Cost.MATH, Cost.DIVMOD)
+            and self.cost in (Cost.MEMORY, Cost.MATH, Cost.DIVMOD, Cost.SPECIAL)
             and code.co_argcount == self.data
             and not code.co_kwonlyargcount
         )

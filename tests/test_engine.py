@@ -375,6 +375,27 @@ async def test_matmul_over_the_busy_band_asks_placement_like_the_general_path(
         assert s._engine.lean(OPS["matmul"], (x, x), None) is None  # over the threshold: the pool
 
 
+@pytest.mark.parametrize("x", [np.linspace(-2, 2, 7, dtype=np.float32), np.arange(6).reshape(2, 3), np.float64(0.5)])
+async def test_erf_takes_the_lean_path_with_the_general_paths_results(
+    strategy: at.ResourceCleanupStrategy, x: np.ndarray[Any, Any]
+) -> None:
+    """A special function of numpy steps (``Cost.SPECIAL``): element-wise, so lean; its kernel's own output."""
+    from aiotensor._opdef import OPS
+
+    results = []
+    make: Callable[[], at.AsyncEagerSession]
+    for make in (lambda: at.AsyncEagerSession(cleanup=strategy), _general):
+        async with make() as s:
+            t = await s.constant(x)
+            r = await s.erf(t)
+            assert r.shape == np.shape(x)
+            results.append(await r.numpy())
+            assert (s._engine.lean(OPS["erf"], (t,), None) is not None) is (make is not _general)
+    np.testing.assert_array_equal(results[0], results[1])
+    assert results[0].dtype == results[1].dtype == (x.dtype if x.dtype.kind == "f" else np.float64)
+    np.testing.assert_allclose(results[0], np.vectorize(math.erf)(x), rtol=1e-6)
+
+
 # -- expressions a little over the inline threshold: on the loop, in slices
 
 
