@@ -32,11 +32,12 @@ _new = object.__new__
 #: Ops the lean path takes (``OpDef.lean``: plain element-wise ops of one output, and
 #: products of two data args such as ``matmul``), kernels of numpy's.
 LEAN = frozenset(d for d in OPS.values() if d.lean and d.kernel_for(np) is not None)
-# The element-wise ones among them ...
+# The element-wise ones among them (``OpDef.elementwise``: erf, of Cost.SPECIAL, is not) ...
 _ELEMENTWISE = frozenset(d for d in LEAN if d.elementwise)
-# ... and their cost model's ns per byte, by op (an enum's hash is a Python call: too slow
-# here). An op of LEAN not in it is a product, estimated by the cost model itself.
-_PER_BYTE_OF = {d: PER_BYTE[d.cost] for d in _ELEMENTWISE}
+# ... and the cost model's ns per byte of every element-wise op of LEAN, by op (an enum's
+# hash is a Python call: too slow here). An op of LEAN not in it is a product, estimated
+# by the cost model itself.
+_PER_BYTE_OF = {d: PER_BYTE[d.cost] for d in LEAN if d.cost in PER_BYTE}
 
 
 def lean(self: Engine, d: OpDef, args: tuple[Any, ...], name: str | None) -> Tensor | None:
