@@ -141,7 +141,7 @@ def _doc(d: OpDef, indent: str) -> str:
 def _body(d: OpDef, call: str, target: str, has_name: bool, indent: str) -> str:
     name = "name" if has_name else "None"
     ret = _returns(d)
-    if d.elementwise:
+    if d.lean:
         # The engine's synchronous lean path first: one coroutine frame fewer when it applies.
         args = f"({call}{',' if call.count(',') == 0 and call else ''})"
         return (

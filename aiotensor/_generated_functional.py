@@ -1743,7 +1743,10 @@ async def erf(x: TensorLike, /, *, name: str | None = None) -> Tensor:
     Full float64 precision (W. J. Cody's rational approximations), without SciPy;
     float32 stays float32, integers give float64, complex input is refused.
     """
-    r: Tensor = await engine_of((x,), None, "erf").op(_erf, (x,), None, None, name)
+    engine = engine_of((x,), None, "erf")
+    r = engine.lean(_erf, (x,), name)
+    if r is None:
+        r = await engine.op(_erf, (x,), None, None, name)
     return r
 
 
@@ -2221,7 +2224,10 @@ async def isin(x1: TensorLike, x2: TensorLike, /, *, invert: bool = False, name:
 
 async def matmul(x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
     """Matrix product ``x1 @ x2``, batched over leading dimensions."""
-    r: Tensor = await engine_of((x1, x2), None, "matmul").op(_matmul, (x1, x2), None, None, name)
+    engine = engine_of((x1, x2), None, "matmul")
+    r = engine.lean(_matmul, (x1, x2), name)
+    if r is None:
+        r = await engine.op(_matmul, (x1, x2), None, None, name)
     return r
 
 

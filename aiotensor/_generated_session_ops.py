@@ -1395,7 +1395,10 @@ class SessionOps:
         Full float64 precision (W. J. Cody's rational approximations), without SciPy;
         float32 stays float32, integers give float64, complex input is refused.
         """
-        r: Tensor = await self._engine.op(_erf, (x,), None, None, name)
+        engine = self._engine
+        r = engine.lean(_erf, (x,), name)
+        if r is None:
+            r = await engine.op(_erf, (x,), None, None, name)
         return r
 
     async def gelu(self, x: TensorLike, /, *, approximate: str = "none", name: str | None = None) -> Tensor:
@@ -1844,7 +1847,10 @@ class SessionOps:
 
     async def matmul(self, x1: TensorLike, x2: TensorLike, /, *, name: str | None = None) -> Tensor:
         """Matrix product ``x1 @ x2``, batched over leading dimensions."""
-        r: Tensor = await self._engine.op(_matmul, (x1, x2), None, None, name)
+        engine = self._engine
+        r = engine.lean(_matmul, (x1, x2), name)
+        if r is None:
+            r = await engine.op(_matmul, (x1, x2), None, None, name)
         return r
 
     async def tensordot(

@@ -160,6 +160,29 @@ class OpDef:
             and not code.co_kwonlyargcount
         )
 
+    @property
+    def lean(self) -> bool:
+        """An op the engine's lean path takes: element-wise, or a product of two data args (``matmul``).
+
+        Plain (the spec checks nothing), one output, every arg data, no keyword args, and a
+        cost the lean path estimates from its arguments' shapes alone: an element-wise one
+        (``elementwise``'s, or a special function's, ``erf``: the cost model broadcasts
+        both) or a product. What it checks is numpy's to check (shapes, dtypes), as on the
+        general path.
+        """
+        code = self.spec.__code__
+        return (
+            self.plain
+            and not self.user
+            and self.returns == "one"
+            and code.co_argcount == self.data
+            and not code.co_kwonlyargcount
+            and (
+                self.cost in (Cost.MEMORY, Cost.MATH, Cost.DIVMOD, Cost.SPECIAL)
+                or (self.cost is Cost.PRODUCT and self.data == 2)
+            )
+        )
+
     def __reduce__(self) -> tuple[Callable[[str], OpDef], tuple[str]]:
         # Pickled by name (backends that ship kernels to other processes find it there).
         return op_named, (self.name,)

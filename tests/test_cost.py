@@ -223,6 +223,28 @@ def test_broadcasting_operands_are_estimated_as_the_general_path_does(a: tuple[i
     assert estimate_us(add, (x, y), None, None) == general
 
 
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ((16, 32), (32, 4)),
+        ((32,), (32, 4)),
+        ((16, 32), (32,)),
+        ((5,), (5,)),
+        ((2, 1, 3, 4), (5, 4, 2)),
+        ((3, 4), (7, 4, 2)),
+    ],
+)
+def test_products_of_two_arrays_are_estimated_as_the_general_path_does(a: tuple[int, ...], b: tuple[int, ...]) -> None:
+    from aiotensor._cost import Spec
+
+    matmul = OPS["matmul"]
+    x, y = np.ones(a, np.float32), np.ones(b, np.float32)
+    # The general path (Spec operands skip the two-array hot path), then the hot path twice (cached).
+    general = estimate_us(matmul, (Spec(a, 4), Spec(b, 4)), None, None)
+    assert estimate_us(matmul, (x, y), None, None) == general
+    assert estimate_us(matmul, [x, y], None, None) == general
+
+
 def _free(op: str, *args: Any, kwargs: dict[str, Any] | None = None) -> tuple[float, float]:
     d = OPS[op]
     est = estimate_us(d, args, kwargs, None)

@@ -249,6 +249,153 @@ async def test_lean_path_respects_device_blocks_and_names(s: at.AsyncEagerSessio
     assert t.device == "/cpu:0"
 
 
+# -- products on the lean path: numpy's shapes, dtypes and errors, the general path's results
+
+
+_RNG = np.random.default_rng(3)
+
+
+def _arr(shape: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any]:
+    return (_RNG.standard_normal(shape) * 4).astype(dtype)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (_arr((16, 32), np.float32), _arr((32, 4), np.float32)),  # a request's rows by a model's weights
+        (_arr((3, 5), np.int32), _arr((5, 2), np.float32)),  # dtypes promote as numpy's
+        (_arr((4, 3), np.float64), _arr((3,), np.int64)),  # 2-d by 1-d
+        (_arr((3,), np.float32), _arr((3, 2), np.float64)),  # 1-d by 2-d
+        (_arr((5,), np.int16), _arr((5,), np.int16)),  # 1-d by 1-d: a 0-d result
+        (_arr((2, 1, 3, 4), np.float32), _arr((5, 4, 2), np.float32)),  # batch dims broadcast
+        (_arr((2, 3), np.complex64), _arr((3, 3), np.float32)),
+    ],
+)
+@pytest.mark.parametrize("given", ["tensors", "an array"])
+async def test_matmul_takes_the_lean_path_with_the_general_paths_results(
+    strategy: at.ResourceCleanupStrategy, a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], given: str
+) -> None:
+    from aiotensor._opdef import OPS
+
+    expected = np.matmul(a, b)
+    make: Callable[[], at.AsyncEagerSession]
+    for make in (lambda: at.AsyncEagerSession(cleanup=strategy), _general):
+        async with make() as s:
+            x = a if given == "an array" else await s.constant(a)
+            y = await s.constant(b)
+            before = s.stats()
+            t = await s.matmul(x, y, name="r")
+            after = s.stats()
+            assert t.name == "r"
+            assert (after.live_tensors, after.allocated) == (before.live_tensors + 1, before.allocated + 1)
+            assert after.live_bytes == before.live_bytes + t.nbytes
+            assert (t.shape, t.dtype) == (np.shape(expected), np.asarray(expected).dtype)
+            got = await t.numpy()
+            np.testing.assert_array_equal(got, expected)
+            assert got.dtype == np.asarray(expected).dtype
+            if isinstance(x, at.Tensor):  # a one-node expression: the same
+                e = await (x @ y)
+                np.testing.assert_array_equal(await e.numpy(), expected)
+            assert a.flags.writeable  # the caller's array: not kept, not frozen
+            assert (s._engine.lean(OPS["matmul"], (x, y), None) is not None) is (make is not _general)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "match"),
+    [
+        (np.ones((2, 3)), np.ones((4, 5)), "matmul"),  # inner dimensions differ
+        (np.ones((2, 2, 3)), np.ones((3, 3, 2)), "matmul"),  # batch dims that do not broadcast
+        (np.ones(3), np.ones(4), "matmul"),  # 1-d of different lengths
+        (np.float64(2.0), np.ones((2, 2)), "matmul"),  # a 0-d operand
+        (np.array([True, False]), np.array([True, True]), None),  # bools: numpy's answer, whatever it is
+    ],
+)
+async def test_matmul_errors_on_the_lean_path_are_the_general_paths(
+    strategy: at.ResourceCleanupStrategy, a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], match: str | None
+) -> None:
+    outcomes: list[Any] = []
+    make: Callable[[], at.AsyncEagerSession]
+    for make in (lambda: at.AsyncEagerSession(cleanup=strategy), _general):
+        async with make() as s:
+            x, y = await s.constant(a), await s.constant(b)
+            before = s.stats().allocated
+            try:
+                t = await s.matmul(x, y)
+            except at.AioTensorError as exc:
+                outcomes.append((type(exc), str(exc)))
+                assert s.stats().allocated == before  # a failed op allocates nothing
+            else:
+                outcomes.append(await t.numpy())
+    if match is None:
+        np.testing.assert_array_equal(outcomes[0], outcomes[1])
+    else:
+        assert outcomes[0] == outcomes[1]
+        assert outcomes[0][0] is at.InvalidArgumentError
+        assert match in outcomes[0][1]
+
+
+async def test_matmul_of_numbers_and_foreign_tensors_takes_the_general_path(s: at.AsyncEagerSession) -> None:
+    from aiotensor._opdef import OPS
+
+    m = await s.constant(np.ones((2, 2)))
+    assert s._engine.lean(OPS["matmul"], (m, 2.0), None) is None  # numpy's error, from the general path
+    with pytest.raises(at.InvalidArgumentError, match="matmul"):
+        await s.matmul(m, 2.0)
+    async with at.AsyncEagerSession() as other:
+        foreign = await other.constant(np.ones((2, 2)))
+        with pytest.raises(at.InvalidArgumentError, match="another session"):
+            await s.matmul(m, foreign)
+    with pytest.raises(at.InvalidDeviceError), s.device("/gpu:7"):
+        await s.matmul(m, m)
+    async with at.AsyncEagerSession(parent=s) as child:  # a parent's tensor: read, as on the general path
+        t = await child.matmul(m, m)
+        np.testing.assert_array_equal(await t.numpy(), np.full((2, 2), 2.0))
+
+
+async def test_matmul_over_the_busy_band_asks_placement_like_the_general_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A product estimated above ``BUSY_INLINE_US``: lean only while the loop keeps it (``stays_inline``)."""
+    from aiotensor._cost import estimate_us
+    from aiotensor._engine import _lean
+    from aiotensor._loopload import BUSY_INLINE_US
+    from aiotensor._opdef import OPS
+
+    a, b = np.ones((64, 128)), np.ones((128, 96))
+    async with at.AsyncEagerSession() as s:
+        assert BUSY_INLINE_US < estimate_us(OPS["matmul"], (a, b), None, None) <= s._engine.inline_us
+        x, y = await s.constant(a), await s.constant(b)
+        assert s._engine.lean(OPS["matmul"], (x, y), None) is not None  # an idle loop: inline
+        monkeypatch.setattr(_lean, "stays_inline", lambda free_us=math.inf: False)
+        assert s._engine.lean(OPS["matmul"], (x, y), None) is None  # busy: the general path decides
+        small = await s.constant(np.ones((4, 4)))
+        assert s._engine.lean(OPS["matmul"], (small, small), None) is not None  # below the band: never asked
+    async with at.AsyncEagerSession(config=at.SessionConfig(inline_threshold_us=1.0)) as s:
+        x = await s.constant(np.ones((4, 4)))
+        assert s._engine.lean(OPS["matmul"], (x, x), None) is None  # over the threshold: the pool
+
+
+@pytest.mark.parametrize("x", [np.linspace(-2, 2, 7, dtype=np.float32), np.arange(6).reshape(2, 3), np.float64(0.5)])
+async def test_erf_takes_the_lean_path_with_the_general_paths_results(
+    strategy: at.ResourceCleanupStrategy, x: np.ndarray[Any, Any]
+) -> None:
+    """A special function of numpy steps (``Cost.SPECIAL``): element-wise, so lean; its kernel's own output."""
+    from aiotensor._opdef import OPS
+
+    results = []
+    make: Callable[[], at.AsyncEagerSession]
+    for make in (lambda: at.AsyncEagerSession(cleanup=strategy), _general):
+        async with make() as s:
+            t = await s.constant(x)
+            r = await s.erf(t)
+            assert r.shape == np.shape(x)
+            results.append(await r.numpy())
+            assert (s._engine.lean(OPS["erf"], (t,), None) is not None) is (make is not _general)
+    np.testing.assert_array_equal(results[0], results[1])
+    assert results[0].dtype == results[1].dtype == (x.dtype if x.dtype.kind == "f" else np.float64)
+    np.testing.assert_allclose(results[0], np.vectorize(math.erf)(x), rtol=1e-6)
+
+
 # -- expressions a little over the inline threshold: on the loop, in slices
 
 

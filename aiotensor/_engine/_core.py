@@ -40,7 +40,7 @@ from .._registry import Registry
 from .._tensor import Tensor
 from . import _admission, _call, _expressions, _fetch, _lean, _lifecycle
 from ._call import _shape_result
-from ._lean import _ELEMENTWISE
+from ._lean import _ELEMENTWISE, LEAN
 from ._lifecycle import _OPEN, _UNOPENED
 
 if TYPE_CHECKING:
@@ -211,8 +211,8 @@ class Engine:
         """Run op ``d`` on prepared arguments; its tensor (a list for ``split``, a tuple for multi-output ``apply``)."""
         if self._held >= self._hold_s:
             await self._yield_held()  # before anything is reserved or run
-            if kwargs is None and d in _ELEMENTWISE:
-                # Every caller of an element-wise op tried the lean path before calling
+            if kwargs is None and d in LEAN:
+                # Every caller of an op of the lean path tried it before calling
                 # here (it refuses while a yield is due): once more after the yield.
                 t = self.lean(d, args, name)
                 if t is not None:
@@ -245,7 +245,7 @@ class Engine:
             return result
         device = self.place(label) if self.placed else self.backend.default_device
         limit = self._inline_us
-        est = estimate_us(d, bufs, kw, nbytes) if limit and d.cost is not _UNKNOWN else math.inf  # type: ignore[arg-type]
+        est = estimate_us(d, bufs, kw, nbytes) if limit and d.cost is not _UNKNOWN else math.inf
         if est <= limit and (est <= BUSY_INLINE_US or not offload(est, gil_free_us(d, bufs, kw, est))):
             # (_loopload: a busy loop offloads what runs long enough without the GIL)
             if nbytes is None and d.returns == "one" and self.registry.memory_limit is None:

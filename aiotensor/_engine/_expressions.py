@@ -19,7 +19,7 @@ from .._programs._placement import program_cost, program_free_us
 from .._programs._program import Program
 from .._tensor import Tensor
 from ._call import _shape_result
-from ._lean import _ELEMENTWISE
+from ._lean import LEAN
 from ._lifecycle import _OPEN
 from ._session_rule import _flat, evaluating_engine, owner_of
 
@@ -130,7 +130,7 @@ async def evaluate(self: Engine, roots: list[Expr], name: str | None = None, *, 
         if r._n == 1:
             # One node on tensors and values: the op path, without compiling anything.
             engine = evaluating_engine([x for x in _flat(r._args, r._kwargs) if type(x) is Tensor]) if choose else self
-            if r._kwargs is None and r._d in _ELEMENTWISE:
+            if r._kwargs is None and r._d in LEAN:
                 t = engine.lean(r._d, r._args, name)  # (op() expects its caller to have tried)
                 if t is not None:
                     return [t]

@@ -1,4 +1,4 @@
-"""The lean path of an element-wise op: synchronous, inline, without another frame (``Engine.lean``)."""
+"""The lean path of an element-wise op or a product: synchronous, inline, without another frame (``Engine.lean``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import _fpwarn
 from .._backends._allocator import out_for
-from .._cost import HOLD_PER_OP_S, PER_BYTE
+from .._cost import HOLD_PER_OP_S, OVERHEAD_NS, PER_BYTE, estimate_us
 from .._kernels import NUMERIC_KINDS, kernel_error, normalize
 from .._loopload import stays_inline
 from .._opdef import OPS, OpDef
@@ -20,7 +20,7 @@ from .._tensor import Tensor
 if TYPE_CHECKING:
     from ._core import Engine
 
-__all__ = ["adopt", "lean"]
+__all__ = ["LEAN", "adopt", "lean"]
 
 _ndarray = np.ndarray
 _ufunc = np.ufunc
@@ -29,18 +29,25 @@ _clock = time.perf_counter
 _new = object.__new__
 
 
-# Ops the lean path of Engine.op takes: plain element-wise ops of one output, kernels of numpy's.
-_ELEMENTWISE = frozenset(d for d in OPS.values() if d.elementwise and d.kernel_for(np) is not None)
-# Their cost model's ns per byte, by op (an enum's hash is a Python call: too slow here).
-_PER_BYTE_OF = {d: PER_BYTE[d.cost] for d in _ELEMENTWISE}
+#: Ops the lean path takes (``OpDef.lean``: plain element-wise ops of one output, and
+#: products of two data args such as ``matmul``), kernels of numpy's.
+LEAN = frozenset(d for d in OPS.values() if d.lean and d.kernel_for(np) is not None)
+# The element-wise ones among them (``OpDef.elementwise``: erf, of Cost.SPECIAL, is not) ...
+_ELEMENTWISE = frozenset(d for d in LEAN if d.elementwise)
+# ... and the cost model's ns per byte of every element-wise op of LEAN, by op (an enum's
+# hash is a Python call: too slow here). An op of LEAN not in it is a product, estimated
+# by the cost model itself.
+_PER_BYTE_OF = {d: PER_BYTE[d.cost] for d in LEAN if d.cost in PER_BYTE}
 
 
 def lean(self: Engine, d: OpDef, args: tuple[Any, ...], name: str | None) -> Tensor | None:
-    """The lean path of an element-wise op (``d`` in ``_ELEMENTWISE``), synchronously; None to take :meth:`op`.
+    """The lean path of op ``d`` (in :data:`LEAN`), synchronously; None to take :meth:`op`.
 
     Session methods, module-level functions and one-node expressions of such ops
     call it before :meth:`op`, saving a coroutine frame on the hottest path;
-    :meth:`op` tries it again only after it yielded the loop.
+    :meth:`op` tries it again only after it yielded the loop. A product's operands
+    are tensors or numeric arrays: numpy checks their shapes and promotes their dtypes,
+    and its errors become the general path's (``kernel_error``).
     """
     if not (
         self._lean_loop is not None  # (first: no running loop at all raises in _get_loop)
@@ -55,9 +62,11 @@ def lean(self: Engine, d: OpDef, args: tuple[Any, ...], name: str | None) -> Ten
     # limit. Shapes are one shape, or broadcast as a row against rows (the shorter
     # shape is the end of the longer one: a scaler's mean, a bias). Each step is the
     # general path's below, without its calls; anything unusual falls through to it.
+    # None: a product, whose operands' shapes are numpy's to check (its output's shape is its own).
+    per_byte = _PER_BYTE_OF.get(d)
     bufs = []
     shape = None
-    broadcast = False
+    broadcast = per_byte is None
     total = largest = 0
     for a in args:
         ta = type(a)
@@ -71,7 +80,7 @@ def lean(self: Engine, d: OpDef, args: tuple[Any, ...], name: str | None) -> Ten
                 break
             a_shape = a._shape
             n = a._nbytes
-        elif ta is float or ta is int:
+        elif (ta is float or ta is int) and per_byte is not None:
             bufs.append(a)
             continue
         elif ta is _ndarray and a.dtype.kind in NUMERIC_KINDS and type(d._np_kernel) is _ufunc:
@@ -84,7 +93,7 @@ def lean(self: Engine, d: OpDef, args: tuple[Any, ...], name: str | None) -> Ten
             break
         if shape is None:
             shape = a_shape
-        elif a_shape != shape:
+        elif a_shape != shape and per_byte is not None:
             k, m = len(a_shape), len(shape)
             if k < m and shape[m - k :] == a_shape:
                 pass
@@ -101,14 +110,18 @@ def lean(self: Engine, d: OpDef, args: tuple[Any, ...], name: str | None) -> Ten
         # The cost model's element-wise estimate (_cost.estimate_us): bytes read plus
         # the output's (its size x the widest item); without broadcasting, the output
         # is as large as the largest input.
-        out_bytes = largest
-        if broadcast:
-            itemsize = 1
-            for b in bufs:
-                if type(b) is _ndarray and b.itemsize > itemsize:
-                    itemsize = b.itemsize
-            out_bytes = math.prod(shape) * itemsize  # type: ignore[arg-type]
-        cost_ns = (total + out_bytes) * _PER_BYTE_OF[d]
+        if per_byte is None:
+            # A product: the cost model's estimate (flops), as the general path takes it.
+            cost_ns = estimate_us(d, bufs, None, None) * 1000.0 - OVERHEAD_NS
+        else:
+            out_bytes = largest
+            if broadcast:
+                itemsize = 1
+                for b in bufs:
+                    if type(b) is _ndarray and b.itemsize > itemsize:
+                        itemsize = b.itemsize
+                out_bytes = math.prod(shape) * itemsize  # type: ignore[arg-type]
+            cost_ns = (total + out_bytes) * per_byte
         if shape is not None and cost_ns <= self._inline_ns and (cost_ns <= self._busy_ns or stays_inline()):
             policy = self.policy
             safe_point = policy.safe_point
@@ -125,7 +138,8 @@ def lean(self: Engine, d: OpDef, args: tuple[Any, ...], name: str | None) -> Ten
             cache = registry.cache
             start = _clock()
             try:
-                if cache is not None and largest >= cache.min_bytes and cache.cached_bytes:
+                # (a product's output is not the broadcast of its inputs: never into a recycled buffer)
+                if cache is not None and largest >= cache.min_bytes and cache.cached_bytes and per_byte is not None:
                     recycled = out_for(cache, kernel, bufs) if type(kernel) is _ufunc else None
                     out = kernel(*bufs) if recycled is None else kernel(*bufs, out=recycled)  # type: ignore[misc]
                 else:
@@ -150,7 +164,7 @@ def lean(self: Engine, d: OpDef, args: tuple[Any, ...], name: str | None) -> Ten
                 t._engine = self
                 t._registry = registry
                 t._rid = registry.add(out, nbytes)
-                # (without broadcasting the inputs' shape is the output's; out.shape is a new tuple)
+                # (without broadcasting, an element-wise op's output has the inputs' shape; out.shape is a new tuple)
                 t._shape = out.shape if broadcast else shape
                 t._dtype = out.dtype
                 t._nbytes = nbytes
