@@ -20,6 +20,7 @@ from ._types import NDArray
 
 __all__ = [
     "ALIGN_FROM",
+    "ALIGN_TRIES",
     "ARG_NAMES",
     "NUMERIC_KINDS",
     "SEQUENCES",
@@ -129,18 +130,21 @@ def numeric_array(value: Any, dtype: np.dtype[Any] | None) -> NDArray:
 #: Arrays of this many bytes or more that :func:`numeric_array` copies start on a
 #: 32-byte boundary when malloc offers one (smaller ones: few stores, no difference).
 ALIGN_FROM = 1 << 16
-#: Chunks :func:`aligned_fresh` asks malloc for at most.
-_ALIGN_TRIES = 4
+#: Chunks :func:`aligned_fresh` asks malloc for at most, by default.
+ALIGN_TRIES = 4
 _char_at: Any = ctypes.c_char.from_buffer
 _address = ctypes.addressof
 
 
-def aligned_fresh(shape: tuple[int, ...], dtype: np.dtype[Any], empty: Callable[..., Any] = np.empty) -> NDArray:
+def aligned_fresh(
+    shape: tuple[int, ...], dtype: np.dtype[Any], empty: Callable[..., Any] = np.empty, tries: int = ALIGN_TRIES
+) -> NDArray:
     """A new C-ordered array owning its memory (``base`` None), on a 32-byte boundary if malloc gives one.
 
     malloc's chunks are 16-byte aligned; chunks carved one after another from the heap
     alternate between the two 16-byte offsets for these sizes, so asking again while
-    the misaligned ones are held finds an aligned one within a few tries. The chunks
+    the misaligned ones are held finds an aligned one within a few (at most ``tries``
+    chunks; malloc's bins may hold several misaligned ones of the size). The chunks
     not taken are freed on return; if none was aligned, the first is returned (chunks
     glibc maps on their own, over its mmap threshold, are all 16 bytes off a page).
     (``empty``: for tests.)
@@ -149,7 +153,7 @@ def aligned_fresh(shape: tuple[int, ...], dtype: np.dtype[Any], empty: Callable[
     if not _address(_char_at(out)) & 31:
         return out
     held = [out]
-    while len(held) < _ALIGN_TRIES:
+    while len(held) < tries:
         again: NDArray = empty(shape, dtype)
         if not _address(_char_at(again)) & 31:
             return again
