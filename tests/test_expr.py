@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import threading
 import warnings
 from collections.abc import Callable
@@ -686,3 +687,48 @@ async def test_a_binary_node_has_the_signature_of_the_general_construction(s: at
             assert [id(t) for t in fast._lv] == [id(t) for t in general._lv], (x, y)
             assert fast._n == general._n, (x, y)
             assert fast._kwargs is None
+
+
+_UNSEEN = itertools.count()
+
+
+async def test_an_expression_awaited_with_the_hold_budget_spent_yields_once_then_runs_inline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A program that ran inline before, awaited once the run of inline work has spent
+    # its hold budget: another task gets the loop once, then the program runs on the
+    # inline path (call_inline), not the general one, and the budget starts over.
+    async with at.AsyncEagerSession() as s:
+        engine = s._engine
+        x = await s.constant(np.arange(12, dtype=np.float32))
+        first = await ((x * 2.0 + 1.0) * x)  # compiles it and caches its cost (inline)
+        general: list[object] = []
+        real = engine._run_expr
+
+        def spy(*args: Any) -> Any:
+            general.append(args)
+            return real(*args)
+
+        monkeypatch.setattr(engine, "_run_expr", spy)
+        ran: list[bool] = []
+        other = asyncio.get_running_loop().call_soon(ran.append, True)
+        engine._held = engine._hold_s
+        t = await ((x * 2.0 + 1.0) * x)
+        assert ran == [True]  # the loop ran the other callback before the program
+        assert general == []  # the inline path ran it
+        assert 0.0 < engine._held < engine._hold_s  # the yield reset the budget; the run counted
+        expected = (np.arange(12, dtype=np.float32) * 2.0 + 1.0) * np.arange(12, dtype=np.float32)
+        np.testing.assert_array_equal(await t.numpy(), expected)
+        np.testing.assert_array_equal(await first.numpy(), expected)
+        other.cancel()
+        # A program whose cost is not known yet (compiled programs are cached across
+        # sessions: a shape no other run used): the general path, which yields the same way.
+        n = 40 + next(_UNSEEN)
+        y = await s.constant(np.arange(n, dtype=np.float32))
+        engine._held = engine._hold_s
+        u = await ((y + 1.0) * 3.0)
+        assert len(general) == 1
+        assert engine._held < engine._hold_s
+        np.testing.assert_array_equal(await u.numpy(), (np.arange(n, dtype=np.float32) + 1.0) * 3.0)
+        del u, y
+        del first, t

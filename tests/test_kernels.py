@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Literal
+
 import numpy as np
 import pytest
 
 import aiotensor as at
-from aiotensor._kernels import BadOutputError, finalize, kernel_error, run_kernel
+from aiotensor import _kernels
+from aiotensor._kernels import (
+    ALIGN_FROM,
+    BadOutputError,
+    aligned_fresh,
+    finalize,
+    kernel_error,
+    numeric_array,
+    run_kernel,
+)
 
 
 def test_views_and_inputs_are_copied_into_owned_read_only_buffers() -> None:
@@ -60,3 +72,75 @@ def test_an_error_whose_str_fails_is_still_mapped() -> None:
     assert isinstance(error, at.InvalidArgumentError)
     assert "sum(float64[2]): 5, 2" in str(error)
     assert isinstance(kernel_error("apply(f)", (), _Unprintable(1), True), at.KernelError)
+
+
+def test_aligned_fresh_asks_malloc_again_until_a_chunk_is_32_byte_aligned() -> None:
+    # Chunks 16 bytes off a 32-byte boundary are held while the next is asked for; the
+    # first aligned one is the array (its own memory); none aligned in four: the first.
+    raw = np.empty((1 << 18) + 64, np.uint8)
+    start = -raw.ctypes.data % 32
+    aligned = raw[start : start + (1 << 18)].view(np.float32).reshape(256, 256)
+    off = [raw[start + 16 : start + 16 + (1 << 18)].view(np.float32).reshape(256, 256) for _ in range(5)]
+    asked: list[tuple[Any, ...]] = []
+
+    def empty(answers: list[Any]) -> Callable[..., Any]:
+        def make(shape: tuple[int, ...], dtype: Any) -> Any:
+            asked.append((shape, dtype))
+            return answers.pop(0)
+
+        return make
+
+    f32 = np.dtype(np.float32)
+    assert aligned_fresh((256, 256), f32, empty([off[0], off[1], aligned])) is aligned
+    assert len(asked) == 3
+    assert aligned_fresh((256, 256), f32, empty([aligned])) is aligned
+    assert len(asked) == 4
+    assert aligned_fresh((256, 256), f32, empty(off[1:5])) is off[1]
+    assert asked == [((256, 256), f32)] * 8
+    got = aligned_fresh((256, 256), f32)
+    assert got.base is None
+    assert got.flags.c_contiguous
+    assert got.flags.writeable
+    assert got.shape == (256, 256)
+    assert got.dtype == f32
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_numeric_array_copies_large_arrays_as_numpy_does(order: Literal["C", "F"]) -> None:
+    # The aligned copy of a large C-ordered array: numpy's copy, values, dtype and order;
+    # a Fortran-ordered one (or a cast) is numpy's own copy, in its order.
+    value = np.asarray(np.arange(ALIGN_FROM // 4 * 2, dtype=np.float32).reshape(256, -1), order=order)
+    for dtype in (None, np.dtype(np.float32), np.dtype(np.float64), np.dtype(">f4")):
+        got = numeric_array(value, dtype)
+        want = np.array(value, dtype=dtype)
+        assert got.dtype == want.dtype
+        assert got.strides == want.strides
+        assert got.base is None
+        assert not np.shares_memory(got, value)
+        np.testing.assert_array_equal(got, want)
+    small = np.ones(10, np.float32)
+    assert numeric_array(small, None).base is None
+
+
+async def test_a_large_constant_is_copied_into_an_aligned_fresh_buffer(
+    session: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 256 KiB constant's buffer is the array aligned_fresh made (malloc's heap chunks:
+    # the first 32-byte-aligned one; mmapped chunks, before glibc's threshold has grown,
+    # are all 16 bytes off, so the test does not ask malloc for an address).
+    made: list[Any] = []
+
+    def spy(shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        out = aligned_fresh(shape, dtype)
+        made.append(out)
+        return out
+
+    monkeypatch.setattr(_kernels, "aligned_fresh", spy)
+    value = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
+    t = await session.constant(value)
+    assert len(made) == 1
+    assert t._registry._buffers[t._rid][0] is made[0]
+    np.testing.assert_array_equal(await t.numpy(), value)
+    small = await session.constant(np.ones(16, np.float32))  # (under ALIGN_FROM: numpy's copy)
+    assert len(made) == 1
+    del t, small

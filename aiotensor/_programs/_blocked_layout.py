@@ -15,14 +15,13 @@ its own.
 
 from __future__ import annotations
 
-import ctypes
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._kernels import kernel_error
+from .._kernels import aligned_fresh, kernel_error
 from ._blocked_split import _OUT, in_parts, split_pool
 from ._blocked_var import aligned_empty
 
@@ -153,7 +152,7 @@ class Layout:
         if out is not None and out.shape == self.rshape and out.dtype == self.out_dtype:
             holder[0] = None  # type: ignore[index]
         elif self.whole is not None and ALIGN_RESULT:
-            out = _aligned_result(self.rshape, self.out_dtype)
+            out = _aligned_result(self.rshape, self.out_dtype, tries=RESULT_TRIES)
         else:
             out = np.empty(self.rshape, self.out_dtype)
         if self.whole is not None:  # one block: each op once, as op by op (numpy's own warnings)
@@ -286,26 +285,30 @@ def _tiled(
 #: Whether a one-block run asks malloc again for a result that is not 32-byte aligned
 #: (:func:`_aligned_result`; off, the first chunk is taken as it comes: for measuring).
 ALIGN_RESULT = True
-_char_at: Any = ctypes.c_char.from_buffer
-_address = ctypes.addressof
 
 
-def _aligned_result(shape: tuple[int, ...], dtype: np.dtype[Any], empty: Callable[..., Any] = np.empty) -> Any:
+def _aligned_result(
+    shape: tuple[int, ...], dtype: np.dtype[Any], empty: Callable[..., Any] = np.empty, tries: int = 2
+) -> Any:
     # A fresh result for a one-block run, whose ops all store into it: ten ops storing
     # into a 256x256 float32 result 16 bytes off a 32-byte boundary took 35 µs against
     # 30.5 µs aligned (AVX stores across cache lines), and malloc hands a process the same
     # chunk call after call, so one process paid it on every call (the 256x256 chain's
-    # "uvloop" gap). Asked again while the first is held, malloc gives the next chunk
-    # (16 bytes further on for these sizes); the first goes back. At most one retry:
-    # a plain array either way (the registry owns it as any result); for a moment the
-    # run holds two results' worth (one-block runs: under ``BLOCK_FROM_ITEMS`` elements).
-    out = empty(shape, dtype)
-    if out.nbytes < _ALIGN_FROM or not _address(_char_at(out)) & 31:
-        return out
-    again = empty(shape, dtype)
-    return again if not _address(_char_at(again)) & 31 else out
+    # "uvloop" gap). Asked again while the first is held, malloc gives another chunk; at
+    # most ``tries`` chunks are asked for, the misaligned ones held until an aligned one
+    # comes (then freed), else the first is the result. One retry was not enough: in
+    # some benchmark processes the second chunk, from malloc's bins, was 16 bytes off as
+    # well on ~85% of calls (48 mod 64, kernel 36 µs against 31 µs); with the chunks held,
+    # the third or fourth comes from elsewhere. A plain array either way (the registry
+    # owns it as any result); for a moment the run holds up to ``tries`` results' worth
+    # (one-block runs: under ``BLOCK_FROM_ITEMS`` elements).
+    if math.prod(shape) * dtype.itemsize < _ALIGN_FROM:
+        return empty(shape, dtype)
+    return aligned_fresh(shape, dtype, empty, tries)
 
 
+#: Chunks a one-block run asks malloc for at most, for a 32-byte-aligned result.
+RESULT_TRIES = 4
 #: Results smaller than this are not checked (small arrays: the stores are few).
 _ALIGN_FROM = 1 << 16
 

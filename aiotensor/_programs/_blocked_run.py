@@ -156,12 +156,15 @@ class BlockedRun:
         # ``again``: the inputs anew, for the op-by-op fallback, when the result's buffer
         # is one of them (``_blocked_center``: the blocked attempt may have written over it).
         try:
-            key = tuple((x.shape, x.dtype, type(x) is _ndarray) for x in inputs)
+            if len(inputs) == 1:  # (a formula of one tensor: the same key, without the generator)
+                x = inputs[0]
+                key: Any = ((x.shape, x.dtype, type(x) is _ndarray),)
+            else:
+                key = tuple((x.shape, x.dtype, type(x) is _ndarray) for x in inputs)
         except AttributeError:  # not arrays: op by op says what numpy makes of them
             return self.op_by_op(inputs)
-        if key in self._memo:
-            layout = self._memo[key]
-        else:
+        layout = self._memo.get(key, _UNSEEN)
+        if layout is _UNSEEN:
             layout = self._layout(inputs)
             if len(self._memo) >= 64:
                 self._memo.clear()
@@ -206,6 +209,10 @@ class BlockedRun:
             if not whole.scratch:  # in place in the result alone (else: blocks, so scratch stays small)
                 return whole
         return Layout(self, shapes, sliced, oshape, h, dtypes)
+
+
+#: A layout not made yet (``None`` in the memo: the run goes op by op on those inputs).
+_UNSEEN: Any = object()
 
 
 def _rowwise(reduce: tuple[OpDef, dict[str, Any]], oshape: tuple[int, ...], dtypes: list[np.dtype[Any]]) -> bool:
