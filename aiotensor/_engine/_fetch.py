@@ -24,7 +24,7 @@ __all__ = ["discard", "fetch", "fetch_now", "peek"]
 
 _get_loop = asyncio.get_running_loop
 _get_ident = threading.get_ident
-_ASK = object()  # (a loop that does not say which thread runs it)
+_BaseLoop = asyncio.BaseEventLoop  # (its ``_thread_id``: the thread running it, None while stopped)
 
 
 class _NoRegistry:
@@ -89,11 +89,10 @@ def fetch_now(self: Engine, t: Tensor) -> NDArray | None:
     # that opened the session: a loop may run in another thread later, and that thread
     # run a loop of its own. A loop that does not say (uvloop) is asked for.
     loop = self._loop
-    running = getattr(loop, "_thread_id", _ASK)
-    if running is _ASK:
-        if _get_loop() is not loop:
+    if isinstance(loop, _BaseLoop):
+        if loop._thread_id != _get_ident():  # type: ignore[attr-defined]
             return None
-    elif running != _get_ident():
+    elif _get_loop() is not loop:
         return None
     registry = t._registry
     entry = registry._buffers.get(t._rid)

@@ -81,7 +81,7 @@ _is = operator.is_
 # The busy-loop sensor's end of a turn (a callback that calls nobody: see _others_ready).
 _END_TURN: object = getattr(Sensor, "_end_turn", object())
 _NOT_A_METHOD = object()
-_ASK = object()  # (a loop that does not say which thread runs it)
+_BaseLoop = asyncio.BaseEventLoop  # (its ``_thread_id``: the thread running it, None while stopped)
 # The default session's two sources, read by a joining call without a call (see _defaults).
 _current_default = _defaults.current.get
 _interactive = _defaults._interactive
@@ -96,10 +96,9 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
     from: its loop may run in another thread since, and that thread a loop of its own.
     A loop that does not say (uvloop) is asked for.
     """
-    running = getattr(loop, "_thread_id", _ASK)
-    if running is _ASK:
-        return _get_loop() is loop
-    return bool(running == _get_ident())
+    if isinstance(loop, _BaseLoop):
+        return bool(loop._thread_id == _get_ident())  # type: ignore[attr-defined]
+    return _get_loop() is loop
 
 
 def _others_ready(loop: asyncio.AbstractEventLoop, engine: Engine) -> bool:
