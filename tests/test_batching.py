@@ -901,3 +901,57 @@ async def test_hundreds_of_callers_each_get_exactly_their_rows(strategy: at.Reso
         assert await held(app) == 4  # the weights: results owned by app were dropped, nothing else stayed
         await request.aclose()
         assert request.stats().live_tensors == 0
+
+
+def test_a_call_on_another_loop_never_joins_a_group_whose_loop_moved_threads() -> None:
+    # (asyncio's loop: its iteration order is what holds the leader; a loop that does not
+    # say which thread runs it, uvloop, is asked for the running loop)
+    # A group is open (its leader waits its loop iteration) when its loop stops, then the
+    # loop runs in another thread, held there before the leader resumes. A call in the
+    # thread the group was led from, on a loop of its own, with the same params: the
+    # params' session is bound to the other loop, so it is refused as any call from
+    # another loop is, and never joins that loop's group.
+    f = at.batched(lambda ops, x, w: x @ w)
+    loop = asyncio.new_event_loop()
+    s = at.AsyncEagerSession()
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        release.wait(10)
+
+    async def start() -> tuple[at.Tensor, asyncio.Task[Any]]:
+        w = await s.constant(W1)
+
+        def first() -> None:  # runs before the leader: the loop stops after this iteration
+            loop.call_soon(hold)
+            loop.stop()
+
+        loop.call_soon(first)
+        leader = asyncio.ensure_future(f(np.ones((1, IN), np.float32), w))
+        return w, leader
+
+    # Its last iteration: the leader leads its group, a call is held for the next one.
+    w, leader = loop.run_until_complete(start())
+    worker = threading.Thread(target=loop.run_forever)
+    worker.start()
+    try:
+        assert held.wait(10)  # the loop runs in the worker now, the leader not resumed yet
+
+        async def join() -> Any:
+            return await f(np.ones((2, IN), np.float32), w)
+
+        with pytest.raises(at.WrongEventLoopError, match="bound to the event loop"):
+            asyncio.run(join())
+    finally:
+        release.set()
+    out = asyncio.run_coroutine_threadsafe(_value(leader), loop).result(10)
+    np.testing.assert_allclose(out, np.ones((1, IN), np.float32) @ W1, rtol=1e-5)
+    asyncio.run_coroutine_threadsafe(s.close(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    worker.join(10)
+    loop.close()
+
+
+async def _value(task: asyncio.Task[Any]) -> Any:
+    return await (await task).numpy()

@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -185,6 +186,48 @@ async def test_session_is_bound_to_its_loop() -> None:
     with pytest.raises(at.WrongEventLoopError, match="bound to the event loop"):
         await asyncio.to_thread(other_loop)
     await s.close()
+
+
+_LOOPS = {"asyncio": asyncio.new_event_loop}
+try:
+    import uvloop
+
+    _LOOPS["uvloop"] = uvloop.new_event_loop
+except ImportError:  # pragma: no cover - uvloop is a test extra
+    pass
+
+
+@pytest.mark.parametrize("new_loop", list(_LOOPS.values()), ids=list(_LOOPS))
+def test_a_loop_moved_to_another_thread_keeps_its_session_from_the_thread_it_left(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    # A session's loop first ran in this thread, then runs in another one; this thread
+    # runs a loop of its own: reading the session's tensor from it is the wrong loop,
+    # though this thread opened the session and its loop is running (elsewhere).
+    loop = new_loop()
+    s = at.AsyncEagerSession()
+
+    async def make() -> at.Tensor:
+        return await s.constant(np.arange(3.0))
+
+    t = loop.run_until_complete(make())
+    worker = threading.Thread(target=loop.run_forever)
+    worker.start()
+    try:
+
+        async def read() -> Any:
+            return await t.numpy()
+
+        with pytest.raises(at.WrongEventLoopError, match="bound to the event loop"):
+            asyncio.run(read())
+        # On its own loop, now in the other thread, the tensor reads as it was.
+        value = asyncio.run_coroutine_threadsafe(read(), loop).result(10)
+        np.testing.assert_array_equal(value, np.arange(3.0))
+        asyncio.run_coroutine_threadsafe(s.close(), loop).result(10)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        worker.join(10)
+        loop.close()
 
 
 async def test_close_settles_in_flight_ops(strategy: at.ResourceCleanupStrategy) -> None:

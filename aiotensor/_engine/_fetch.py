@@ -24,6 +24,7 @@ __all__ = ["discard", "fetch", "fetch_now", "peek"]
 
 _get_loop = asyncio.get_running_loop
 _get_ident = threading.get_ident
+_BaseLoop = asyncio.BaseEventLoop  # (its ``_thread_id``: the thread running it, None while stopped)
 
 
 class _NoRegistry:
@@ -80,16 +81,18 @@ def fetch_now(self: Engine, t: Tensor) -> NDArray | None:
     freed buffer, a large or remote value) returns ``None``, and :func:`fetch` opens,
     raises, yields or copies on the pool as it always does.
     """
-    if (
-        self.state is not _OPEN
-        or self._held >= self._hold_s
-        or not self._local_fetch
-        # On the session's loop: its thread, while it runs (a thread runs one loop at a
-        # time). Cheaper than asking for the running loop (Python 3.11 asks the OS for
-        # the process id each time).
-        or _get_ident() != self._loop_thread
-        or not self._loop.is_running()  # type: ignore[union-attr]  # (open: it has a loop)
-    ):
+    if self.state is not _OPEN or self._held >= self._hold_s or not self._local_fetch:
+        return None
+    # On the session's loop. asyncio's loops say which thread runs them now (``_thread_id``,
+    # None while stopped; a thread runs one loop at a time): cheaper than asking for the
+    # running loop (Python 3.11 asks the OS for the process id each time). Not the thread
+    # that opened the session: a loop may run in another thread later, and that thread
+    # run a loop of its own. A loop that does not say (uvloop) is asked for.
+    loop = self._loop
+    if isinstance(loop, _BaseLoop):
+        if loop._thread_id != _get_ident():  # type: ignore[attr-defined]
+            return None
+    elif _get_loop() is not loop:
         return None
     registry = t._registry
     entry = registry._buffers.get(t._rid)

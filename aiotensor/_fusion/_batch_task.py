@@ -30,7 +30,6 @@ import contextvars
 import copy
 import math
 import operator
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -63,14 +62,13 @@ _rows_of = operator.itemgetter(0)
 _future = operator.itemgetter(2)
 _done = operator.methodcaller("done")  # (any loop's future type)
 _get_loop = asyncio.get_running_loop
-_get_ident = threading.get_ident
 _Future = asyncio.Future  # (what asyncio's and uvloop's create_future make)
 
 
 class _Group:
     """Calls of one batch: the same params, the same kind of rows, ``max_batch_size`` rows at most."""
 
-    __slots__ = ("callers", "ctx", "dtype", "engine", "key", "loop", "params", "row_shape", "rows", "task", "thread")
+    __slots__ = ("callers", "ctx", "dtype", "engine", "key", "loop", "params", "row_shape", "rows", "task")
 
     def __init__(
         self, engine: Engine, params: tuple[Any, ...], caller: _Caller, rows: int, key: tuple[Any, ...]
@@ -82,7 +80,6 @@ class _Group:
         # (loop, engine, the params' ids, row shape, dtype): its key among the pending groups
         self.key = key
         self.loop: asyncio.AbstractEventLoop = key[0]
-        self.thread = _get_ident()  # the loop's
         self.row_shape: tuple[int, ...] = key[3]
         self.dtype: np.dtype[Any] = key[4]
         self.ctx = contextvars.copy_context()  # its first caller's: the batch runs under them

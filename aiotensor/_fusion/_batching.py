@@ -81,9 +81,24 @@ _is = operator.is_
 # The busy-loop sensor's end of a turn (a callback that calls nobody: see _others_ready).
 _END_TURN: object = getattr(Sensor, "_end_turn", object())
 _NOT_A_METHOD = object()
+_BaseLoop = asyncio.BaseEventLoop  # (its ``_thread_id``: the thread running it, None while stopped)
 # The default session's two sources, read by a joining call without a call (see _defaults).
 _current_default = _defaults.current.get
 _interactive = _defaults._interactive
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether this call runs on ``loop``.
+
+    asyncio's loops say which thread runs them now (``_thread_id``, None while stopped; a
+    thread runs one loop at a time): cheaper than asking for the running loop (Python
+    3.11 asks the OS for the process id each time). Not the thread a group was led
+    from: its loop may run in another thread since, and that thread a loop of its own.
+    A loop that does not say (uvloop) is asked for.
+    """
+    if isinstance(loop, _BaseLoop):
+        return bool(loop._thread_id == _get_ident())  # type: ignore[attr-defined]
+    return _get_loop() is loop
 
 
 def _others_ready(loop: asyncio.AbstractEventLoop, engine: Engine) -> bool:
@@ -237,11 +252,7 @@ class BatchedFunction:
         if (
             group is not None
             and tx is _ndarray
-            # On the group's loop: its thread, while it runs (a thread runs one loop at a
-            # time). Cheaper than asking for the running loop (Python 3.11 asks the OS
-            # for the process id each time).
-            and _get_ident() == group.thread
-            and group.loop.is_running()
+            and _on_loop(group.loop)
             and len(params) == len(group.params)
             and all(map(_is, params, group.params))
             and x.dtype is group.dtype
