@@ -646,12 +646,13 @@ async def test_adopt_owns_a_fresh_array_without_a_copy_and_refuses_anything_else
         assert (t.name, t.shape, t.dtype) == ("rows", (2, 3), np.dtype(np.float32))
         assert t.session is s
         np.testing.assert_array_equal(await t.numpy(), np.arange(6).reshape(2, 3))
-        # What someone else may hold or write, or what is not numeric: refused, for an op to copy.
+        # What someone else may hold or write, not C-ordered, or not numeric: refused, for an op to copy.
         base = np.zeros(4)
         assert s._engine.adopt(base[1:], None) is None
         assert s._engine.adopt(x, None) is None  # read-only
         assert s._engine.adopt(np.array(["a"]), None) is None
         assert s._engine.adopt([1.0, 2.0], None) is None
+        assert s._engine.adopt(np.ones((3, 2), order="F"), None) is None  # constant would make it C-ordered
         allocated = s.stats().allocated
     assert s.stats().live_tensors == 0
     assert allocated == 2

@@ -205,6 +205,7 @@ def adopt(self: Engine, arr: Any, name: str | None) -> Tensor | None:
         and type(arr) is _ndarray
         and arr.base is None
         and arr.flags.writeable
+        and arr.flags.c_contiguous  # (as constant's copy would be: a Fortran-ordered array takes the copy)
         and arr.dtype.kind in NUMERIC_KINDS
     ):
         return None
