@@ -49,9 +49,9 @@ _ARRAYS = (np.ndarray, np.generic)
 SEQUENCES = (tuple, list)
 
 # Errors a kernel raises because of its arguments. ArithmeticError covers numpy's
-# FloatingPointError under np.errstate(all="raise"); RuntimeWarning is numpy's warning
-# turned into an error by the caller's warning filters.
-_ARG_ERRORS = (ValueError, TypeError, IndexError, ArithmeticError, RuntimeWarning)
+# FloatingPointError under np.errstate(all="raise"). (A RuntimeWarning, numpy's warning
+# turned into an error by the caller's warning filters, is not mapped: kernel_error.)
+_ARG_ERRORS = (ValueError, TypeError, IndexError, ArithmeticError)
 
 
 class BadOutputError(TypeError):
@@ -271,9 +271,14 @@ def forgotten_await(op: str, args: tuple[Any, ...], kwargs: dict[str, Any] | Non
     return None
 
 
-def kernel_error(op: str, args: tuple[Any, ...], exc: BaseException, user: bool) -> AioTensorError:
-    """The error an op raises for an exception of its kernel, naming the op and its inputs (cause: ``exc``)."""
-    if isinstance(exc, AioTensorError):
+def kernel_error(op: str, args: tuple[Any, ...], exc: BaseException, user: bool) -> AioTensorError | RuntimeWarning:
+    """The error an op raises for an exception of its kernel, naming the op and its inputs (cause: ``exc``).
+
+    A ``RuntimeWarning`` is numpy's floating-point warning made an exception by the
+    caller's warning filters (``warnings.simplefilter("error")``): it is raised as it is,
+    as numpy raises it, on every path (``_fpwarn`` reissues it at the caller's line).
+    """
+    if isinstance(exc, (AioTensorError, RuntimeWarning)):
         return exc
     awaited = forgotten_await(op, args)
     if awaited is not None:

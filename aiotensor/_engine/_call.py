@@ -118,12 +118,18 @@ async def call(
     try:
         if inline:
             start = _clock()
-            result = self.backend.run_inline(kernel, bufs, kw)
+            try:
+                result = self.backend.run_inline(kernel, bufs, kw)
+            except RuntimeWarning:  # numpy's, made an exception by the caller's filters: at the caller's line
+                result = _fpwarn.rerun(label, self.backend.run_inline, (kernel, bufs, kw), None)
             took = _clock() - start
             registry.kernel_seconds += took
             self._held += took + HOLD_PER_OP_S
         elif sliced:
-            result = await self._run_sliced(label, cast(Program, kernel), bufs)
+            try:
+                result = await self._run_sliced(label, cast(Program, kernel), bufs)
+            except RuntimeWarning:  # (as above: the whole program again, collecting)
+                result = normalize(_fpwarn.rerun(label, kernel, bufs, None))
         else:
             self._held = 0.0
             if not kw and getattr(kernel, "spawning", None) is not None and self.backend.in_process:
