@@ -771,6 +771,20 @@ async def test_floating_point_errors_reach_the_caller_as_locally(backend: DaskBa
     assert raised == want_raised
 
 
+async def test_a_users_error_filter_raises_numpys_warning_as_locally(backend: DaskBackend) -> None:
+    # warnings.simplefilter("error"): the RuntimeWarning itself, as on every local path
+    # (tests/test_fpwarn.py), not an AioTensorError.
+    async with at.AsyncEagerSession(backend=backend) as s:
+        x = await s.constant(np.array([1.0, 0.0]))
+        f = s.function(lambda ops, a: ops.divide(a, 0.0))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(RuntimeWarning, match=r"^divide by zero encountered in divide$"):
+                await s.divide(x, 0.0)
+            with pytest.raises(RuntimeWarning, match=r"^divide by zero encountered in function\(<lambda>\)$"):
+                await f(x)
+
+
 async def test_a_kernel_on_a_worker_sees_read_only_views_of_its_inputs() -> None:
     # The one rule of kernel inputs (_kernels.read_only_view): the worker's stored
     # replica is left as it is, and a kernel returning its input gets a copy owned.
