@@ -661,3 +661,41 @@ async def test_adopt_owns_a_fresh_array_without_a_copy_and_refuses_anything_else
         await limited.constant(0.0)
         assert limited._engine.adopt(np.ones(3), None) is None
     assert at.AsyncEagerSession()._engine.adopt(np.ones(3), None) is None
+
+
+async def test_a_sliced_run_under_a_users_error_filter_raises_numpys_warning_at_the_users_line(
+    strategy: at.ResourceCleanupStrategy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As every other path (tests/test_fpwarn.py): the RuntimeWarning itself, reissued at
+    # the line that awaited the expression (the program run again, collecting).
+    import traceback
+    import warnings
+
+    from aiotensor import _fpwarn
+    from aiotensor._engine._core import Engine
+
+    def divided(t: Any) -> Any:
+        return (_chain(t) + 1.0) / 0.0  # (positive: only a division by zero)
+
+    est = await _estimate(divided(await _probe_tensor()))
+    _every_step_a_slice(monkeypatch, yields=False)
+    sliced: list[str] = []
+    real = Engine._run_sliced
+
+    async def spy(self: Any, label: str, *args: Any) -> Any:
+        sliced.append(label)
+        return await real(self, label, *args)
+
+    monkeypatch.setattr(Engine, "_run_sliced", spy)
+    async with await _session_for(est, 2.0, strategy) as s:
+        submitted = _no_pool(s)
+        a = await s.constant(_V)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(RuntimeWarning, match=r"^divide by zero encountered in divide$") as info:
+                await divided(a)
+        assert sliced
+        assert submitted == []
+        innermost = traceback.extract_tb(info.value.__traceback__)[-1]
+        assert (innermost.filename, innermost.name) == (_fpwarn.__file__, "reissue")
+        del a
