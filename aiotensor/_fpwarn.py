@@ -20,8 +20,14 @@ aiotensor instead (the ``await s.exp(x)`` of the user), every time a new line wa
   costs nothing when no warning happens. The engine then runs the kernel again,
   collecting (:func:`rerun`): kernels are pure functions of their inputs.
 
+  A warning the user's own filter made an exception at another of aiotensor's lines
+  (a program's step, run inline whole or in slices) is caught and rerun the same way.
+
 A category the caller set to ``"raise"``, ``"ignore"``, ``"print"`` or ``"log"`` is left
-alone, and a user's own warning filters still decide whether a reissued warning shows.
+alone, and a user's own warning filters still decide whether a reissued warning shows:
+under ``warnings.simplefilter("error")`` the reissued warning is raised at the user's
+line, as numpy raises it, and ``_kernels.kernel_error`` passes a ``RuntimeWarning``
+through unmapped, so every path raises that same exception.
 
 :func:`collecting` runs on the loop for every kernel sent to the pool, so it is kept
 cheap: numpy 2 keeps the error state in a context variable holding one immutable
