@@ -25,8 +25,13 @@ __all__ = ["SPLIT_MIN_BYTES", "in_parts", "result_buffer", "split_pool", "with_p
 #: workers. Measured (``--calibrate --only-split``, split time / one worker, blocks):
 #: 1 MiB 1.07-1.15, 4 MiB 0.93-1.12, 16 MiB 0.90-0.99, 32 MiB 0.80-0.91, 64 MiB 0.74-0.81;
 #: again under heavier load (4-6, first quartile): 1 MiB 1.19, 4 MiB 1.09, 8 MiB 1.03,
-#: 16 MiB 1.04, 32 MiB 1.05. It pays only when the other core is free.
-SPLIT_MIN_BYTES = 32 << 20
+#: 16 MiB 1.04, 32 MiB 1.05. It pays only when the other core is free. On a machine with
+#: the other core free (load ~1.4, three runs): 1 MiB 1.13-1.18, 4 MiB 0.89-0.93, 8 MiB
+#: 0.74-0.81, 16 MiB 0.72, 32 MiB 0.61-0.89; and the benchmark's 2048x2048 chain (16 MiB)
+#: 0.19-0.29x numpy split against 0.30-0.34x not, while (4096, 512) results (8 MiB) split
+#: read 0.67-0.75x against 0.62-0.66x. So from 16 MiB: ~25 % faster with a free core,
+#: ~4 % slower with a busy one.
+SPLIT_MIN_BYTES = 16 << 20
 #: Output bytes per part handed to a participant of a split run.
 _PART_BYTES = 4 << 20
 
