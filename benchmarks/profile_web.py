@@ -83,9 +83,8 @@ USER_RUNGS = (
 )
 
 
-def user_rung(stage: int) -> FastAPI:
-    """The user-style service cut after rung ``stage`` (an index into :data:`USER_RUNGS`)."""
-    sessions = web.Sessions(limits=USER_LIMITS)
+def _model_app(sessions: web.Sessions) -> FastAPI:
+    # A FastAPI app whose lifespan opens the app session holding the user-style model.
     weights = user_weights()
 
     @contextlib.asynccontextmanager
@@ -94,7 +93,13 @@ def user_rung(stage: int) -> FastAPI:
             app.state.model = {k: await s.constant(v, name=k) for k, v in weights.items()}
             yield
 
-    app = FastAPI(lifespan=lifespan)
+    return FastAPI(lifespan=lifespan)
+
+
+def user_rung(stage: int) -> FastAPI:
+    """The user-style service cut after rung ``stage`` (an index into :data:`USER_RUNGS`)."""
+    sessions = web.Sessions(limits=USER_LIMITS)
+    app = _model_app(sessions)
     if stage >= 1:
         sessions.install(app)
     fixed = ScoreResponse(scores=[[0.0]])
@@ -131,15 +136,7 @@ def user_rung(stage: int) -> FastAPI:
 def user_before() -> FastAPI:
     """The user-style service as it was written before: a pydantic body, the session from the dependency."""
     sessions = web.Sessions()
-    weights = user_weights()
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> Any:
-        async with sessions.open() as s:
-            app.state.model = {k: await s.constant(v, name=k) for k, v in weights.items()}
-            yield
-
-    app = FastAPI(lifespan=lifespan)
+    app = _model_app(sessions)
     sessions.install(app)
 
     @app.post("/predict")
@@ -247,7 +244,7 @@ def profile(rounds: int, n: int, loop_name: str) -> list[tuple[str, str, float, 
         user["numpy to_thread"] = user_to_thread_app
         for size in (16, 512):
             bodies = _bodies(size, USER_FEATURES)
-            measured = run_on(loop_name, _measure(user, bodies, rounds, n if size == 16 else n // 4))
+            measured = run_on(loop_name, _measure(user, bodies, rounds, n if size == 16 else max(1, n // 4)))
             previous = None
             for label in user:
                 us = statistics.median(measured[label])
@@ -262,7 +259,8 @@ def profile(rounds: int, n: int, loop_name: str) -> list[tuple[str, str, float, 
             "numpy to_thread": baselines.to_thread_app,
         }
         for size in (16, 512):
-            measured = run_on(loop_name, _measure(ex, _bodies(size, IN_FEATURES), rounds, n if size == 16 else n // 4))
+            per = n if size == 16 else max(1, n // 4)
+            measured = run_on(loop_name, _measure(ex, _bodies(size, IN_FEATURES), rounds, per))
             rows += [(f"web example, {size}x{IN_FEATURES}", k, statistics.median(v), None) for k, v in measured.items()]
     finally:
         at.set_blas_threads(None)
