@@ -305,6 +305,13 @@ def test_the_measured_pages_speak_of_goals_without_tracker_words(page: Path) -> 
     assert not re.findall(words, text, re.I)
 
 
+def test_the_performance_page_carries_the_commentary_that_write_docs_inserts() -> None:
+    # `python -m benchmarks --write-docs` rebuilds docs/performance.md around
+    # benchmarks/commentary.md: text written into the page alone would be lost by the next run.
+    commentary = (ROOT / "benchmarks" / "commentary.md").read_text().strip()
+    assert commentary in (DOCS / "performance.md").read_text()
+
+
 def test_the_reliability_page_counts_the_parity_cases() -> None:
     from ._parity_cases import PARITY_CASES
 
