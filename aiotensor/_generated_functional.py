@@ -412,6 +412,8 @@ async def apply(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Tensor 
         InvalidArgumentError: ``fn`` is not callable, or returned something other
             than ndarrays (or numbers) of a numeric dtype.
         KernelError: ``fn`` raised; the original exception is the ``__cause__``.
+        RuntimeWarning: numpy's floating-point warning inside ``fn`` when the caller's
+            warning filters make it an error (as numpy raises it), at the caller's line.
     """
     p_args, p_kwargs, p_nbytes = _apply.spec(fn, *args, **kwargs)
     r: Tensor | tuple[Tensor, ...] = await engine_of((fn, *args), kwargs, "apply").op(

@@ -225,6 +225,8 @@ class SessionOps:
             InvalidArgumentError: ``fn`` is not callable, or returned something other
                 than ndarrays (or numbers) of a numeric dtype.
             KernelError: ``fn`` raised; the original exception is the ``__cause__``.
+            RuntimeWarning: numpy's floating-point warning inside ``fn`` when the caller's
+                warning filters make it an error (as numpy raises it), at the caller's line.
         """
         p_args, p_kwargs, p_nbytes = _apply.spec(fn, *args, **kwargs)
         r: Tensor | tuple[Tensor, ...] = await self._engine.op(_apply, p_args, p_kwargs, p_nbytes, None)

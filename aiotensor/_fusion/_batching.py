@@ -519,6 +519,8 @@ def batched(
             result's session cannot read (for that call alone), or ``fn`` returning
             something without one row per input row.
         KernelError: ``fn`` raised; every caller of that batch gets it.
+        RuntimeWarning: numpy's floating-point warning inside ``fn`` when the caller's
+            warning filters make it an error (as numpy raises it), at the caller's line.
     """
     options = {
         "max_batch_size": max_batch_size,

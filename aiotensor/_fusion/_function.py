@@ -175,5 +175,7 @@ def function(fn: Callable[..., Any], /) -> FusedFunction:
         InvalidArgumentError: ``fn`` is not callable (here), or an op inside got
             bad arguments (when called).
         KernelError: ``fn`` raised something else; the original is the ``__cause__``.
+        RuntimeWarning: numpy's floating-point warning inside ``fn`` when the caller's
+            warning filters make it an error (as numpy raises it), at the caller's line.
     """
     return FusedFunction(fn)

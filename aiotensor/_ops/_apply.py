@@ -52,6 +52,8 @@ def apply(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Prepared:
         InvalidArgumentError: ``fn`` is not callable, or returned something other
             than ndarrays (or numbers) of a numeric dtype.
         KernelError: ``fn`` raised; the original exception is the ``__cause__``.
+        RuntimeWarning: numpy's floating-point warning inside ``fn`` when the caller's
+            warning filters make it an error (as numpy raises it), at the caller's line.
     """
     if not callable(fn):
         raise InvalidArgumentError(f"apply: fn must be callable, got {type(fn).__name__}")
