@@ -68,7 +68,7 @@ _Future = asyncio.Future  # (what asyncio's and uvloop's create_future make)
 class _Group:
     """Calls of one batch: the same params, the same kind of rows, ``max_batch_size`` rows at most."""
 
-    __slots__ = ("callers", "ctx", "dtype", "engine", "key", "loop", "params", "row_shape", "rows", "task")
+    __slots__ = ("callers", "ctx", "dtype", "engine", "key", "loop", "params", "row_shape", "rows", "task", "threaded")
 
     def __init__(
         self, engine: Engine, params: tuple[Any, ...], caller: _Caller, rows: int, key: tuple[Any, ...]
@@ -82,6 +82,9 @@ class _Group:
         self.loop: asyncio.AbstractEventLoop = key[0]
         self.row_shape: tuple[int, ...] = key[3]
         self.dtype: np.dtype[Any] = key[4]
+        # Whether its loop says which thread runs it (``_thread_id``: asyncio's loops; see
+        # ``_batching._on_loop``), else a joining call asks for the running loop.
+        self.threaded = isinstance(self.loop, asyncio.BaseEventLoop)
         self.ctx = contextvars.copy_context()  # its first caller's: the batch runs under them
         self.task: asyncio.Task[None] | None = None  # started by the first call to join
 

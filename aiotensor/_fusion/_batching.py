@@ -81,24 +81,9 @@ _is = operator.is_
 # The busy-loop sensor's end of a turn (a callback that calls nobody: see _others_ready).
 _END_TURN: object = getattr(Sensor, "_end_turn", object())
 _NOT_A_METHOD = object()
-_BaseLoop = asyncio.BaseEventLoop  # (its ``_thread_id``: the thread running it, None while stopped)
 # The default session's two sources, read by a joining call without a call (see _defaults).
 _current_default = _defaults.current.get
 _interactive = _defaults._interactive
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether this call runs on ``loop``.
-
-    asyncio's loops say which thread runs them now (``_thread_id``, None while stopped; a
-    thread runs one loop at a time): cheaper than asking for the running loop (Python
-    3.11 asks the OS for the process id each time). Not the thread a group was led
-    from: its loop may run in another thread since, and that thread a loop of its own.
-    A loop that does not say (uvloop) is asked for.
-    """
-    if isinstance(loop, _BaseLoop):
-        return bool(loop._thread_id == _get_ident())  # type: ignore[attr-defined]
-    return _get_loop() is loop
 
 
 def _others_ready(loop: asyncio.AbstractEventLoop, engine: Engine) -> bool:
@@ -249,19 +234,14 @@ class BatchedFunction:
         group = self._open
         runner: Any = None
         engine: Any = None
-        if (
-            group is not None
-            and tx is _ndarray
-            and _on_loop(group.loop)
-            and len(params) == len(group.params)
-            and all(map(_is, params, group.params))
-            and x.dtype is group.dtype
-        ):
+        if group is not None and tx is _ndarray and x.dtype is group.dtype:
             # Joining the group the last call led, the common case under load: the same
             # param objects and the same kind of rows give the same key, so neither the
-            # params' sessions nor the key are looked at again.
+            # params' sessions nor the key are looked at again. The checks cheapest first,
+            # the loop's last but one (uvloop's costs a system call on Python 3.11).
             shape = x.shape
             runner = group.engine
+            loop = group.loop
             # _defaults.get_default_session() written out (one call less per joining call)
             default = _current_default()
             if default is None and _interactive:
@@ -269,62 +249,88 @@ class BatchedFunction:
             engine = runner if default is None else session_engine(default)
             if (
                 shape
-                and shape[0]
                 and shape[1:] == group.row_shape
+                and shape[0]
+                and len(params) == len(group.params)
+                and all(map(_is, params, group.params))
                 and engine.state is _OPEN
-                and engine._loop is group.loop
-                and (engine is runner or (runner in engine.ancestors and engine.backend.in_process))
+                # On the group's loop. asyncio's loops say which thread runs them now
+                # (``_thread_id``, None while stopped; a thread runs one loop at a time):
+                # cheaper than asking for the running loop (Python 3.11 asks the OS for
+                # the process id each time). Not the thread the group was led from: its
+                # loop may run in another thread since, and that thread a loop of its own.
+                # A loop that does not say (uvloop) is asked for.
+                and ((loop._thread_id == _get_ident()) if group.threaded else (_get_loop() is loop))  # type: ignore[attr-defined]
+                and (
+                    engine is runner
+                    or (engine._loop is loop and runner in engine.ancestors and engine.backend.in_process)
+                )
             ):
-                arr = x
-                n = shape[0]
-                loop = group.loop
+                rows = group.rows + shape[0]
+                if rows <= self._max:
+                    future = loop.create_future()
+                    group.callers.append((x, engine, future))
+                    group.rows = rows
+                    if group.task is None:
+                        # The first call to join starts the group's task: it runs in the next
+                        # loop iteration, with the leader's resumption, and submits the kernel.
+                        self._spawn(group, loop)
+                    if rows >= self._max:
+                        self._close(group)  # full: the next call starts a group of its own
+                    try:
+                        out: Tensor | tuple[Tensor, ...] = await future  # its tensor(s), in runner
+                    except asyncio.CancelledError:
+                        _drop_result(future, runner)
+                        raise
+                    if engine is runner:  # its tensors are its session's already
+                        return out
+                    moved = self._moved(engine, runner, out)
+                    if moved is not None:  # (no coroutine: the common case of a child session's caller)
+                        return moved
+                    return await self._deliver(engine, runner, out)
+            # else the general path below: it opens, raises or finds another group
+        loop = _get_loop()
+        # The common case first, without the general checks' calls: params all tensors of
+        # one session, x an ndarray or a tensor.
+        runner = None
+        for p in params:
+            if type(p) is not Tensor:
+                runner = None
+                break
+            e = p._engine
+            if runner is None:
+                runner = e
+            elif e is not runner:
+                runner = None
+                break
+        if runner is not None and (tx is _ndarray or tx is Tensor):
+            if tx is Tensor:
+                engine = x._engine
             else:
-                engine = None  # the general path below: it opens, raises or finds another group
-        if engine is None:
-            loop = _get_loop()
-            # The common case first, without the general checks' calls: params all tensors of
-            # one session, x an ndarray or a tensor.
-            runner = None
-            for p in params:
-                if type(p) is not Tensor:
-                    runner = None
-                    break
-                e = p._engine
-                if runner is None:
-                    runner = e
-                elif e is not runner:
-                    runner = None
-                    break
-            if runner is not None and (tx is _ndarray or tx is Tensor):
-                if tx is Tensor:
-                    engine = x._engine
-                else:
-                    default = _defaults.get_default_session()
-                    engine = runner if default is None else session_engine(default)
-                if engine is not runner and runner not in engine.ancestors:
-                    engine, runner = self._engines(x, params)  # (it raises the error)
-            else:
-                types = {tx, *map(type, params)}
-                if Expr in types or ((list in types or tuple in types) and _nested_expr(params)):
-                    return await self._call_on_values(x, params)
-                engine, runner = self._engines(x, params)
-            if engine.state is not _OPEN:
-                await engine.open()
-            if engine._loop is not loop:
-                raise engine._wrong_loop()
-            if not engine.backend.in_process:
-                # Before reading x's rows: a remote tensor's buffer is a handle, not rows.
-                raise InvalidArgumentError(f"{self._label}: batched functions run on local backends only")
-            if tx is _ndarray and self._any_rows and x.ndim and x.shape[0] and x.dtype.kind in NUMERIC_KINDS:
-                arr = x  # rows as they are: no option to check them against
-            else:
-                arr = self._rows(x, engine)
-            shape = arr.shape
-            n = shape[0]
-            key = (loop, runner, tuple(map(id, params)), shape[1:], arr.dtype)
-            group = self._pending.get(key)
+                default = _defaults.get_default_session()
+                engine = runner if default is None else session_engine(default)
+            if engine is not runner and runner not in engine.ancestors:
+                engine, runner = self._engines(x, params)  # (it raises the error)
         else:
-            key = group.key  # type: ignore[union-attr]  # (joining: not None)
+            types = {tx, *map(type, params)}
+            if Expr in types or ((list in types or tuple in types) and _nested_expr(params)):
+                return await self._call_on_values(x, params)
+            engine, runner = self._engines(x, params)
+        if engine.state is not _OPEN:
+            await engine.open()
+        if engine._loop is not loop:
+            raise engine._wrong_loop()
+        if not engine.backend.in_process:
+            # Before reading x's rows: a remote tensor's buffer is a handle, not rows.
+            raise InvalidArgumentError(f"{self._label}: batched functions run on local backends only")
+        if tx is _ndarray and self._any_rows and x.ndim and x.shape[0] and x.dtype.kind in NUMERIC_KINDS:
+            arr = x  # rows as they are: no option to check them against
+        else:
+            arr = self._rows(x, engine)
+        shape = arr.shape
+        n = shape[0]
+        key = (loop, runner, tuple(map(id, params)), shape[1:], arr.dtype)
+        group = self._pending.get(key)
         future = loop.create_future()
         caller = (arr, engine, future)
         if group is not None:
@@ -339,7 +345,7 @@ class BatchedFunction:
                 if rows >= self._max:
                     self._close(group)  # full: the next call starts a group of its own
                 try:
-                    out: Tensor | tuple[Tensor, ...] = await future  # its tensor (a tuple: several outputs), in runner
+                    out = await future  # its tensor (a tuple: several outputs), in runner
                 except asyncio.CancelledError:
                     _drop_result(future, runner)
                     raise
