@@ -377,6 +377,72 @@ async def test_callers_from_child_sessions_share_a_batch_and_own_their_results(
             assert c.stats().live_tensors == 0
 
 
+async def test_child_sessions_rows_are_registered_in_their_sessions_only_never_in_the_batch_session(
+    strategy: at.ResourceCleanupStrategy,
+) -> None:
+    # One batch of callers of the app session and of two child sessions (one with two
+    # calls): each result is a tensor of its caller's session, and the app session
+    # registers only its own caller's rows (its registered bytes grow by them alone).
+    def two(ops: at.FusedOps, x: Any, *w: Any) -> Any:
+        return mlp(ops, x, *w), x * 2.0
+
+    async with at.AsyncEagerSession(cleanup=strategy) as app:
+        w = await weights(app)
+        f = at.batched(two)
+        a = at.AsyncEagerSession(parent=app, cleanup=strategy)
+        b = at.AsyncEagerSession(parent=app, cleanup=strategy)
+        for c in (a, b):
+            await c.__aenter__()
+        xs = [rows(i + 1, seed=i) for i in range(4)]
+        inputs = [await a.constant(xs[0]), xs[1], await b.constant(xs[2]), await b.constant(xs[3])]
+        before = app.stats()
+        out = await asyncio.gather(*[f(x, *w) for x in inputs])
+        assert f.stats().batches == 1
+        for (y, twice), owner, x in zip(out, (a, app, b, b), xs, strict=True):
+            assert y.session is owner
+            assert twice.session is owner
+            close(y, x)
+            np.testing.assert_allclose(await twice.numpy(), x * 2.0)
+        after = app.stats()
+        mine = sum(t.nbytes for t in out[1])
+        assert after.allocated_bytes - before.allocated_bytes == mine  # the app caller's rows, nobody else's
+        assert a.stats().live_tensors == 2 + 1  # its input and its two results
+        assert b.stats().live_tensors == 2 * (2 + 1)
+        del out, y, twice, inputs
+        for c in (a, b):
+            await c.aclose()
+            assert c.stats().live_tensors == 0
+        assert await held(app) == 4
+
+
+async def test_a_child_session_closed_while_its_batch_runs_raises_session_closed_and_the_others_get_their_rows(
+    strategy: at.ResourceCleanupStrategy,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    slow = _held_mlp(started, release)
+    async with at.AsyncEagerSession(cleanup=strategy) as app:
+        w = await weights(app)
+        f = at.batched(slow)
+        gone = at.AsyncEagerSession(parent=app, cleanup=strategy)
+        stays = at.AsyncEagerSession(parent=app, cleanup=strategy)
+        for c in (gone, stays):
+            await c.__aenter__()
+        xs = [rows(2, seed=1), rows(3, seed=2)]
+        tasks = [asyncio.create_task(f(await c.constant(x), *w)) for c, x in zip((gone, stays), xs, strict=True)]
+        await asyncio.to_thread(started.wait, 10)
+        await gone.aclose()  # while the batch's kernel runs
+        release.set()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(done[0], at.SessionClosedError)
+        assert "waited for its batch" in str(done[0])
+        assert done[1].session is stays  # type: ignore[union-attr]
+        close(done[1], xs[1])
+        assert gone.stats().live_tensors == 0
+        del done, tasks
+        await stays.aclose()
+        assert await held(app) == 4  # the closed session's rows were not kept in the app session
+
+
 # -- which session owns the result ------------------------------------------------------------
 async def test_an_ndarray_x_gives_a_result_in_the_default_session_else_the_params_session() -> None:
     async with at.AsyncEagerSession() as app, at.AsyncEagerSession(parent=app) as request:

@@ -39,8 +39,19 @@ __all__ = ["_discard", "_drop_result", "deliver", "engines", "moved"]
 _OPEN = State.OPEN
 
 
-def moved(self: BatchedFunction, engine: Engine, runner: Engine, out: Tensor | tuple[Tensor, ...]) -> Tensor | None:
-    """One output's rows moved into the caller's session when nothing is to await (no memory limit), else None."""
+def moved(
+    self: BatchedFunction, engine: Engine, runner: Engine, out: Tensor | tuple[Tensor, ...]
+) -> Tensor | tuple[Tensor, ...] | None:
+    """The caller's result in its session when nothing is to await, else None.
+
+    Its batch registered it there already (``_batch_task._merge``), or one output's rows
+    are moved there now (no memory limit to fit them under).
+    """
+    first = out if isinstance(out, Tensor) else (out[0] if out else None)
+    if first is not None and first._engine is engine:  # registered in its session by its batch
+        if engine.state is not _OPEN:  # (closed since: its registry freed them)
+            raise SessionClosedError(f"{self._label}: the session was closed while the call waited for its batch")
+        return out
     if type(out) is not Tensor or engine.registry.memory_limit is not None or engine.state is not _OPEN:
         return None  # (then _deliver: it fits them under the limit, or says the session closed)
     label = self._label

@@ -65,10 +65,12 @@ class BatchKernel:
     """
 
     __slots__ = (
+        "aside",
         "big",
         "blas",
         "budget",
         "counts",
+        "direct",
         "elapsed",
         "engine",
         "estimate",
@@ -89,6 +91,7 @@ class BatchKernel:
         label: str,
         measure: bool = True,
         recycle: bool = True,
+        direct: list[bool] | None = None,
     ) -> None:
         self.fn = fn
         self.measure = measure  # sum the cost model over the ops (the first run for these shapes)
@@ -107,6 +110,10 @@ class BatchKernel:
         # A caller alone whose earlier runs made no output worth recycling takes plain
         # fused ops (their hot path) instead: nothing to stack, nothing to recycle.
         self.recycle = recycle or len(counts) > 1
+        # Per caller, whether its rows are set aside for its own session (``aside``: its
+        # pieces by caller index) instead of returned, to be registered in the batch's.
+        self.direct = direct
+        self.aside: dict[int, list[_kernels.BufferInfo]] = {}
 
     def __call__(self, xs: tuple[NDArray, ...], *params: Any) -> Any:
         start = time.perf_counter()
@@ -170,6 +177,19 @@ class BatchKernel:
         else:
             split = [_pieces(a, counts) for a in arrays]
         buffers = split[0] if len(split) == 1 else [b for mine in zip(*split, strict=True) for b in mine]
+        direct = self.direct
+        if direct is not None:
+            # The rows of callers of other sessions: set aside, registered in their own
+            # sessions by the batch's task (never in the batch's session).
+            k = len(split)
+            kept: list[_kernels.BufferInfo] = []
+            aside = self.aside
+            for i, d in enumerate(direct):
+                if d:
+                    aside[i] = buffers[i * k : i * k + k]
+                else:
+                    kept += buffers[i * k : i * k + k]
+            buffers = kept
         self.elapsed = (time.perf_counter() - start) * 1e6
         return _kernels.KernelResult(buffers, True)
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._engine._lifecycle import State
 from .._errors import BackendError, InvalidArgumentError
 from .._loopload import note_callers
 from .._programs._program import Budget
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from typing import TypeAlias
 
     from .._engine._core import Engine
+    from .._kernels import BufferInfo
     from .._types import NDArray
     from ._batching import BatchedFunction
 
@@ -60,6 +62,11 @@ __all__ = ["_Group", "close", "count", "execute", "kernel_call", "run", "spawn"]
 # A waiting caller's rows and future (C-level getters: the group's task maps them over its callers).
 _rows_of = operator.itemgetter(0)
 _future = operator.itemgetter(2)
+_engine_of = operator.itemgetter(1)
+_handle_of = operator.itemgetter(0)  # (a BufferInfo's fields, read in C loops)
+_nbytes_of = operator.itemgetter(3)
+_new = object.__new__
+_OPEN = State.OPEN
 _done = operator.methodcaller("done")  # (any loop's future type)
 _get_loop = asyncio.get_running_loop
 _Future = asyncio.Future  # (what asyncio's and uvloop's create_future make)
@@ -239,7 +246,8 @@ async def kernel_call(
         bufs = (x0, *bufs[1:])
     else:
         counts = list(map(len, xs))  # (an array's len: its rows)
-        kernel = BatchKernel(self._fn, engine, budget, counts, label, measure=measure, recycle=recycle)
+        direct = _direct(callers, engine) if len(callers) > 1 else None
+        kernel = BatchKernel(self._fn, engine, budget, counts, label, measure=measure, recycle=recycle, direct=direct)
     free = self._placement.free_us(key)
     done = engine.call_inline(label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, free_us=free)
     if done is None:
@@ -273,7 +281,79 @@ async def kernel_call(
     self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us, kernel.free)
     if kernel.blas is not None and kernel.big is not None:  # (learned only from recycling runs)
         self._learned[key] = (kernel.blas, kernel.big)
+    if kernel.aside:
+        tensors = _merge(callers, tensors, kernel.aside, engine, label)
     return tensors, kernel.multi
+
+
+def _direct(callers: list[_Caller], runner: Engine) -> list[bool] | None:
+    """Per caller, whether its rows go straight into its own session, not through the batch's; None: none do.
+
+    A caller of another session whose results nothing more would be done to on the way
+    (no ``memory_limit`` to fit them under, no device scope, no placement log) takes them
+    in its session directly (:func:`_merge`); the others' go through the batch's session
+    (``_batch_delivery``).
+    """
+    engines = list(map(_engine_of, callers))
+    if engines.count(runner) == len(engines):  # (the common case: every caller in the batch's session)
+        return None
+    direct = [
+        e is not runner and e.registry.memory_limit is None and not e.placed and not e._log and e.state is _OPEN
+        for e in engines
+    ]
+    return direct if any(direct) else None
+
+
+def _merge(
+    callers: list[_Caller], tensors: list[Tensor], aside: dict[int, list[BufferInfo]], runner: Engine, label: str
+) -> list[Tensor]:
+    """The callers' tensors in order: the batch session's ``tensors``, and those ``aside`` registered in their sessions.
+
+    One registry call per session (``Registry.add_all``). A session closed meanwhile gets
+    nothing: its caller's rows are registered in the batch's session instead, and its call
+    says the session closed, as any call whose session closed while it waited for its batch.
+    """
+    per_session: dict[Engine, list[int]] = {}
+    for i in aside:
+        e = callers[i][1]
+        if e.state is _OPEN:
+            per_session.setdefault(e, []).append(i)
+    made: dict[int, list[Tensor]] = {}
+    for e, indices in per_session.items():
+        buffers = [b for i in indices for b in aside[i]]
+        registry = e.registry
+        rid = registry.add_all(list(zip(map(_handle_of, buffers), map(_nbytes_of, buffers), strict=True)))
+        device = e.backend.default_device
+        for i in indices:
+            ts = made[i] = []
+            for b in aside[i]:
+                t = _new(Tensor)
+                t._engine = e
+                t._registry = registry
+                t._rid = rid
+                t._shape = b[1]
+                t._dtype = b[2]
+                t._nbytes = b[3]
+                t._label = (label, -1)
+                t._device = device
+                ts.append(t)
+                rid += 1
+        safe_point = e.policy.safe_point
+        if safe_point is not None and registry._dropped:  # (after an op's results are registered, as _take does)
+            safe_point()
+    out: list[Tensor] = []
+    k = len(next(iter(aside.values())))  # (outputs per caller)
+    lo = 0
+    for i in range(len(callers)):
+        mine = aside.get(i)
+        if mine is None:
+            out += tensors[lo : lo + k]
+            lo += k
+        elif i in made:
+            out += made[i]
+        else:  # its session closed: in the batch's, which its call reports
+            out += [runner._register(b[0], label, None, runner.backend.default_device) for b in mine]
+    return out
 
 
 class _Rows:
