@@ -75,7 +75,20 @@ _Future = asyncio.Future  # (what asyncio's and uvloop's create_future make)
 class _Group:
     """Calls of one batch: the same params, the same kind of rows, ``max_batch_size`` rows at most."""
 
-    __slots__ = ("callers", "ctx", "dtype", "engine", "key", "loop", "params", "row_shape", "rows", "task", "threaded")
+    __slots__ = (
+        "callers",
+        "ctx",
+        "dtype",
+        "engine",
+        "foreign",
+        "key",
+        "loop",
+        "params",
+        "row_shape",
+        "rows",
+        "task",
+        "threaded",
+    )
 
     def __init__(
         self, engine: Engine, params: tuple[Any, ...], caller: _Caller, rows: int, key: tuple[Any, ...]
@@ -94,6 +107,7 @@ class _Group:
         self.threaded = isinstance(self.loop, asyncio.BaseEventLoop)
         self.ctx = contextvars.copy_context()  # its first caller's: the batch runs under them
         self.task: asyncio.Task[None] | None = None  # started by the first call to join
+        self.foreign = caller[1] is not engine  # whether a caller's session is another than the batch's
 
 
 def close(self: BatchedFunction, group: _Group) -> None:
@@ -246,7 +260,7 @@ async def kernel_call(
         bufs = (x0, *bufs[1:])
     else:
         counts = list(map(len, xs))  # (an array's len: its rows)
-        direct = _direct(callers, engine) if len(callers) > 1 else None
+        direct = _direct(callers, engine) if group.foreign and len(callers) > 1 else None
         kernel = BatchKernel(self._fn, engine, budget, counts, label, measure=measure, recycle=recycle, direct=direct)
     free = self._placement.free_us(key)
     done = engine.call_inline(label, kernel, bufs, {}, described, user=True, est_us=est, budget=budget, free_us=free)
@@ -295,8 +309,6 @@ def _direct(callers: list[_Caller], runner: Engine) -> list[bool] | None:
     (``_batch_delivery``).
     """
     engines = list(map(_engine_of, callers))
-    if engines.count(runner) == len(engines):  # (the common case: every caller in the batch's session)
-        return None
     direct = [
         e is not runner and e.registry.memory_limit is None and not e.placed and not e._log and e.state is _OPEN
         for e in engines

@@ -271,6 +271,8 @@ class BatchedFunction:
                     future = loop.create_future()
                     group.callers.append((x, engine, future))
                     group.rows = rows
+                    if engine is not runner:
+                        group.foreign = True
                     if group.task is None:
                         # The first call to join starts the group's task: it runs in the next
                         # loop iteration, with the leader's resumption, and submits the kernel.
@@ -337,6 +339,8 @@ class BatchedFunction:
             rows = group.rows + n
             if rows <= self._max:
                 group.callers.append(caller)
+                if engine is not runner:
+                    group.foreign = True
                 group.rows = rows
                 if group.task is None:
                     # The first call to join starts the group's task: it runs in the next
