@@ -63,8 +63,6 @@ __all__ = ["_Group", "close", "count", "execute", "kernel_call", "run", "spawn"]
 _rows_of = operator.itemgetter(0)
 _future = operator.itemgetter(2)
 _engine_of = operator.itemgetter(1)
-_handle_of = operator.itemgetter(0)  # (a BufferInfo's fields, read in C loops)
-_nbytes_of = operator.itemgetter(3)
 _new = object.__new__
 _OPEN = State.OPEN
 _done = operator.methodcaller("done")  # (any loop's future type)
@@ -321,50 +319,48 @@ def _merge(
 ) -> list[Tensor]:
     """The callers' tensors in order: the batch session's ``tensors``, and those ``aside`` registered in their sessions.
 
-    One registry call per session (``Registry.add_all``). A session closed meanwhile gets
-    nothing: its caller's rows are registered in the batch's session instead, and its call
-    says the session closed, as any call whose session closed while it waited for its batch.
+    One registry call per caller set aside (``Registry.add``, or ``add_all`` for several
+    outputs). A session closed meanwhile gets nothing: its caller's rows are registered in
+    the batch's session instead, and its call says the session closed, as any call whose
+    session closed while it waited for its batch.
     """
-    per_session: dict[Engine, list[int]] = {}
-    for i in aside:
-        e = callers[i][1]
-        if e.state is _OPEN:
-            per_session.setdefault(e, []).append(i)
-    made: dict[int, list[Tensor]] = {}
-    for e, indices in per_session.items():
-        buffers = [b for i in indices for b in aside[i]]
-        registry = e.registry
-        rid = registry.add_all(list(zip(map(_handle_of, buffers), map(_nbytes_of, buffers), strict=True)))
-        device = e.backend.default_device
-        for i in indices:
-            ts = made[i] = []
-            for b in aside[i]:
-                t = _new(Tensor)
-                t._engine = e
-                t._registry = registry
-                t._rid = rid
-                t._shape = b[1]
-                t._dtype = b[2]
-                t._nbytes = b[3]
-                t._label = (label, -1)
-                t._device = device
-                ts.append(t)
-                rid += 1
-        safe_point = e.policy.safe_point
-        if safe_point is not None and registry._dropped:  # (after an op's results are registered, as _take does)
-            safe_point()
     out: list[Tensor] = []
     k = len(next(iter(aside.values())))  # (outputs per caller)
     lo = 0
-    for i in range(len(callers)):
+    i = 0
+    for _, e, _ in callers:
         mine = aside.get(i)
-        if mine is None:
+        i += 1
+        if mine is None:  # its rows in the batch's session (its own)
             out += tensors[lo : lo + k]
             lo += k
-        elif i in made:
-            out += made[i]
-        else:  # its session closed: in the batch's, which its call reports
+            continue
+        if e.state is not _OPEN:  # (closed since the batch started)
             out += [runner._register(b[0], label, None, runner.backend.default_device) for b in mine]
+            continue
+        registry = e.registry
+        if k == 1:
+            b = mine[0]
+            rid = registry.add(b[0], b[3])
+        else:
+            rid = registry.add_all([(b[0], b[3]) for b in mine])
+        device = e.backend.default_device
+        for b in mine:
+            # make_tensor, written out (as Engine._take does)
+            t = _new(Tensor)
+            t._engine = e
+            t._registry = registry
+            t._rid = rid
+            t._shape = b[1]
+            t._dtype = b[2]
+            t._nbytes = b[3]
+            t._label = (label, -1)
+            t._device = device
+            out.append(t)
+            rid += 1
+        safe_point = e.policy.safe_point
+        if safe_point is not None and registry._dropped:  # (after an op's results are registered, as _take does)
+            safe_point()
     return out
 
 
