@@ -443,6 +443,37 @@ async def test_a_child_session_closed_while_its_batch_runs_raises_session_closed
         assert await held(app) == 4  # the closed session's rows were not kept in the app session
 
 
+async def test_calls_joining_with_rows_as_tensors_get_their_results_in_the_tensors_sessions() -> None:
+    # The calls after the first join its group on the shortcut; rows given as a tensor
+    # make the result the tensor's session's (not the context's default session), and a
+    # tensor of a session closed before the call is refused as it is outside a group.
+    async with (
+        at.AsyncEagerSession() as app,
+        at.AsyncEagerSession(parent=app) as request,
+        at.AsyncEagerSession(parent=app) as other,
+    ):
+        w = await weights(app)
+        f = at.batched(mlp)
+        xs = [rows(2), rows(3, seed=1), rows(1, seed=2)]
+        closed = at.AsyncEagerSession(parent=app)
+        gone = await closed.constant(rows(2, seed=3))
+        await closed.aclose()
+
+        async def call(x: Any) -> Any:
+            with request.as_default():
+                return await f(x, *w)
+
+        args = [xs[0], await other.constant(xs[1]), gone, await app.constant(xs[2])]
+        out = await asyncio.gather(*[call(x) for x in args], return_exceptions=True)
+        assert f.stats().batches == 1
+        assert isinstance(out[2], at.SessionClosedError)
+        for y, owner, x in zip((out[0], out[1], out[3]), (request, other, app), xs, strict=True):
+            assert isinstance(y, at.Tensor)
+            assert y.session is owner
+            close(y, x)
+        del out, y, args
+
+
 # -- which session owns the result ------------------------------------------------------------
 async def test_an_ndarray_x_gives_a_result_in_the_default_session_else_the_params_session() -> None:
     async with at.AsyncEagerSession() as app, at.AsyncEagerSession(parent=app) as request:

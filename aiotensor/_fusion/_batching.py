@@ -234,19 +234,27 @@ class BatchedFunction:
         group = self._open
         runner: Any = None
         engine: Any = None
-        if group is not None and tx is _ndarray and x.dtype is group.dtype:
+        if group is not None and (
+            (tx is _ndarray and x.dtype is group.dtype) or (tx is Tensor and x._dtype is group.dtype)
+        ):
             # Joining the group the last call led, the common case under load: the same
             # param objects and the same kind of rows give the same key, so neither the
             # params' sessions nor the key are looked at again. The checks cheapest first,
-            # the loop's last but one (uvloop's costs a system call on Python 3.11).
-            shape = x.shape
+            # the loop's last but one (uvloop's costs a system call on Python 3.11). Rows
+            # as a tensor (a request's, in its own session) are that session's buffer,
+            # read once the call is known to run on the loop.
             runner = group.engine
             loop = group.loop
-            # _defaults.get_default_session() written out (one call less per joining call)
-            default = _current_default()
-            if default is None and _interactive:
-                default = _interactive[0]
-            engine = runner if default is None else session_engine(default)
+            if tx is _ndarray:
+                shape = x.shape
+                # _defaults.get_default_session() written out (one call less per joining call)
+                default = _current_default()
+                if default is None and _interactive:
+                    default = _interactive[0]
+                engine = runner if default is None else session_engine(default)
+            else:
+                shape = x._shape
+                engine = x._engine
             if (
                 shape
                 and shape[1:] == group.row_shape
@@ -267,9 +275,14 @@ class BatchedFunction:
                 )
             ):
                 rows = group.rows + shape[0]
-                if rows <= self._max:
+                if tx is _ndarray:
+                    arr = x
+                else:  # (None if freed as its session closed: the general path says so)
+                    entry = engine.registry._buffers.get(x._rid)
+                    arr = None if entry is None else entry[0]
+                if rows <= self._max and arr is not None:
                     future = loop.create_future()
-                    group.callers.append((x, engine, future))
+                    group.callers.append((arr, engine, future))
                     group.rows = rows
                     if engine is not runner:
                         group.foreign = True
