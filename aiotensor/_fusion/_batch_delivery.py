@@ -5,12 +5,15 @@ their tensors; if they hold no tensor, the callers' session, and only callers of
 session then share a batch): ``_engines`` finds it, and the caller's. The batch's
 stacked rows and intermediates are counted there, in a
 :class:`~aiotensor._programs._program.Budget`, as a fused function's are, and so are the
-outputs, which ``engine.call`` registers there: a caller whose session is that one takes
-its tensors as they are; any other caller's rows leave that session at once and are
-registered in the caller's session (that of ``x`` if ``x`` is a tensor, else the
-default session, else the params' session), counting against its ``memory_limit``:
-``_moved`` when nothing is to await (one output, no limit), else ``_deliver``. A caller
-cancelled after its batch handed its rows over drops them (``_drop_result``).
+outputs of the callers of that session, which ``engine.call`` registers there: such a
+caller takes its tensors as they are. Any other caller's rows are registered in the
+caller's session (that of ``x`` if ``x`` is a tensor, else the default session, else the
+params' session): by the batch's task (``_batch_task._merge``, the rows never in the
+batch's session) when nothing more is done to them on the way, else, under a
+``memory_limit``, a device scope or a placement log, taken out of the batch's session
+by the caller (``_moved`` when nothing is to await, one output and no limit; else
+``_deliver``, counting against its limit). A caller cancelled after its batch handed
+its rows over drops them (``_drop_result``).
 ``_engines``, ``_moved`` and ``_deliver`` are plain functions on the batched function
 here, bound as its methods in ``BatchedFunction``'s class body.
 """

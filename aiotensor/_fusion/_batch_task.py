@@ -7,7 +7,8 @@ the group's leader resumes, under the context variables of its first caller: it 
 the group, leaves out the callers cancelled meanwhile, and runs the batch's one kernel
 call, so that no caller's cancellation can stop it (telling busy-loop placement,
 ``_loopload.note_callers``, how many callers this one task serves). Each caller's future
-then gets its rows (tensors of the batch's session), or the batch's error.
+then gets its rows (tensors of the batch's session, or of its own: ``_merge``), or the
+batch's error.
 
 Lanes: with ``max_concurrent_batches``, a batch waits for one of the function's slots on
 its event loop (an ``asyncio.Semaphore`` per loop) before its kernel call.

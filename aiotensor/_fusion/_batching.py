@@ -13,7 +13,8 @@ caller's cancellation can stop it. A group nobody joined runs its kernel in the 
 own task, exactly as a fused call would; on asyncio's own loop, a call that finds no
 other callback ready to run (nothing could join it) skips the iteration (``_others_ready``).
 A call joining the group the last call led (the same param objects, the same kind of
-rows: the common case under load) skips the params' sessions and the key. A batch runs ``fn`` once on the stacked rows,
+rows, as an ndarray or a tensor: the common case under load) skips the params' sessions
+and the key. A batch runs ``fn`` once on the stacked rows,
 as a fused function runs (:mod:`aiotensor._fusion._function`: one kernel, on the pool or
 inline as its cost says), and its kernel (:mod:`aiotensor._fusion._batch_kernel`) splits
 every output into each caller's rows.
