@@ -121,8 +121,8 @@ def _inline(engine: Engine, expr: Expr, program: Program, leaves: list[Tensor], 
         est > inline_us
         or engine._held >= engine._hold_s  # time to yield: call() does
         or (engine.placed and engine.device_var.get() is not None)
-        or (est > BUSY_INLINE_US and not stays_inline(_free(costs, program, leaves, est)))  # (last: counts it as kept)
-    ):
+        or (est > BUSY_INLINE_US and not stays_inline(costs.get(FREE_KEY) or _free(costs, program, leaves, est)))
+    ):  # (stays_inline last: it counts the kernel as kept)
         return None  # (nothing ran, the program is still fresh)
     policy = engine.policy
     if policy.safe_point is not None:
