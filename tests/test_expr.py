@@ -822,3 +822,53 @@ async def test_an_expression_awaited_in_a_device_scope_takes_the_general_path(mo
         np.testing.assert_array_equal(await u.numpy(), await t.numpy())
         assert u.device == t.device == "/cpu:0"
         del t, u
+
+
+_NEW_LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
+with contextlib.suppress(ImportError):  # (uvloop is a test extra)
+    import uvloop
+
+    _NEW_LOOPS["uvloop"] = uvloop.new_event_loop
+
+
+@pytest.mark.parametrize("new_loop", list(_NEW_LOOPS.values()), ids=list(_NEW_LOOPS))
+def test_an_expression_awaited_on_another_loop_is_refused_even_in_the_thread_that_opened_its_session(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    # The inline path knows its loop by the thread running it (asyncio) or by asking
+    # (uvloop). The session's loop first ran in this thread, then runs in another one,
+    # and this thread runs a loop of its own (and then a second one in turn): awaiting
+    # an expression of its tensor here is the wrong loop, on every path.
+    loop = new_loop()
+    s = at.AsyncEagerSession()
+
+    async def make() -> at.Tensor:
+        return await s.constant(np.arange(3.0))
+
+    t = loop.run_until_complete(make())
+    worker = threading.Thread(target=loop.run_forever)
+    worker.start()
+    try:
+
+        async def evaluate() -> Any:
+            return await ((t * 2.0 + 1.0) * t)  # (the await itself refuses: no tensor made)
+
+        async def value() -> Any:
+            return await (await evaluate()).numpy()
+
+        with pytest.raises(at.WrongEventLoopError, match="bound to the event loop"):
+            asyncio.run(evaluate())
+        with asyncio.Runner() as other, pytest.raises(at.WrongEventLoopError, match="bound to the event loop"):
+            other.run(evaluate())
+        got = asyncio.run_coroutine_threadsafe(value(), loop).result(10)  # its own loop, elsewhere
+        np.testing.assert_array_equal(got, (np.arange(3.0) * 2.0 + 1.0) * np.arange(3.0))
+
+        async def live() -> int:
+            return s.stats().live_tensors
+
+        assert asyncio.run_coroutine_threadsafe(live(), loop).result(10) == 1  # t alone: nothing made by a refusal
+        asyncio.run_coroutine_threadsafe(s.close(), loop).result(10)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        worker.join(10)
+        loop.close()
