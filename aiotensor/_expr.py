@@ -71,47 +71,51 @@ class Expr(Operand):
         if kwargs is None and len(args) == 2:
             a, b = args
             ta = type(a)
-            tb = type(b)
-            n = 1
-            sa: Any = _OTHER
-            sb: Any = _OTHER
+            sa: Any
+            sb: Any
             if ta is Expr:
+                a._used = True  # evaluated as part of this one, or this one warns (the loop below marks it too)
                 sa = a._sig
                 la = a._lv
-                n += a._n
+                n = a._n + 1
             elif ta is _Tensor:
                 sa = _LEAF
                 la = (a,)
-            elif ta is int or (ta is float and a == a and a != 0.0):
+                n = 1
+            elif (ta is float and a == a and a != 0.0) or ta is int:
                 sa = (ta, a)
                 la = ()
-            if tb is Expr:
-                sb = b._sig
-                lb = b._lv
-                n += b._n
-            elif tb is _Tensor:
-                sb = _LEAF
-                lb = (b,)
-            elif tb is int or (tb is float and b == b and b != 0.0):
-                sb = (tb, b)
-                lb = ()
-            if sa is not _OTHER and sb is not _OTHER:
-                if ta is Expr:
-                    a._used = True  # evaluated as part of this one (or this one warns)
+                n = 1
+            else:
+                sa = _OTHER
+            if sa is not _OTHER:
+                tb = type(b)
                 if tb is Expr:
                     b._used = True
-                self._d = d
-                self._args = args
-                self._kwargs = None
-                self._used = False
-                self._n = n
-                if sa is not None and sb is not None and n <= _MAX_SIG_NODES:
-                    self._sig = (d, sa, sb)
-                    self._lv = la + lb
+                    sb = b._sig
+                    lb = b._lv
+                    n += b._n
+                elif tb is _Tensor:
+                    sb = _LEAF
+                    lb = (b,)
+                elif (tb is float and b == b and b != 0.0) or tb is int:
+                    sb = (tb, b)
+                    lb = ()
                 else:
-                    self._sig = None
-                    self._lv = ()
-                return
+                    sb = _OTHER
+                if sb is not _OTHER:
+                    self._d = d
+                    self._args = args
+                    self._kwargs = None
+                    self._used = False
+                    self._n = n
+                    if sa is not None and sb is not None and n <= _MAX_SIG_NODES:
+                        self._sig = (d, sa, sb)
+                        self._lv = la + lb
+                    else:
+                        self._sig = None
+                        self._lv = ()
+                    return
         sig: list[Any] | None = [d]
         lv: tuple[Any, ...] = ()
         n = 1

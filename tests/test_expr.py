@@ -732,3 +732,143 @@ async def test_an_expression_awaited_with_the_hold_budget_spent_yields_once_then
         np.testing.assert_array_equal(await u.numpy(), (np.arange(n, dtype=np.float32) + 1.0) * 3.0)
         del u, y
         del first, t
+
+
+def _chain10(v: Any) -> Any:
+    # The benchmarks' 10-op chain: on 256x256 float32, one blocked step estimated in the
+    # busy band (above BUSY_INLINE_US, within the default inline threshold).
+    y = v * 2.0 + 1.0
+    y = y - 0.5
+    y = y * y
+    y = y / 3.0
+    y = y + v
+    y = abs(y)
+    y = y * 0.1
+    y = y - v
+    return y + 1.0
+
+
+async def test_an_awaited_program_in_the_busy_band_follows_the_busy_loop_rule() -> None:
+    # ``await expr`` decides inline as ``call_inline`` does (its checks written out in
+    # _expressions._inline): kept inline on an idle loop, sent to the pool by a busy,
+    # contended one. On test clocks: a wall clock this test advances, a CPU clock that
+    # follows it while "busy".
+    from aiotensor import _loopload
+    from aiotensor._loopload import WINDOW_S, Sensor
+
+    clock = {"wall": 100.0, "cpu": 1.0, "busy": 0.0}
+
+    def tick() -> None:
+        clock["wall"] += 2 * WINDOW_S
+        clock["cpu"] += 2 * WINDOW_S * clock["busy"]
+
+    previous = _loopload._local.sensor
+    _loopload._local.sensor = Sensor(cpu=lambda: clock["cpu"], wall=lambda: clock["wall"])
+    v = np.random.default_rng(8).standard_normal((256, 256)).astype(np.float32)
+    want = _chain10(v)
+    try:
+        async with at.AsyncEagerSession() as s:
+            x = await s.constant(v)
+            for _ in range(3):  # idle: inline, each counted as kept
+                tick()
+                np.testing.assert_array_equal(await (await _chain10(x)).numpy(), want)
+            load = at.loop_load()
+            assert (load.kept_inline, load.offloaded) == (3, 0)
+            began, done = asyncio.Event(), asyncio.Event()
+
+            async def request() -> None:  # another caller in flight: the loop is contended
+                _loopload.enter()
+                try:
+                    began.set()
+                    await done.wait()
+                finally:
+                    _loopload.leave()
+
+            other = asyncio.create_task(request())
+            await began.wait()
+            clock["busy"] = 1.0
+            try:
+                for _ in range(12):
+                    tick()
+                    np.testing.assert_array_equal(await (await _chain10(x)).numpy(), want)
+            finally:
+                done.set()
+                await other
+            load = at.loop_load()
+            assert load.busy
+            assert load.offloaded >= 3  # once the average says saturated: the pool
+    finally:
+        _loopload._local.sensor = previous
+
+
+async def test_an_expression_awaited_in_a_device_scope_takes_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A device scope places the kernel: the inline path (_expressions._inline) leaves it to the general one.
+    async with at.AsyncEagerSession() as s:
+        engine = s._engine
+        x = await s.constant(np.arange(6, dtype=np.float32))
+        general: list[object] = []
+        real = engine._run_expr
+
+        def spy(*args: Any) -> Any:
+            general.append(args)
+            return real(*args)
+
+        monkeypatch.setattr(engine, "_run_expr", spy)
+        t = await (x * 2.0 + 1.0)
+        assert general == []  # no scope: inline
+        with s.device("/cpu:0"):
+            u = await (x * 2.0 + 1.0)
+        assert len(general) == 1
+        np.testing.assert_array_equal(await u.numpy(), await t.numpy())
+        assert u.device == t.device == "/cpu:0"
+        del t, u
+
+
+_NEW_LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
+with contextlib.suppress(ImportError):  # (uvloop is a test extra)
+    import uvloop
+
+    _NEW_LOOPS["uvloop"] = uvloop.new_event_loop
+
+
+@pytest.mark.parametrize("new_loop", list(_NEW_LOOPS.values()), ids=list(_NEW_LOOPS))
+def test_an_expression_awaited_on_another_loop_is_refused_even_in_the_thread_that_opened_its_session(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    # The inline path knows its loop by the thread running it (asyncio) or by asking
+    # (uvloop). The session's loop first ran in this thread, then runs in another one,
+    # and this thread runs a loop of its own (and then a second one in turn): awaiting
+    # an expression of its tensor here is the wrong loop, on every path.
+    loop = new_loop()
+    s = at.AsyncEagerSession()
+
+    async def make() -> at.Tensor:
+        return await s.constant(np.arange(3.0))
+
+    t = loop.run_until_complete(make())
+    worker = threading.Thread(target=loop.run_forever)
+    worker.start()
+    try:
+
+        async def evaluate() -> Any:
+            return await ((t * 2.0 + 1.0) * t)  # (the await itself refuses: no tensor made)
+
+        async def value() -> Any:
+            return await (await evaluate()).numpy()
+
+        with pytest.raises(at.WrongEventLoopError, match="bound to the event loop"):
+            asyncio.run(evaluate())
+        with asyncio.Runner() as other, pytest.raises(at.WrongEventLoopError, match="bound to the event loop"):
+            other.run(evaluate())
+        got = asyncio.run_coroutine_threadsafe(value(), loop).result(10)  # its own loop, elsewhere
+        np.testing.assert_array_equal(got, (np.arange(3.0) * 2.0 + 1.0) * np.arange(3.0))
+
+        async def live() -> int:
+            return s.stats().live_tensors
+
+        assert asyncio.run_coroutine_threadsafe(live(), loop).result(10) == 1  # t alone: nothing made by a refusal
+        asyncio.run_coroutine_threadsafe(s.close(), loop).result(10)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        worker.join(10)
+        loop.close()

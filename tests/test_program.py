@@ -204,3 +204,80 @@ async def test_the_memory_limit_counts_what_views_keep_alive() -> None:
         t = await ((a * 2.0)[:] + 1.0)
         np.testing.assert_array_equal(await t.numpy(), np.full(1000, 3.0))
         assert s.stats().peak_bytes == 3 * 8000  # a, the viewed product and the sum at once
+
+
+# -- a program of one step on leaves alone (``run_one``): as the step list runs it
+
+
+def _budget(run: _program.Program) -> tuple[int, int, int, int]:
+    b = run.budget
+    return b.count, b.live, b.peak, b.escaped
+
+
+def _both(program: _program.Program, bufs: list[Any]) -> tuple[Any, Any]:
+    # (run_one's run, the step list's run of the same program) and their budgets compared.
+    one = program.fresh()
+    out = one(*bufs)
+    assert one._kernels is not None
+    assert one._kernels[3] is not None  # the one-step path was taken
+    listed = program.fresh().sliced(*bufs)
+    assert listed.advance(0.0)  # (sliced runs the step list, run_steps)
+    assert _budget(one) == _budget(listed._program)
+    return out, listed.result
+
+
+@pytest.mark.parametrize(
+    ("name", "values"),
+    [
+        ("matmul", [np.ones((3, 4)), np.ones((4, 2))]),  # a fresh result
+        ("matrix_transpose", [np.ones((3, 4))]),  # a view of a leaf: no new memory
+        ("real", [np.ones(5)]),  # a leaf returned as it is
+        ("eigh", [np.diag([3.0, 1.0, 2.0])]),  # several results (a list)
+        ("nonzero", [np.array([0.0, 1.0, 2.0])]),  # several results (a tuple)
+        ("broadcast_arrays", [np.ones((3, 1)), np.ones(4)]),  # several views of leaves
+    ],
+)
+def test_a_one_step_program_runs_and_accounts_as_the_step_list(name: str, values: list[Any]) -> None:
+    d = OPS[name]
+    refs = tuple(_program.Ref(i) for i in range(len(values)))
+    program = _program.Program([(d, refs, None, 0, ())], [len(values)], len(values), "numpy")
+    out, listed = _both(program, values)
+    assert type(out) is type(listed)
+    if isinstance(out, list):
+        for x, y in zip(out, listed, strict=True):
+            np.testing.assert_array_equal(x, y)
+    else:
+        np.testing.assert_array_equal(out, listed)
+
+
+async def test_a_blocked_chain_is_one_step_run_as_the_step_list_runs_it(s: at.AsyncEagerSession) -> None:
+    v = np.random.default_rng(5).standard_normal((256, 256)).astype(np.float32)
+    a, b = await s.constant(v), await s.constant(v[::-1].copy())
+    for e in (_chain(a, a), _chain(a, b)):
+        program, leaves = _compiled([e])
+        assert len(program.steps) == 1  # the whole chain: one blocked step
+        out, listed = _both(program, [s._engine.peek(t) for t in leaves])
+        np.testing.assert_array_equal(out, listed)
+        np.testing.assert_array_equal(out, _chain(v, v if len(leaves) == 1 else v[::-1]))
+        assert program.fresh().budget.count == 0  # (each run its own budget)
+
+
+def test_a_one_step_program_fails_as_the_step_list_does() -> None:
+    d = OPS["matmul"]
+    program = _program.Program([(d, (_program.Ref(0), _program.Ref(1)), None, 0, ())], [2], 2, "numpy")
+    bad = [np.ones((3, 4)), np.ones((5, 2))]
+    with pytest.raises(at.InvalidArgumentError) as one:
+        program.fresh()(*bad)
+    with pytest.raises(at.InvalidArgumentError) as listed:
+        program.fresh().sliced(*bad).advance(0.0)
+    assert str(one.value) == str(listed.value)
+    limited = program.fresh()
+    limited.budget.limit = 10  # bytes: a 3x2 float64 result does not fit
+    with pytest.raises(at.ResourceExhaustedError) as over:
+        limited(np.ones((3, 4)), np.ones((4, 2)))
+    sliced = program.fresh()
+    sliced.budget.limit = 10
+    with pytest.raises(at.ResourceExhaustedError) as over_listed:
+        sliced.sliced(np.ones((3, 4)), np.ones((4, 2))).advance(0.0)
+    assert str(over.value) == str(over_listed.value)
+    assert _budget(limited) == _budget(sliced)

@@ -220,6 +220,7 @@ def call_inline(
     µs, would not pay for the hop: else :meth:`call` sends it to the pool), while the run
     of inline work has not spent its hold budget (then :meth:`call` yields first).
     """
+    # (``_expressions._inline`` writes these checks out for ``await expr``: keep the two alike.)
     lean_loop = self._lean_loop
     if (
         est_us > self._inline_us

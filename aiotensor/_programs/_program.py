@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._opdef import OpDef, namespace
-from ._interpreter import Budget, Pause, checked, run_steps
+from ._interpreter import Budget, Pause, checked, run_one, run_steps
 from ._recycler import Ref, into_slots, writes_into
 
 __all__ = ["Budget", "Program", "Ref", "Slices", "Step"]
@@ -32,7 +32,9 @@ _PlanStep = tuple[
     int,
     int,
 ]
-_Plan = tuple[list[_PlanStep], list[_PlanStep], list[Any]]  # steps, steps writing into, constants
+#: steps, steps writing into, constants, and (op, kernel, leaf indices) of a program that
+#: is one step on leaves alone (run by ``run_one``), else None.
+_Plan = tuple[list[_PlanStep], list[_PlanStep], list[Any], "tuple[OpDef, Callable[..., Any], tuple[int, ...]] | None"]
 
 
 class Step:
@@ -139,7 +141,12 @@ class Program:
             step = (d, d.kernel_for(xp), idx, templates, kwargs, checks, drop, arity, into[i])
             steps.append(step)
             into_steps.append((*step[:7], arity + 2, into[i]) if arity and into[i] >= 0 else step)
-        plan = (steps, into_steps, consts)
+        one = None
+        if len(steps) == 1 and self.roots == [self.nleaves]:
+            d, kernel, idx, _, _, _, _, arity, _ = steps[0]
+            if arity and idx is not None and all(i < self.nleaves for i in idx):
+                one = (d, kernel, idx)
+        plan = (steps, into_steps, consts, one)
         self._kernels = plan
         return plan
 
@@ -149,6 +156,9 @@ class Program:
         plan = self._kernels
         if plan is None:
             plan = self._resolve_kernels()
+        one = plan[3]
+        if one is not None:  # (a blocked run alone: the 256x256 chain)
+            return run_one(self.budget, one[0], one[1], one[2], leaves)
         vals: list[Any] = [*leaves, *([None] * len(plan[0])), *plan[2]]
         return self._run(plan[1] if writes_into(leaves) else plan[0], vals, [0] * len(vals), 0, 0.0)
 
