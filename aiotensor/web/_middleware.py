@@ -320,7 +320,9 @@ class _Watches:
 
     def add(self, request: _Request) -> None:
         """Start ``request``'s watcher at the loop's next pass."""
-        loop = asyncio.get_running_loop()
+        task = request.task
+        # The request's task's loop: the running one (asking for it costs a system call on Python 3.11).
+        loop = task.get_loop() if task is not None else asyncio.get_running_loop()
         queued = self._queued
         if queued is None or self._loop is not loop:  # (a list left by a loop that stopped is dropped)
             queued = self._queued = {}
