@@ -155,3 +155,18 @@ async def test_a_service_answers_with_rows_response_and_its_request_session_empt
     stats = seen[0].stats()
     assert (stats.live_tensors, stats.live_bytes) == (0, 0)
     assert stats.allocated == stats.freed == 2
+
+
+async def test_rows_response_of_a_large_tensor_fetches_it_the_long_way(s: at.AsyncEagerSession) -> None:
+    values = np.arange(2 * 70_000, dtype=np.float64).reshape(2, -1)  # over the size fetched on the loop
+    t = await s.constant(values)
+    assert s._engine.fetch_now(t) is None  # (so rows_response takes numpy()'s fetch)
+    response = await web.rows_response(t, key=None)
+    np.testing.assert_array_equal(np.asarray(json.loads(bytes(response.body))), values)
+
+
+async def test_rows_response_of_a_closed_sessions_tensor_raises() -> None:
+    async with at.AsyncEagerSession() as s:
+        t = await s.constant(np.ones((2, 2)))
+    with pytest.raises(at.SessionClosedError):
+        await web.rows_response(t)

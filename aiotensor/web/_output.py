@@ -103,7 +103,9 @@ async def rows_response(
         headers: More response headers.
     """
     if type(values) is Tensor:
-        array = await values.numpy()
+        array = values._engine.fetch_now(values)  # (what ``numpy()`` does first, without its coroutine)
+        if array is None:
+            array = await values.numpy()
     elif isinstance(values, np.ndarray):
         array = values
     else:
