@@ -134,7 +134,11 @@ class _Request:
         if session is None or self.closed:
             return None
         self.closed = True
-        done = False if session._owns_backend else session._engine.close_now()
+        try:
+            done = False if session._owns_backend else session._engine.close_now()
+        except BaseException:
+            self.sessions._open.discard(session)
+            raise
         if done is True:
             self.sessions._open.discard(session)
             return None
