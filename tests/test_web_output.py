@@ -37,6 +37,8 @@ ARRAYS = {
     "0-d": np.array(2.5, dtype=np.float32),
     "column (not C-contiguous)": np.arange(12, dtype=np.float32).reshape(3, 4)[:, 1:2],
     "transposed": np.arange(6, dtype=np.float64).reshape(2, 3).T,
+    "big-endian float64": np.array([[1.5, -2.25]], dtype=">f8"),
+    "big-endian int32": np.array([1, -2], dtype=">i4"),
 }
 
 

@@ -63,7 +63,9 @@ def rows_json(values: np.ndarray[Any, Any], *, key: str | None = "scores") -> by
     """
     array = np.asarray(values)
     if _dumps_numpy is not None and array.ndim and array.dtype.kind in _ORJSON_KINDS:
-        if not array.flags.c_contiguous:  # (orjson reads C-ordered memory only)
+        if not array.dtype.isnative:  # (orjson reads native byte order only)
+            array = array.astype(array.dtype.newbyteorder("="))
+        if not array.flags.c_contiguous:  # (and C-ordered memory only)
             array = np.ascontiguousarray(array)
         return _dumps_numpy(array if key is None else {key: array})
     # A 0-d array, another dtype, or no orjson: Python values, written as JSON is.
