@@ -39,6 +39,7 @@ ARRAYS = {
     "transposed": np.arange(6, dtype=np.float64).reshape(2, 3).T,
     "big-endian float64": np.array([[1.5, -2.25]], dtype=">f8"),
     "big-endian int32": np.array([1, -2], dtype=">i4"),
+    "uint64": np.array([0, 2**64 - 1], dtype=np.uint64),
 }
 
 
@@ -102,6 +103,7 @@ async def test_non_finite_values_are_null_as_fastapi_writes_them(dtype: Any) -> 
 
 def test_other_dtypes_go_through_python_values() -> None:
     assert web.rows_json(np.array(["a", "b"]), key=None) == b'["a","b"]'
+    assert web.rows_json(np.array([1.5, np.inf], dtype=np.longdouble), key=None) == b"[1.5,null]"
     with pytest.raises(TypeError):
         web.rows_json(np.array([1 + 2j]))
 

@@ -38,14 +38,18 @@ else:
         return orjson.dumps(value, option=_OPTION)
 
 
-#: The dtypes orjson writes from an array's memory (others go through ``tolist``).
+#: The dtypes orjson writes from an array's memory (others go through ``tolist``): bool,
+#: integers and floats up to 8 bytes (not ``longdouble``).
 _ORJSON_KINDS = frozenset("fiub")
+_ORJSON_MAX_ITEMSIZE = 8
 
 
 def _finite_or_none(value: Any) -> Any:
     # What FastAPI's response path writes for NaN and infinities (pydantic's default): null.
     if isinstance(value, list):
         return [_finite_or_none(v) for v in value]
+    if isinstance(value, np.floating):  # (``longdouble.tolist()`` keeps numpy scalars)
+        value = float(value)
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
@@ -62,9 +66,15 @@ def rows_json(values: np.ndarray[Any, Any], *, key: str | None = "scores") -> by
     (a complex value is refused with ``TypeError``, as by the standard library).
     """
     array = np.asarray(values)
-    if _dumps_numpy is not None and array.ndim and array.dtype.kind in _ORJSON_KINDS:
-        if not array.dtype.isnative:  # (orjson reads native byte order only)
-            array = array.astype(array.dtype.newbyteorder("="))
+    dtype = array.dtype
+    if (
+        _dumps_numpy is not None
+        and array.ndim
+        and dtype.kind in _ORJSON_KINDS
+        and dtype.itemsize <= _ORJSON_MAX_ITEMSIZE
+    ):
+        if not dtype.isnative:  # (orjson reads native byte order only)
+            array = array.astype(dtype.newbyteorder("="))
         if not array.flags.c_contiguous:  # (and C-ordered memory only)
             array = np.ascontiguousarray(array)
         return _dumps_numpy(array if key is None else {key: array})
