@@ -237,6 +237,12 @@ _POLICIES: dict[ResourceCleanupStrategy, type[CleanupPolicy]] = {
 }
 
 
+_SAFE_POINTS = ResourceCleanupStrategy.ON_SAFE_POINTS
+
+
 def make_policy(strategy: ResourceCleanupStrategy) -> CleanupPolicy:
     """The policy object implementing ``strategy``."""
+    # The request sessions' strategy by identity first: an enum member's hash is a Python call.
+    if strategy is _SAFE_POINTS:
+        return SafePointCleanup()
     return _POLICIES[strategy]()

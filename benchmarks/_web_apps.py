@@ -8,10 +8,13 @@
   and scores them with a linear model (``x @ w + b``), answering ``{"scores": [...]}``.
   ``user_app`` is it on aiotensor, as the guide's whole service is written: the rows
   read by ``web.read_rows`` (under the guide's body limits), the request session from
-  ``web.request_session``. ``user_numpy_app`` and ``user_to_thread_app`` are its twins
-  in plain NumPy as FastAPI's own tutorial writes a handler (a pydantic body model), in
-  the handler and through ``asyncio.to_thread``. All three answer with the same
-  pydantic response model.
+  ``web.request_session``, the scores answered by ``web.rows_response``.
+  ``user_numpy_app`` and ``user_to_thread_app`` are its twins in plain NumPy as
+  FastAPI's own tutorial writes a handler (a pydantic body model, a pydantic response
+  model), in the handler and through ``asyncio.to_thread``. For telling apart what the
+  response costs: ``user_model_response_app`` is the aiotensor service answering with
+  the twins' response model, ``user_numpy_orjson_app`` the in-handler twin answering
+  with orjson by hand (what ``rows_response`` does).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 from fastapi import FastAPI, Request
+from fastapi.responses import Response
 from pydantic import BaseModel
 
 # Appended, not inserted first: examples/distributed.py would otherwise shadow the dask
@@ -69,7 +74,7 @@ def user_weights(seed: int = 7) -> dict[str, np.ndarray[Any, np.dtype[np.float32
     }
 
 
-def _user_aiotensor_app() -> FastAPI:
+def _user_aiotensor_app(model_response: bool = False) -> FastAPI:
     sessions = web.Sessions(limits=USER_LIMITS)
 
     @contextlib.asynccontextmanager
@@ -81,14 +86,27 @@ def _user_aiotensor_app() -> FastAPI:
     app = FastAPI(lifespan=lifespan)
     sessions.install(app)
 
-    @app.post("/predict")
-    async def predict(request: Request) -> ScoreResponse:
-        x = await web.read_rows(request, width=USER_FEATURES)  # float32[rows, 32], or a 413/422
-        s = web.request_session(request)
-        m = request.app.state.model
-        z = await s.divide(await s.subtract(x, m["mean"]), m["scale"])
-        scores = await s.add(await s.matmul(z, m["w"]), m["b"])
-        return ScoreResponse(scores=(await scores.numpy()).tolist())
+    if model_response:
+
+        @app.post("/predict")
+        async def predict_model(request: Request) -> ScoreResponse:
+            x = await web.read_rows(request, width=USER_FEATURES)
+            s = web.request_session(request)
+            m = request.app.state.model
+            z = await s.divide(await s.subtract(x, m["mean"]), m["scale"])
+            scores = await s.add(await s.matmul(z, m["w"]), m["b"])
+            return ScoreResponse(scores=(await scores.numpy()).tolist())
+
+    else:
+
+        @app.post("/predict", response_model=ScoreResponse)  # (the schema; the body is rows_response's)
+        async def predict(request: Request) -> Response:
+            x = await web.read_rows(request, width=USER_FEATURES)  # float32[rows, 32], or a 413/422
+            s = web.request_session(request)
+            m = request.app.state.model
+            z = await s.divide(await s.subtract(x, m["mean"]), m["scale"])
+            scores = await s.add(await s.matmul(z, m["w"]), m["b"])
+            return await web.rows_response(scores)  # {"scores": [[...], ...]}
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -97,7 +115,7 @@ def _user_aiotensor_app() -> FastAPI:
     return app
 
 
-def _user_numpy_app(offload: bool) -> FastAPI:
+def _user_numpy_app(offload: bool = False, by_orjson: bool = False) -> FastAPI:
     model = user_weights()
     in_flight = 0
 
@@ -108,15 +126,31 @@ def _user_numpy_app(offload: bool) -> FastAPI:
 
     app = FastAPI()
 
-    @app.post("/predict")
-    async def predict(body: ScoreRequest) -> ScoreResponse:
-        nonlocal in_flight
-        in_flight += 1
-        try:
-            y = await asyncio.to_thread(score, body.inputs) if offload else score(body.inputs)
-        finally:
-            in_flight -= 1
-        return ScoreResponse(scores=y.tolist())
+    if by_orjson:
+
+        @app.post("/predict", response_model=ScoreResponse)  # (the schema; the body is orjson's)
+        async def predict_orjson(body: ScoreRequest) -> Response:
+            nonlocal in_flight
+            in_flight += 1
+            try:
+                y = score(body.inputs)
+            finally:
+                in_flight -= 1
+            return Response(
+                orjson.dumps({"scores": y}, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
+            )
+
+    else:
+
+        @app.post("/predict")
+        async def predict(body: ScoreRequest) -> ScoreResponse:
+            nonlocal in_flight
+            in_flight += 1
+            try:
+                y = await asyncio.to_thread(score, body.inputs) if offload else score(body.inputs)
+            finally:
+                in_flight -= 1
+            return ScoreResponse(scores=y.tolist())
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -131,3 +165,7 @@ user_app = _user_aiotensor_app()
 user_numpy_app = _user_numpy_app(offload=False)
 #: Its twin through ``asyncio.to_thread``.
 user_to_thread_app = _user_numpy_app(offload=True)
+#: The user-style service on aiotensor answering with the twins' pydantic response model.
+user_model_response_app = _user_aiotensor_app(model_response=True)
+#: The in-handler twin answering with orjson by hand, as ``web.rows_response`` does.
+user_numpy_orjson_app = _user_numpy_app(by_orjson=True)

@@ -8,9 +8,11 @@ two rungs' loop CPU per request is what that piece costs the loop thread:
   ``docs/guides/web-services.md`` teaches): FastAPI with the body parsed as
   ``web.read_rows`` parses it, + the middleware and the body limits, + ``read_rows``
   (the request session opened, the rows its tensor, closed by the middleware), + each
-  of its four ops, + the fetch and the response; beside the same service written with a
+  of its four ops, + the fetch and the response (``web.rows_response``); beside the
+  same service answering with a pydantic response model, the same written with a
   pydantic body and the ``RequestSession`` dependency, and its NumPy twins (in the
-  handler, ``to_thread``). The loop CPU of a body parsed on the pool is not in the
+  handler, ``to_thread``, and in the handler answering with orjson by hand: what the
+  response path is worth to a NumPy service too). The loop CPU of a body parsed on the pool is not in the
   figure (it runs on a worker thread);
 * the **web example** (an MLP, 64 -> 512 -> 512 -> 10): op by op, fused, batched, and
   its NumPy twins.
@@ -63,7 +65,9 @@ from ._web_apps import (
     USER_LIMITS,
     ScoreRequest,
     ScoreResponse,
+    user_model_response_app,
     user_numpy_app,
+    user_numpy_orjson_app,
     user_to_thread_app,
     user_weights,
 )
@@ -79,7 +83,7 @@ USER_RUNGS = (
     "+ divide",
     "+ matmul",
     "+ add",
-    "+ fetch and response (the service)",
+    "+ fetch and response by web.rows_response (the service)",
 )
 
 
@@ -127,7 +131,7 @@ def user_rung(stage: int) -> FastAPI:
         if stage >= 6:
             x = await s.add(x, m["b"])
         if stage >= 7:
-            return ScoreResponse(scores=(await x.numpy()).tolist())
+            return await web.rows_response(x)  # type: ignore[return-value]  # (a Response: sent as it is)
         return fixed
 
     return app
@@ -239,9 +243,11 @@ def profile(rounds: int, n: int, loop_name: str) -> list[tuple[str, str, float, 
     at.set_blas_threads(1)
     try:
         user: dict[str, FastAPI] = {label: user_rung(i) for i, label in enumerate(USER_RUNGS)}
+        user["the service answering with the pydantic response model"] = user_model_response_app
         user["written with a pydantic body and the dependency"] = user_before()
         user["numpy in handler"] = user_numpy_app
         user["numpy to_thread"] = user_to_thread_app
+        user["numpy in handler, answering with orjson by hand"] = user_numpy_orjson_app
         for size in (16, 512):
             bodies = _bodies(size, USER_FEATURES)
             measured = run_on(loop_name, _measure(user, bodies, rounds, n if size == 16 else max(1, n // 4)))

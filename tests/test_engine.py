@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -699,3 +700,45 @@ async def test_a_sliced_run_under_a_users_error_filter_raises_numpys_warning_at_
         innermost = traceback.extract_tb(info.value.__traceback__)[-1]
         assert (innermost.filename, innermost.name) == (_fpwarn.__file__, "reissue")
         del a
+
+
+async def test_close_now_closes_an_idle_session_without_suspending(strategy: at.ResourceCleanupStrategy) -> None:
+    async with at.AsyncEagerSession() as parent:
+        s = at.AsyncEagerSession(cleanup=strategy, parent=parent)
+        assert s._engine.close_now() is False  # unopened: close() does it
+        assert s._engine.open_now()
+        kept = await s.constant(np.ones(4))
+        dropped = await s.add(kept, 1.0)
+        del dropped  # a pending buffer (IN_BACKGROUND: its cleanup task is spawned by the drop)
+        await asyncio.sleep(0)
+        done = s._engine.close_now()
+        assert done is True or isinstance(done, asyncio.Task)
+        if done is not True:
+            await asyncio.wait([done])
+        assert s.closed
+        stats = s.stats()
+        assert (stats.live_tensors, stats.live_bytes, stats.pending) == (0, 0, 0)
+        assert stats.freed == stats.allocated == 2
+        with pytest.raises(at.SessionClosedError):
+            await kept.numpy()
+        assert s._engine.close_now() is False  # closed: nothing more to do
+        await s.close()  # idempotent after it
+
+
+async def test_close_now_leaves_a_session_with_a_kernel_in_flight_to_close() -> None:
+    release = threading.Event()
+
+    def held(x: Any) -> Any:
+        release.wait(10)
+        return x + 1
+
+    async with at.AsyncEagerSession() as s:
+        pending = asyncio.ensure_future(s.apply(held, np.ones(3)))
+        while not s._engine.inflight:
+            await asyncio.sleep(0)
+        assert s._engine.close_now() is False
+        assert not s.closed
+        release.set()
+        result = await pending
+        assert isinstance(result, at.Tensor)
+        np.testing.assert_array_equal(await result.numpy(), [2.0, 2.0, 2.0])

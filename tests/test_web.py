@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import aiotensor as at
-from aiotensor import web
+from aiotensor import _defaults, web
 from examples.web_service.server import RunningServer, serve
 from tests import _web_app
 
@@ -667,3 +667,43 @@ async def test_a_saturated_loop_serving_requests_at_once_sends_their_kernels_to_
     assert load.callers >= 4  # shown as the loop's input
     assert load.offloaded >= 3  # (every one, but the first may have asked before the window closed)
     assert load.kept_alone >= 2  # the serial requests' kernels, kept inline on the saturated loop
+
+
+@pytest.mark.parametrize("strategy", list(at.ResourceCleanupStrategy), ids=lambda s: s.name)
+async def test_a_request_session_closes_at_the_response_and_a_failed_close_leaves_no_request_in_flight(
+    strategy: at.ResourceCleanupStrategy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sessions = web.Sessions(request_cleanup=strategy)
+    seen: list[at.AsyncEagerSession] = []
+
+    async def handler(request: Request) -> Response:
+        s = web.request_session(request)
+        seen.append(s)
+        x = await s.constant(np.ones(3))
+        y = await s.add(x, x)
+        del x  # dropped before close: IN_BACKGROUND's task is running when the session closes
+        await asyncio.sleep(0)
+        return Response(json.dumps((await y.numpy()).tolist()).encode())
+
+    app = web.RequestSessionMiddleware(Starlette(routes=[Route("/", handler)]), sessions)
+    transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+    async with sessions.open(), httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        assert (await c.get("/")).json() == [2.0, 2.0, 2.0]
+        assert seen[0].closed
+        stats = seen[0].stats()
+        assert (stats.live_tensors, stats.live_bytes, stats.allocated, stats.freed) == (0, 0, 2, 2)
+        assert sessions.in_flight == 0
+
+        replace = _defaults.replace_interactive
+        app_session = sessions.app_session
+
+        def failing_at_the_end_of_close(old: object, new: object) -> object:
+            if old is not app_session:  # a request session's close fails (everything freed)
+                raise RuntimeError("close failed")
+            return replace(old, new)
+
+        monkeypatch.setattr(_defaults, "replace_interactive", failing_at_the_end_of_close)
+        await c.get("/")  # (the close fails at the last body chunk, after the status went out)
+        assert len(seen) == 2
+        assert seen[1].closed
+        assert sessions.in_flight == 0  # the failed close still took the request out

@@ -440,5 +440,6 @@ class Engine:
     _wrong_loop = _lifecycle._wrong_loop
     check_loop = _lifecycle.check_loop
     close = _lifecycle.close
+    close_now = _lifecycle.close_now
     finalize_unclosed = _lifecycle.finalize_unclosed
     _yield_held = _lifecycle._yield_held

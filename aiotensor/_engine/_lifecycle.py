@@ -16,7 +16,7 @@ from .._errors import SessionClosedError, WrongEventLoopError
 if TYPE_CHECKING:
     from ._core import Engine
 
-__all__ = ["State", "check_loop", "close", "finalize_unclosed", "open", "open_now"]
+__all__ = ["State", "check_loop", "close", "close_now", "finalize_unclosed", "open", "open_now"]
 
 _get_loop = asyncio.get_running_loop
 
@@ -171,19 +171,48 @@ async def close(self: Engine, close_backend: Callable[[], Any] | None) -> None:
             self._idle = asyncio.Event()  # set by the last kernel to settle
             await self._idle.wait()
     finally:
-        stopping = self.policy.stop()
-        self.registry.close()
-        self.state = _CLOSED
-        _defaults.replace_interactive(self.session, None)
-        self._let_go()
-        if self._closed_event is not None:
-            self._closed_event.set()
+        stopping = _end(self)
         try:
             if stopping is not None:
                 await asyncio.wait([stopping])
         finally:  # also when that wait is cancelled (anyio cancels every await in a scope)
             if close_backend is not None:
                 await close_backend()
+
+
+def _end(self: Engine) -> asyncio.Task[None] | None:
+    # The end of a close, once nothing is in flight: stop cleanup, free everything;
+    # the cleanup task winding down, if any, for the caller to await.
+    stopping = self.policy.stop()
+    self.registry.close()
+    self.state = _CLOSED
+    _defaults.replace_interactive(self.session, None)
+    self._let_go()
+    if self._closed_event is not None:
+        self._closed_event.set()
+    return stopping
+
+
+def close_now(self: Engine) -> bool | asyncio.Task[None]:
+    """Close an open session with no kernel in flight without suspending, as :meth:`close` would.
+
+    For a session that owns no backend (a child session: a web request's). ``False``:
+    not done (another state, kernels in flight, or another loop): await :meth:`close`.
+    ``True``: closed, everything freed. A task: closed and freed, and the background
+    cleanup task is winding down: await it as :meth:`close` does.
+    """
+    if self.state is not _OPEN or self.inflight:
+        return False
+    try:
+        loop = _get_loop()
+    except RuntimeError:
+        return False
+    if loop is not self._loop:
+        return False
+    self.state = _CLOSING
+    self._lean_loop = None
+    stopping = _end(self)
+    return True if stopping is None else stopping
 
 
 def finalize_unclosed(self: Engine) -> bool:

@@ -20,6 +20,9 @@ not import this package.
   422 or 413 (:class:`RequestRejected`) saying which row and why. :class:`Limits`
   (``max_bytes``, ``max_rows``) per service and per route; :class:`BodyLimitMiddleware`
   answers a body too large before it is read.
+* :func:`rows_response` / :func:`rows_json`: the other way, a tensor's (an array's)
+  values as a JSON response ``{"scores": [[...], ...]}``, written by ``orjson`` from
+  the array's memory (no Python float per value, no response-model validation).
 * :class:`RequestStats`: what each request session did, for ``Sessions(on_request=...)``.
 * :mod:`aiotensor.web.fastapi`: the same as FastAPI dependencies.
 
@@ -40,6 +43,7 @@ from ._errors import (
 from ._input import parse_rows, read_body, read_rows
 from ._limits import BodyLimitMiddleware, Limits, limits_for
 from ._middleware import RequestSessionMiddleware, app_session, request_session
+from ._output import rows_json, rows_response
 from ._sessions import Sessions
 from ._stats import Outcome, RequestStats
 
@@ -63,4 +67,6 @@ __all__ = [
     "read_body",
     "read_rows",
     "request_session",
+    "rows_json",
+    "rows_response",
 ]

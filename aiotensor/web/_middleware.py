@@ -24,7 +24,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -124,14 +124,35 @@ class _Request:
                 self._watch()
         return s
 
-    async def close(self) -> None:
-        if self.session is None or self.closed:
-            return
+    def close(self) -> Awaitable[None] | None:
+        """Close the session; what is left to await, if anything.
+
+        A request session with no kernel in flight closes without suspending (no
+        coroutine made): the usual request, whose ops ran inline or were awaited.
+        """
+        session = self.session
+        if session is None or self.closed:
+            return None
         self.closed = True
         try:
-            await self.session.close()
+            done = False if session._owns_backend else session._engine.close_now()
+        except BaseException:
+            self.sessions._open.discard(session)
+            raise
+        if done is True:
+            self.sessions._open.discard(session)
+            return None
+        return self._close_rest(session, done)
+
+    async def _close_rest(self, session: AsyncEagerSession, stopping: asyncio.Task[None] | bool) -> None:
+        # ``stopping``: False, close() has the work to do; else the cleanup task winding down.
+        try:
+            if stopping is False:
+                await session.close()
+            elif stopping is not True:
+                await asyncio.wait([stopping])
         finally:
-            self.sessions._open.discard(self.session)
+            self.sessions._open.discard(session)
 
     # -- the disconnect watcher -------------------------------------------------------
     def _watch(self) -> None:
@@ -201,18 +222,29 @@ class _Request:
             self.arrived.clear()
         return self.pending.popleft()
 
-    async def send(self, message: Message) -> None:
-        """The app's ``send``: notes the status, and closes the session before the last body chunk."""
+    def send(self, message: Message) -> Awaitable[None]:
+        """The app's ``send``: notes the status, and closes the session before the last body chunk.
+
+        Not a coroutine function: it returns the server's ``send(message)`` to await (a
+        coroutine of ours only when the close has something to await first), one
+        coroutine less for each message of every request.
+        """
         kind = message["type"]
         if kind == "http.response.start":
             self.status = message["status"]
         elif kind == "http.response.body" and not message.get("more_body", False):
             self.response_done = True
-            await self.close()
+            closing = self.close()
+            if closing is not None:
+                return self._send_after(closing, message)
+        return self._send(message)
+
+    async def _send_after(self, closing: Awaitable[None], message: Message) -> None:
+        await closing
         await self._send(message)
 
-    async def finish(self, outcome: Outcome) -> None:
-        """The app returned or raised: stop watching, close the session, report."""
+    def finish(self, outcome: Outcome) -> Awaitable[None] | None:
+        """The app returned or raised: stop watching, close the session, report; what is left to await, if anything."""
         self.finished = True
         if self.watch_queued:
             self.watch_queued = False
@@ -225,10 +257,21 @@ class _Request:
                 watcher.exception()  # a failed server receive() reached the app, if it asked; not logged again
         session = self.session
         if session is None:
-            return
-        await self.close()
+            return None
+        closing = self.close()
+        if closing is not None:
+            return self._report_after(closing, outcome)
+        self._report(outcome)
+        return None
+
+    async def _report_after(self, closing: Awaitable[None], outcome: Outcome) -> None:
+        await closing
+        self._report(outcome)
+
+    def _report(self, outcome: Outcome) -> None:
         hook = self.sessions.on_request
-        if hook is None:
+        session = self.session
+        if hook is None or session is None:
             return
         stats = RequestStats(
             self.method,
@@ -290,7 +333,9 @@ class _Watches:
 
     def add(self, request: _Request) -> None:
         """Start ``request``'s watcher at the loop's next pass."""
-        loop = asyncio.get_running_loop()
+        task = request.task
+        # The request's task's loop: the running one (asking for it costs a system call on Python 3.11).
+        loop = task.get_loop() if task is not None else asyncio.get_running_loop()
         queued = self._queued
         if queued is None or self._loop is not loop:  # (a list left by a loop that stopped is dropped)
             queued = self._queued = {}
@@ -381,7 +426,9 @@ class RequestSessionMiddleware:
                 request.cancelled = False
                 task.uncancel()
             try:
-                await request.finish(outcome)
+                finishing = request.finish(outcome)
+                if finishing is not None:
+                    await finishing
             finally:
                 request.release()
                 sensor.leave(task)
