@@ -60,7 +60,13 @@ OPS = "aiotensor (op by op)"
 USER = "user service: aiotensor"
 USER_NUMPY = "user service: numpy in handler"
 USER_THREAD = "user service: numpy to_thread"
-USER_VARIANTS = (USER, USER_NUMPY, USER_THREAD)
+#: The NumPy twin answering with orjson by hand, as ``web.rows_response`` answers: the
+#: fair baseline for the response's share (the other twins answer through pydantic).
+USER_NUMPY_ORJSON = "user service: numpy in handler, orjson"
+#: The aiotensor service answering through the twins' pydantic model instead.
+USER_MODEL = "user service: aiotensor, pydantic response"
+USER_TWINS = (USER_NUMPY, USER_THREAD, USER_NUMPY_ORJSON)
+USER_VARIANTS = (USER, USER_MODEL, *USER_TWINS)
 VARIANTS: dict[str, tuple[str, Path]] = {
     EXAMPLE: ("web_service.app:app", ROOT / "examples"),
     OPS: ("web_service.app:ops_app", ROOT / "examples"),
@@ -71,6 +77,8 @@ VARIANTS: dict[str, tuple[str, Path]] = {
     USER: ("_web_apps:user_app", ROOT / "benchmarks"),
     USER_NUMPY: ("_web_apps:user_numpy_app", ROOT / "benchmarks"),
     USER_THREAD: ("_web_apps:user_to_thread_app", ROOT / "benchmarks"),
+    USER_NUMPY_ORJSON: ("_web_apps:user_numpy_orjson_app", ROOT / "benchmarks"),
+    USER_MODEL: ("_web_apps:user_model_response_app", ROOT / "benchmarks"),
 }
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "bench_web.md"
 INSTALL_HINT = "install it with `apt-get install wrk` (Debian/Ubuntu) or `brew install wrk` (macOS)"
@@ -321,7 +329,7 @@ def measure(rows: int, variants: list[str], args: argparse.Namespace, tmp: Path,
 # -- reporting -------------------------------------------------------------------------------
 def best_baseline(results: list[Measured], user: bool = False) -> Measured | None:
     """The baseline with the most requests/s (of the user-style service's twins if ``user``)."""
-    names = (USER_NUMPY, USER_THREAD) if user else BASELINES
+    names = USER_TWINS if user else BASELINES
     baselines = [m for m in results if m.variant in names]
     return max(baselines, key=lambda m: m.rps) if baselines else None
 

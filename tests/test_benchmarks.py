@@ -199,6 +199,29 @@ def test_web_benchmark_targets_are_ratios_to_the_same_run() -> None:
     assert verdicts["zero errors"] == ("0", True)
 
 
+def test_the_user_services_best_twin_includes_the_twin_answering_with_orjson() -> None:
+    from benchmarks import bench_web
+    from benchmarks.bench_web import Measured, best_baseline, targets_29
+
+    def m(variant: str, rps: float) -> Measured:
+        return Measured(variant, 16, requests=int(rps * 10), seconds=10.0, health=[0.005] * 10, rss_after=100)
+
+    results = [
+        m(bench_web.USER, 1000),
+        m(bench_web.USER_MODEL, 900),
+        m(bench_web.USER_NUMPY, 950),
+        m(bench_web.USER_THREAD, 800),
+        m(bench_web.USER_NUMPY_ORJSON, 1100),
+        m("numpy in handler", 2000),  # the example's baseline: not the user service's twin
+    ]
+    best = best_baseline(results, user=True)
+    assert best is not None
+    assert best.variant == bench_web.USER_NUMPY_ORJSON
+    verdicts = {t: (measured, met) for t, measured, met in targets_29(results)}
+    key = f"{bench_web.USER}, 16 rows: req/s >= 1.00x best baseline"
+    assert verdicts[key] == (f"0.91x ({bench_web.USER_NUMPY_ORJSON})", False)
+
+
 def test_web_benchmark_quick_run_writes_only_where_asked(tmp_path: Path) -> None:
     import shutil
 
