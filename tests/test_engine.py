@@ -742,3 +742,27 @@ async def test_close_now_leaves_a_session_with_a_kernel_in_flight_to_close() -> 
         result = await pending
         assert isinstance(result, at.Tensor)
         np.testing.assert_array_equal(await result.numpy(), [2.0, 2.0, 2.0])
+
+
+async def test_on_loop_says_whether_the_loop_runs_on_this_thread() -> None:
+    from aiotensor._engine._lifecycle import on_loop
+
+    loop = asyncio.get_running_loop()
+    assert on_loop(loop)
+    other = type(loop)() if not isinstance(loop, asyncio.BaseEventLoop) else asyncio.new_event_loop()
+    try:
+        assert not on_loop(other)  # another loop, not running
+    finally:
+        other.close()
+    seen: list[bool] = []
+
+    def elsewhere() -> None:  # this loop, from a thread that runs a loop of its own
+        async def check() -> None:
+            seen.append(on_loop(loop))
+
+        asyncio.run(check())
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    await asyncio.to_thread(thread.join)
+    assert seen == [False]

@@ -29,7 +29,7 @@ from .._programs._blocked_split import result_buffer
 from .._programs._interpreter import Budget
 from .._programs._program import Program
 from .._tensor import Tensor, make_tensor
-from ._lifecycle import _OPEN
+from ._lifecycle import _OPEN, on_loop
 
 if TYPE_CHECKING:
     from ._core import Engine
@@ -39,7 +39,6 @@ __all__ = ["call", "call_inline"]
 logger = logging.getLogger("aiotensor")
 _ndarray = np.ndarray
 _NO_ERRSTATE = contextlib.nullcontext()
-_get_loop = asyncio.get_running_loop
 _clock = time.perf_counter
 _new = object.__new__
 _handle_of = operator.itemgetter(0)  # (a BufferInfo's fields, read in C loops)
@@ -85,7 +84,7 @@ async def call(
     if self._held >= self._hold_s and est_us <= SLICED_MAX * self._inline_us:
         await self._yield_held()  # this kernel would not suspend either
     lean_loop = self._lean_loop
-    if lean_loop is not None and _get_loop() is lean_loop and (not self.placed or self.device_var.get() is None):
+    if lean_loop is not None and on_loop(lean_loop) and (not self.placed or self.device_var.get() is None):
         device = self._device  # open, on its loop, the default device: the checks below in one
     else:
         if self.state is not _OPEN:
@@ -220,13 +219,12 @@ def call_inline(
     µs, would not pay for the hop: else :meth:`call` sends it to the pool), while the run
     of inline work has not spent its hold budget (then :meth:`call` yields first).
     """
-    # (``_expressions._inline`` writes these checks out for ``await expr``: keep the two alike.)
     lean_loop = self._lean_loop
     if (
         est_us > self._inline_us
         or self._held >= self._hold_s  # time to yield: call() does
         or lean_loop is None
-        or _get_loop() is not lean_loop
+        or not on_loop(lean_loop)
         or (self.placed and self.device_var.get() is not None)
         or (est_us > BUSY_INLINE_US and not stays_inline(free_us))  # (last: it counts the kernel as kept)
     ):

@@ -41,7 +41,7 @@ from .._tensor import Tensor
 from . import _admission, _call, _expressions, _fetch, _lean, _lifecycle
 from ._call import _shape_result
 from ._lean import _ELEMENTWISE, LEAN
-from ._lifecycle import _OPEN, _UNOPENED
+from ._lifecycle import _OPEN, _UNOPENED, on_loop
 
 if TYPE_CHECKING:
     from .._cleanup import CleanupPolicy
@@ -54,7 +54,6 @@ logger = logging.getLogger("aiotensor")
 _ndarray = np.ndarray
 _ufunc = np.ufunc
 _UNKNOWN = Cost.UNKNOWN
-_get_loop = asyncio.get_running_loop
 _clock = time.perf_counter
 _new = object.__new__
 _fpwarn.install()
@@ -219,7 +218,7 @@ class Engine:
                     return t
         if self.state is not _OPEN:
             await self.open()
-        if _get_loop() is not self._loop:
+        if not on_loop(self._loop):
             raise self._wrong_loop()
         if name is not None and type(name) is not str:
             raise InvalidArgumentError(f"{d.name}: name must be a str, got {type(name).__name__}")

@@ -8,20 +8,18 @@ expression arguments of fused and batched calls.
 
 from __future__ import annotations
 
-import asyncio
 import math
-import threading
 from typing import TYPE_CHECKING, Any
 
 from .._expr import Expr
-from .._loopload import BUSY_INLINE_US, stays_inline
+from .._loopload import BUSY_INLINE_US
 from .._programs._compile import FREE_KEY, NEED_KEY, compile_program, compiled, program_need
 from .._programs._placement import program_cost, program_free_us
 from .._programs._program import Program
 from .._tensor import Tensor
 from ._call import _shape_result
 from ._lean import LEAN
-from ._lifecycle import _OPEN
+from ._lifecycle import _OPEN, on_loop
 from ._session_rule import _flat, evaluating_engine, owner_of
 
 if TYPE_CHECKING:
@@ -29,10 +27,6 @@ if TYPE_CHECKING:
     from ._core import Engine
 
 __all__ = ["evaluate", "evaluate_arguments", "evaluate_expr", "run_values"]
-
-_get_loop = asyncio.get_running_loop
-_get_ident = threading.get_ident
-_BaseLoop = asyncio.BaseEventLoop  # (its ``_thread_id``: the thread running it, None while stopped)
 
 
 def _is_tensor(x: Any) -> bool:
@@ -59,9 +53,8 @@ def evaluate_expr(self: Engine, expr: Expr) -> Any:
     """``await expr``: its tensor at once when its program runs inline, else a coroutine giving it.
 
     ``Expr.__await__`` calls this. In a lean session, a program within the inline
-    threshold runs here as :meth:`call_inline` runs fused calls (its checks written
-    out in ``_inline``), with no coroutine of :meth:`_run_program` and :meth:`call`
-    around it. Otherwise (one
+    threshold runs here through :meth:`call_inline`, as fused calls do, with no
+    coroutine of :meth:`_run_program` and :meth:`call` around it. Otherwise (one
     node, a session that is not lean, a program over the threshold, a freed tensor)
     the coroutine takes the general path, with its checks and errors, on the program
     compiled here. With the hold budget spent, a program that ran inline before
@@ -74,7 +67,7 @@ def evaluate_expr(self: Engine, expr: Expr) -> Any:
     engine = evaluating_engine(leaves)
     if (
         engine._held >= engine._hold_s
-        and engine._lean_loop is _get_loop()
+        and on_loop(engine._lean_loop)
         and costs.get(engine._inline_us, math.inf) <= engine._inline_us
     ):
         # The run of inline work has spent its hold budget and this program ran inline
@@ -99,20 +92,10 @@ async def _yield_then(
 
 
 def _inline(engine: Engine, expr: Expr, program: Program, leaves: list[Tensor], costs: dict[float, float]) -> Any:
-    # The result of ``expr``'s program run inline, or None where the general path must
-    # run it (not lean, not on its loop, an unreadable or freed leaf, over the threshold,
-    # the hold budget spent, a device scope, a busy loop sending it to the pool): what
-    # ``call_inline`` decides, its checks written out once here (its loop, its keyword
-    # call: ~0.5 µs an await).
-    lean_loop = engine._lean_loop
-    if lean_loop is None:
-        return None
-    # On its loop: asyncio's loops say which thread runs them now, cheaper than asking
-    # for the running loop (a getpid system call on Python 3.11), as ``fetch_now`` does.
-    if isinstance(lean_loop, _BaseLoop):
-        if lean_loop._thread_id != _get_ident():  # type: ignore[attr-defined]
-            return None
-    elif _get_loop() is not lean_loop:
+    # The result of ``expr``'s program run inline through ``call_inline``, or None where
+    # the general path must run it (not lean, not on its loop, an unreadable or freed
+    # leaf, over the threshold, a busy loop sending it to the pool).
+    if engine._lean_loop is None:
         return None
     bufs = []
     for t in leaves:
@@ -127,23 +110,20 @@ def _inline(engine: Engine, expr: Expr, program: Program, leaves: list[Tensor], 
     est = costs.get(inline_us)
     if est is None:
         est = costs[inline_us] = program_cost(program, leaves, inline_us)
-    if (
-        est > inline_us
-        or engine._held >= engine._hold_s  # time to yield: call() does
-        or (engine.placed and engine.device_var.get() is not None)
-        or (est > BUSY_INLINE_US and not stays_inline(costs.get(FREE_KEY) or _free(costs, program, leaves, est)))
-    ):  # (stays_inline last: it counts the kernel as kept)
-        return None  # (nothing ran, the program is still fresh)
-    policy = engine.policy
-    if policy.safe_point is not None:
-        policy.safe_point()
-    if policy.inline_point is not None:
-        policy.inline_point()
-    d = expr._d
-    tensors, multi = engine._run_owned(
-        d.name, program, tuple(bufs), {}, tuple(leaves), False, None, program.budget, engine._device
+    done = engine.call_inline(
+        expr._d.name,
+        program,
+        tuple(bufs),
+        {},
+        tuple(leaves),
+        user=False,
+        est_us=est,
+        budget=program.budget,
+        free_us=costs.get(FREE_KEY) or _free(costs, program, leaves, est),
     )
-    return tensors[0] if d.returns == "one" else _shape_result(d, tensors, multi)
+    if done is None:  # (nothing ran, the program is still fresh)
+        return None
+    return done[0][0] if expr._d.returns == "one" else _shape_result(expr._d, *done)
 
 
 def _free(costs: dict[float, float], program: Program, leaves: list[Tensor], est: float) -> float:

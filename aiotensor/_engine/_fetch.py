@@ -6,25 +6,19 @@ coroutine; ``peek`` a read-only view of a local buffer.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from typing import TYPE_CHECKING
 
 from .._backends._base import _COPY_ON_POOL_BYTES
 from .._cost import HOLD_PER_OP_S
 from .._errors import AioTensorError, SessionClosedError
 from .._tensor import Tensor
-from ._lifecycle import _OPEN
+from ._lifecycle import _OPEN, on_loop
 
 if TYPE_CHECKING:
     from .._types import NDArray
     from ._core import Engine
 
 __all__ = ["discard", "fetch", "fetch_now", "peek"]
-
-_get_loop = asyncio.get_running_loop
-_get_ident = threading.get_ident
-_BaseLoop = asyncio.BaseEventLoop  # (its ``_thread_id``: the thread running it, None while stopped)
 
 
 class _NoRegistry:
@@ -49,7 +43,7 @@ async def fetch(self: Engine, tensors: list[Tensor], api: str) -> list[NDArray]:
     """Copies of the tensors' values, owned by the caller."""
     if self.state is not _OPEN:
         await self.open()
-    if _get_loop() is not self._loop:  # (check_loop, inline: a running loop is certain in a coroutine)
+    if not on_loop(self._loop):  # (check_loop, inline: a running loop is certain in a coroutine)
         raise self._wrong_loop()
     handles = [self.buffer(t, api) for t in tensors]
     if self._held >= self._hold_s:
@@ -83,16 +77,7 @@ def fetch_now(self: Engine, t: Tensor) -> NDArray | None:
     """
     if self.state is not _OPEN or self._held >= self._hold_s or not self._local_fetch:
         return None
-    # On the session's loop. asyncio's loops say which thread runs them now (``_thread_id``,
-    # None while stopped; a thread runs one loop at a time): cheaper than asking for the
-    # running loop (Python 3.11 asks the OS for the process id each time). Not the thread
-    # that opened the session: a loop may run in another thread later, and that thread
-    # run a loop of its own. A loop that does not say (uvloop) is asked for.
-    loop = self._loop
-    if isinstance(loop, _BaseLoop):
-        if loop._thread_id != _get_ident():  # type: ignore[attr-defined]
-            return None
-    elif _get_loop() is not loop:
+    if not on_loop(self._loop):  # (a loop may run in another thread later: see on_loop)
         return None
     registry = t._registry
     entry = registry._buffers.get(t._rid)

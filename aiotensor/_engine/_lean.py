@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,7 @@ from .._kernels import NUMERIC_KINDS, kernel_error, normalize
 from .._loopload import stays_inline
 from .._opdef import OPS, OpDef
 from .._tensor import Tensor
+from ._lifecycle import on_loop
 
 if TYPE_CHECKING:
     from ._core import Engine
@@ -24,7 +24,6 @@ __all__ = ["LEAN", "adopt", "lean"]
 
 _ndarray = np.ndarray
 _ufunc = np.ufunc
-_get_loop = asyncio.get_running_loop
 _clock = time.perf_counter
 _new = object.__new__
 
@@ -50,8 +49,8 @@ def lean(self: Engine, d: OpDef, args: tuple[Any, ...], name: str | None) -> Ten
     and its errors become the general path's (``kernel_error``).
     """
     if not (
-        self._lean_loop is not None  # (first: no running loop at all raises in _get_loop)
-        and _get_loop() is self._lean_loop
+        self._lean_loop is not None
+        and on_loop(self._lean_loop)
         and self._held < self._hold_s
         and (name is None or type(name) is str)
         and (not self.placed or self.device_var.get() is None)
@@ -198,7 +197,7 @@ def adopt(self: Engine, arr: Any, name: str | None) -> Tensor | None:
     """
     if not (
         self._lean_loop is not None
-        and _get_loop() is self._lean_loop
+        and on_loop(self._lean_loop)
         and self._held < self._hold_s
         and (name is None or type(name) is str)
         and (not self.placed or self.device_var.get() is None)

@@ -16,9 +16,25 @@ from .._errors import SessionClosedError, WrongEventLoopError
 if TYPE_CHECKING:
     from ._core import Engine
 
-__all__ = ["State", "check_loop", "close", "close_now", "finalize_unclosed", "open", "open_now"]
+__all__ = ["State", "check_loop", "close", "close_now", "finalize_unclosed", "on_loop", "open", "open_now"]
 
 _get_loop = asyncio.get_running_loop
+_get_ident = threading.get_ident
+_BaseLoop = asyncio.BaseEventLoop  # (its ``_thread_id``: the thread running it, None while stopped)
+
+
+def on_loop(loop: Any) -> bool:
+    """Whether ``loop`` runs on this thread now (``asyncio.get_running_loop() is loop``, in a coroutine).
+
+    asyncio's loops say which thread runs them (``_thread_id``, None while stopped; a
+    thread runs one loop at a time): reading it is cheaper than asking for the running
+    loop, which on Python 3.11 asks the OS for the process id each time. A loop that does
+    not say (uvloop) is asked for. Not the thread that opened a session: a loop may run
+    in another thread later, and that thread run a loop of its own.
+    """
+    if isinstance(loop, _BaseLoop):
+        return bool(loop._thread_id == _get_ident())  # type: ignore[attr-defined]
+    return _get_loop() is loop
 
 
 class State(enum.Enum):
@@ -162,7 +178,7 @@ async def close(self: Engine, close_backend: Callable[[], Any] | None) -> None:
             await asyncio.shield(self._opening)
         if self.state is _CLOSED:
             return
-    if _get_loop() is not self._loop:  # (check_loop, inline: a running loop is certain in a coroutine)
+    if not on_loop(self._loop):  # (check_loop, inline: a running loop is certain in a coroutine)
         raise self._wrong_loop()
     self.state = _CLOSING
     self._lean_loop = None
