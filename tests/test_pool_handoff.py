@@ -57,14 +57,22 @@ async def test_the_next_job_goes_to_the_worker_that_finished_the_last_one(pool: 
     assert set(ran_on) == {first}
 
 
+async def _hold_in_turn(pool: WorkerPool) -> tuple[Gate, Gate, Any, Any]:
+    # Two held jobs, the second submitted once the first has started (each wakes one worker).
+    first, second = Gate(), Gate()
+    held_first = pool.run(first)
+    await first.wait_started()
+    held_second = pool.run(second)
+    await second.wait_started()
+    return first, second, held_first, held_second
+
+
 async def test_of_two_idle_workers_the_one_that_went_idle_last_takes_the_job(pool: WorkerPool) -> None:
     thread_a, thread_b = await _both_started(pool)
     assert await pool.run(threading.current_thread) is thread_b
-    # The other order: b's job ends first, a goes idle last.
-    first, second = Gate(), Gate()
-    held_b, held_a = pool.run(first), pool.run(second)  # b (on top of the stack) takes the first
-    await first.wait_started()
-    await second.wait_started()
+    # The other order: b (on top of the stack) takes the first held job, a the second;
+    # b's ends first, a goes idle last.
+    first, second, held_b, held_a = await _hold_in_turn(pool)
     first.release.set()
     assert await held_b is thread_b
     second.release.set()
@@ -74,10 +82,7 @@ async def test_of_two_idle_workers_the_one_that_went_idle_last_takes_the_job(poo
 
 async def test_a_job_submitted_while_every_worker_is_busy_runs_on_the_first_one_free(pool: WorkerPool) -> None:
     thread_a, thread_b = await _both_started(pool)
-    first, second = Gate(), Gate()
-    held_b, held_a = pool.run(first), pool.run(second)
-    await first.wait_started()
-    await second.wait_started()
+    first, second, held_b, held_a = await _hold_in_turn(pool)
     queued = pool.run(threading.current_thread)  # no idle worker: waits on the backlog
     second.release.set()  # a's job ends first: a takes the queued one
     assert await held_a is thread_a

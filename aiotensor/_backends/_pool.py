@@ -3,25 +3,26 @@
 ``concurrent.futures`` + ``asyncio.wrap_future`` costs, per kernel, a concurrent future
 with its condition variable, a done callback, an asyncio future chained to it and one
 ``call_soon_threadsafe`` (a write to the loop's self-pipe and a wake-up) per result.
-:class:`WorkerPool` keeps what is needed: a job goes to an idle worker's mailbox (a
-``queue.SimpleQueue``, a C queue) or, with every worker busy, to the pool's backlog
-(another one); a finished job goes into its loop's inbox, and completions arriving
-together wake the loop once; the awaiter waits on a plain asyncio future settled on the
-loop thread. The jobs and their semantics (context, cancellation, adoption, errors) are
-in ``_jobs``.
+:class:`WorkerPool` keeps what is needed: jobs wait on one ``queue.SimpleQueue`` (a C
+queue, no Python-level lock), the backlog; a finished job goes into its loop's inbox,
+and completions arriving together wake the loop once; the awaiter waits on a plain
+asyncio future settled on the loop thread. The jobs and their semantics (context,
+cancellation, adoption, errors) are in ``_jobs``.
 
-**The worker that went idle last takes the next job** (a stack of idle workers' mailboxes,
-not one queue all workers wait on, which the kernel's futex wakes in FIFO order). A task
-awaiting its kernels one after another then keeps one worker, whose caches are warm and
-whose BLAS helper thread is still spinning on the other core; with FIFO wake-ups the two
-workers of a 2-core pool took such kernels in turn, and a worker woken while the other
-worker's BLAS helper still spun shared a core with it while the other core idled
-(one task's 512x512 matmuls read 0.5-0.95x numpy's throughput, see docs/performance.md).
-A worker goes idle before it publishes a result, so the job its awaiter submits next
-finds it on top of the stack. The hand-off needs no lock: ``list.append``/``list.pop``
-are atomic, a submitter that finds no idle worker queues the job on the backlog and then
-wakes any worker that went idle meanwhile, and a worker that went idle looks at the
-backlog once more before it sleeps.
+**The worker that went idle last is woken for the next job.** Idle workers wait each on
+a mailbox of its own (another ``SimpleQueue``), the mailboxes on a stack; a submission
+queues the job and wakes the top one. With every idle worker waiting on the one queue,
+the kernel's futex woke them in FIFO order, and a task awaiting its kernels one after
+another alternated between the two workers of a 2-core pool: a worker woken while the
+other worker's OpenBLAS helper still spun shared a core with it while the other core
+idled (one task's 512x512 matmuls read 0.5-0.95x numpy's throughput, see
+docs/performance.md). Now such a task keeps one worker, its caches warm and its BLAS
+helper on the other core. A worker goes idle before it publishes a result, so the job
+its awaiter submits next wakes it. Any worker takes jobs from the backlog (one that is
+running takes the next before it goes idle), so bursts are shared as before. No lock:
+``list.append``/``list.pop`` are atomic, a submission queues the job before it looks
+for an idle worker, and a worker that goes idle looks at the backlog once more before
+it sleeps.
 
 The pool is also a ``concurrent.futures.Executor`` (``submit``/``shutdown``), so code
 that was given the old pool keeps working. Workers start on demand up to
@@ -54,7 +55,7 @@ _pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 
 
 _STOP = object()  # on the backlog, one per worker: stop
-_WAKE = object()  # in a mailbox: look at the backlog (a job was queued as this worker went idle)
+_WAKE = object()  # in a mailbox: look at the backlog
 
 Mailbox = queue.SimpleQueue[Any]
 
@@ -67,7 +68,7 @@ class _Crew:
 
     def __init__(self, priority: Priority) -> None:
         self.priority = priority
-        self.queue: Mailbox = queue.SimpleQueue()  # the backlog: jobs no idle worker took, and stop marks
+        self.queue: Mailbox = queue.SimpleQueue()  # the backlog: every job, and the stop marks
         self.idle: list[Mailbox] = []  # idle workers' mailboxes, the one that went idle last at the end
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
@@ -76,19 +77,29 @@ class _Crew:
         self.blas_lowered = False
 
 
-def _work(crew: _Crew, mailbox: Mailbox, first: list[Any]) -> None:
-    # ``first``: the job whose submission started this worker, in a list emptied here
-    # (the thread's arguments must not hold it, nor its result, for the worker's life).
+def _work(crew: _Crew, mailbox: Mailbox) -> None:
     _priority.lower(crew.priority)
     backlog, idle = crew.queue, crew.idle
-    job = first.pop()
+    empty, take, go_idle = backlog.empty, backlog.get_nowait, idle.append
+    # Not idle before a first look at the backlog: the job that started this worker is
+    # there, and a worker on the idle stack would be woken for the next one instead of
+    # a second worker being started (two jobs submitted together would run in turn).
+    job = _take(backlog)
+    if job is None:
+        go_idle(mailbox)
+        job = _wait(crew, mailbox)
     while job is not _STOP:
         ran = job.run()
         # Idle (or holding the backlog's next job) before the awaiter hears of this result:
-        # the job it submits next comes to this worker (see the module docstring).
-        following = None if backlog.empty() else _take(backlog)
+        # the job it submits next wakes this worker (see the module docstring).
+        following = None
+        if not empty():
+            try:
+                following = take()
+            except queue.Empty:  # another worker took it
+                pass
         if following is None:
-            idle.append(mailbox)
+            go_idle(mailbox)
         if ran:
             job.publish()
         del job  # not kept while waiting for the next one
@@ -106,10 +117,10 @@ def _wait(crew: _Crew, mailbox: Mailbox) -> Any:
     """The next job of a worker whose mailbox is on the idle stack (or was just taken off it)."""
     backlog, idle = crew.queue, crew.idle
     while True:
-        if not backlog.empty():  # queued while this worker went idle: take it if still unclaimed
+        if not backlog.empty():  # queued while this worker went idle: take it if not woken already
             try:
                 idle.remove(mailbox)
-            except ValueError:  # a submitter took this worker: its job or wake-up is in the mailbox
+            except ValueError:  # a submitter took this worker off the stack: its wake-up is in the mailbox
                 pass
             else:
                 job = _take(backlog)
@@ -117,13 +128,11 @@ def _wait(crew: _Crew, mailbox: Mailbox) -> Any:
                     return job
                 idle.append(mailbox)
                 continue
-        job = mailbox.get()
-        if job is not _WAKE:
-            return job
-        job = _take(backlog)  # woken off the stack to look at the backlog
+        mailbox.get()  # a wake-up: a job was queued (or the pool stops)
+        job = _take(backlog)
         if job is not None:
             return job
-        idle.append(mailbox)
+        idle.append(mailbox)  # another worker took it
 
 
 def _wake_idle(crew: _Crew, every: bool) -> None:
@@ -190,6 +199,7 @@ class WorkerPool(concurrent.futures.Executor):
         # At creation, and in a forked child (which has the pool's fields but not its threads).
         self._crew = crew = _Crew(self._priority)
         self._queue = crew.queue
+        self._idle = crew.idle
         self._holder[:] = [crew]
 
     @property
@@ -248,42 +258,38 @@ class WorkerPool(concurrent.futures.Executor):
     def _put(self, job: Any) -> None:
         if self._shutdown:
             raise RuntimeError("cannot schedule new futures after shutdown")
-        crew = self._crew
-        idle = crew.idle
+        self._queue.put(job)
+        # Wake the worker that went idle last; none idle: start one if the pool may. A
+        # worker that goes idle from now on looks at the backlog before it sleeps.
+        idle = self._idle
         if idle:
             try:
-                mailbox = idle.pop()  # the worker that went idle last
+                idle.pop().put(_WAKE)
             except IndexError:  # taken meanwhile by another thread
-                pass
-            else:
-                mailbox.put(job)
-                return
-        if crew.growing and self._grow(job):
-            return
-        self._queue.put(job)
-        if idle and not self._queue.empty():  # went idle after the pop above, maybe without seeing the job
-            _wake_idle(crew, every=False)
+                if self._crew.growing:
+                    self._grow()
+        elif self._crew.growing:
+            self._grow()
         # Shut down meanwhile by another thread, after its sweep of the queue: this job
         # would sit behind the workers' stop marks (mypy does not see the other thread).
         if self._shutdown:
             self._cancel_queued()  # type: ignore[unreachable]
 
-    def _grow(self, job: Any) -> bool:
-        # No worker idle: start one with ``job`` as its first, if the pool may (True).
+    def _grow(self) -> None:
+        # No worker idle: start one, if the pool may.
         crew = self._crew
         with crew.lock:
             if crew.stopped or len(crew.threads) >= self._max_workers:
-                return False
+                return
             if not crew.blas_lowered and self._priority != "normal":
                 crew.blas_lowered = True
                 _priority.lower_blas_threads(self._priority)
             name = f"{self._name}_{len(crew.threads)}"
-            t = threading.Thread(target=_work, name=name, args=(crew, queue.SimpleQueue(), [job]), daemon=True)
+            t = threading.Thread(target=_work, name=name, args=(crew, queue.SimpleQueue()), daemon=True)
             t.start()
             crew.threads.append(t)
             if len(crew.threads) >= self._max_workers:
                 crew.growing = False
-        return True
 
     def _cancel_queued(self) -> None:
         stops = 0
