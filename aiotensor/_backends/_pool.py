@@ -135,8 +135,8 @@ def _wait(crew: _Crew, mailbox: Mailbox) -> Any:
         idle.append(mailbox)  # another worker took it
 
 
-def _wake_idle(crew: _Crew, every: bool) -> None:
-    # After a put on the backlog: a worker that went idle meanwhile may have missed it.
+def _wake_all(crew: _Crew) -> None:
+    # Stop marks put on the backlog: every idle worker looks at it.
     idle = crew.idle
     while idle:
         try:
@@ -144,8 +144,6 @@ def _wake_idle(crew: _Crew, every: bool) -> None:
         except IndexError:
             return
         mailbox.put(_WAKE)
-        if not every:
-            return
 
 
 def _stop(holder: list[_Crew]) -> list[threading.Thread]:
@@ -160,7 +158,7 @@ def _stop(holder: list[_Crew]) -> list[threading.Thread]:
         lowered, crew.blas_lowered = crew.blas_lowered, False
     for _ in threads:
         crew.queue.put(_STOP)
-    _wake_idle(crew, every=True)
+    _wake_all(crew)
     if lowered:
         _priority.restore_blas_threads()
     return threads
@@ -305,7 +303,7 @@ class WorkerPool(concurrent.futures.Executor):
         for _ in range(stops):
             self._queue.put(_STOP)
         if stops:  # a worker that found the backlog empty meanwhile sleeps in its mailbox
-            _wake_idle(self._crew, every=True)
+            _wake_all(self._crew)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop the workers once the queue is empty (``cancel_futures``: drop what has not started).
