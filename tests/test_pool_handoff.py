@@ -175,3 +175,20 @@ async def test_shutdown_stops_idle_workers_waiting_in_their_mailboxes() -> None:
     threads = pool.threads
     await asyncio.to_thread(pool.shutdown)
     assert not any(t.is_alive() for t in threads)
+
+
+def test_shutdown_with_cancel_futures_stops_workers_idle_in_their_mailboxes() -> None:
+    pool = WorkerPool(2)
+    first, second = Gate(), Gate()
+    held = [pool.submit(first), pool.submit(second)]
+    assert first.started.wait(5)
+    assert second.started.wait(5)
+    queued = pool.submit(threading.current_thread)  # on the backlog: both workers are busy
+    first.release.set()
+    second.release.set()
+    assert {f.result(5) for f in held} == set(pool.threads)
+    queued.result(5)
+    pool.shutdown(wait=False, cancel_futures=True)  # both idle: woken to find their stop marks
+    for thread in pool.threads:
+        thread.join(5)
+        assert not thread.is_alive()
