@@ -16,8 +16,9 @@
 A worker calls a job's ``run()`` and, when it returns True, ``publish()``: in between it
 goes idle (see ``_pool``), so that the result reaches its awaiter after the worker is
 ready for the next job. A job drops its function, arguments, result and future as soon
-as it has handed them on, and the awaited future carries the result in a box the awaiter empties: a buffer
-cache that checks reference counts must not see the pool hold a buffer.
+as it has handed them on, and the awaited future carries the result in a box the
+awaiter empties: a buffer cache that checks reference counts must not see the pool hold
+a buffer.
 """
 
 from __future__ import annotations
