@@ -17,11 +17,11 @@ another alternated between the two workers of a 2-core pool: a worker woken whil
 other worker's OpenBLAS helper still spun could share a core with it while the other
 core idled (one task's 512x512 matmuls read 0.5-0.95x numpy's throughput, see
 docs/performance.md). Now such a task keeps one worker, its caches warm. A worker goes
-idle before it publishes a result, so the job its awaiter submits next wakes it. Any worker takes jobs from the backlog (one that is
-running takes the next before it goes idle), so bursts are shared as before. No lock:
-``list.append``/``list.pop`` are atomic, a submission queues the job before it looks
-for an idle worker, and a worker that goes idle looks at the backlog once more before
-it sleeps.
+idle before it publishes a result, so the job its awaiter submits next wakes it. Any
+worker takes jobs from the backlog (one that is running takes the next before it goes
+idle), so bursts are shared as before. No lock: ``list.append``/``list.pop`` are atomic,
+a submission queues the job before it looks for an idle worker, and a worker that goes
+idle looks at the backlog once more before it sleeps.
 
 The pool is also a ``concurrent.futures.Executor`` (``submit``/``shutdown``), so code
 that was given the old pool keeps working. Workers start on demand up to
