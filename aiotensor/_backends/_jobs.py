@@ -13,9 +13,12 @@
 - ``_CallJob``: a ``concurrent.futures`` call (the pool is an Executor too).
 - ``_Spawned``: a fire-and-forget call (chunked kernels hand blocks to other workers).
 
-A job drops its function, arguments, result and future as soon as it has handed them
-on, and the awaited future carries the result in a box the awaiter empties: a buffer
-cache that checks reference counts must not see the pool hold a buffer.
+A worker calls a job's ``run()`` and, when it returns True, ``publish()``: in between it
+goes idle (see ``_pool``), so that the result reaches its awaiter after the worker is
+ready for the next job. A job drops its function, arguments, result and future as soon
+as it has handed them on, and the awaited future carries the result in a box the
+awaiter empties: a buffer cache that checks reference counts must not see the pool hold
+a buffer.
 """
 
 from __future__ import annotations
@@ -135,11 +138,12 @@ class Job:
         self.settled = False
         self.seconds = 0.0  # how long the call ran on its worker
 
-    def run(self) -> None:
+    def run(self) -> bool:
+        """Run the call if nobody abandoned it; True if it ran (its outcome awaits :meth:`publish`)."""
         try:
             self.token.pop()
         except IndexError:  # abandoned before a worker took it
-            return
+            return False
         fn, args, ctx = self.fn, self.args, self.ctx
         self.fn = self.args = self.ctx = None
         start = _clock()
@@ -151,6 +155,10 @@ class Job:
         del fn, args, ctx
         self.outcome = outcome
         del outcome
+        return True
+
+    def publish(self) -> None:
+        # The worker, after run() returned True (and after it went idle, see _pool).
         self.inbox.post(self)
 
     def drop(self) -> bool:
@@ -237,7 +245,7 @@ class Pending:
 class CallJob:
     """A ``concurrent.futures`` call (:meth:`WorkerPool.submit`), as a ThreadPoolExecutor runs it."""
 
-    __slots__ = ("args", "fn", "future", "kwargs")
+    __slots__ = ("args", "fn", "future", "kwargs", "result")
 
     def __init__(
         self, future: concurrent.futures.Future[Any], fn: Callable[..., Any], args: Any, kwargs: dict[str, Any]
@@ -246,16 +254,24 @@ class CallJob:
         self.fn: Callable[..., Any] | None = fn
         self.args = args
         self.kwargs = kwargs
+        self.result: Any = None
 
-    def run(self) -> None:
+    def run(self) -> bool:
+        """Run the call unless its future was cancelled; True if it ran (the outcome awaits :meth:`publish`)."""
         fn, args, kwargs = self.fn, self.args, self.kwargs
         self.fn = self.args = self.kwargs = None  # type: ignore[assignment]
         if fn is None or not self.future.set_running_or_notify_cancel():
-            return
+            return False
         try:
-            result = fn(*args, **kwargs)
+            self.result = fn(*args, **kwargs)
         except BaseException as exc:  # the future's to deliver
-            self.future.set_exception(exc)
+            self.result = Failed(exc)
+        return True
+
+    def publish(self) -> None:
+        result, self.result = self.result, None
+        if type(result) is Failed:
+            self.future.set_exception(result.exc)
         else:
             self.future.set_result(result)
 
@@ -273,15 +289,20 @@ class Spawned:
         self.fn: Callable[[], object] | None = fn
         self.ctx: contextvars.Context | None = ctx
 
-    def run(self) -> None:
+    def run(self) -> bool:
+        """Run the call; False: nothing to publish (it signals its own completion)."""
         fn, ctx = self.fn, self.ctx
         self.fn = self.ctx = None
         if fn is None or ctx is None:
-            return
+            return False
         try:
             ctx.run(fn)
         except BaseException:  # nobody awaits it: log rather than kill the worker
             logger.exception("a callable spawned on aiotensor's pool raised")
+        return False
+
+    def publish(self) -> None:  # never called: run() returns False
+        pass
 
     def cancel(self) -> None:
         self.fn = self.ctx = None

@@ -3,11 +3,25 @@
 ``concurrent.futures`` + ``asyncio.wrap_future`` costs, per kernel, a concurrent future
 with its condition variable, a done callback, an asyncio future chained to it and one
 ``call_soon_threadsafe`` (a write to the loop's self-pipe and a wake-up) per result.
-:class:`WorkerPool` keeps what is needed: workers take jobs from one
-``queue.SimpleQueue`` (a C queue, no Python-level lock); a finished job goes into its
-loop's inbox, and completions arriving together wake the loop once; the awaiter waits
-on a plain asyncio future settled on the loop thread. The jobs and their semantics
-(context, cancellation, adoption, errors) are in ``_jobs``.
+:class:`WorkerPool` keeps what is needed: jobs wait on one ``queue.SimpleQueue`` (a C
+queue, no Python-level lock), the backlog; a finished job goes into its loop's inbox,
+and completions arriving together wake the loop once; the awaiter waits on a plain
+asyncio future settled on the loop thread. The jobs and their semantics (context,
+cancellation, adoption, errors) are in ``_jobs``.
+
+**The worker that went idle last is woken for the next job.** Idle workers wait each on
+a mailbox of its own (another ``SimpleQueue``), the mailboxes on a stack; a submission
+queues the job and wakes the top one. With every idle worker waiting on the one queue,
+the kernel's futex woke them in FIFO order, and a task awaiting its kernels one after
+another alternated between the two workers of a 2-core pool: a worker woken while the
+other worker's OpenBLAS helper still spun could share a core with it while the other
+core idled (one task's 512x512 matmuls read 0.5-0.95x numpy's throughput, see
+docs/performance.md). Now such a task keeps one worker, its caches warm. A worker goes
+idle before it publishes a result, so the job its awaiter submits next wakes it. Any
+worker takes jobs from the backlog (one that is running takes the next before it goes
+idle), so bursts are shared as before. No lock: ``list.append``/``list.pop`` are atomic,
+a submission queues the job before it looks for an idle worker, and a worker that goes
+idle looks at the backlog once more before it sleeps.
 
 The pool is also a ``concurrent.futures.Executor`` (``submit``/``shutdown``), so code
 that was given the old pool keeps working. Workers start on demand up to
@@ -39,6 +53,12 @@ __all__ = ["Failed", "Pending", "WorkerPool", "default_pool", "inbox_wakeups"]
 _pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 
 
+_STOP = object()  # on the backlog, one per worker: stop
+_WAKE = object()  # in a mailbox: look at the backlog
+
+Mailbox = queue.SimpleQueue[Any]
+
+
 class _Crew:
     """What a pool's workers share with it. Workers hold this, never the pool, so that a
     pool nobody references is collected, and its finalizer stops the workers."""
@@ -47,27 +67,82 @@ class _Crew:
 
     def __init__(self, priority: Priority) -> None:
         self.priority = priority
-        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.queue: Mailbox = queue.SimpleQueue()  # the backlog: every job, and the stop marks
+        self.idle: list[Mailbox] = []  # idle workers' mailboxes, the one that went idle last at the end
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
-        self.idle = 0  # workers done with a job and not yet handed another, while growing
         self.growing = True  # fewer threads than max_workers: submissions may start one
         self.stopped = False
         self.blas_lowered = False
 
 
-def _work(crew: _Crew) -> None:
+def _work(crew: _Crew, mailbox: Mailbox) -> None:
     _priority.lower(crew.priority)
-    get = crew.queue.get
-    while True:
-        job = get()
-        if job is None:
-            return
-        job.run()
+    backlog, idle = crew.queue, crew.idle
+    empty, take, go_idle = backlog.empty, backlog.get_nowait, idle.append
+    # Not idle before a first look at the backlog: the job that started this worker is
+    # there, and a worker on the idle stack would be woken for the next one instead of
+    # a second worker being started (two jobs submitted together would run in turn).
+    job = _take(backlog)
+    if job is None:
+        go_idle(mailbox)
+        job = _wait(crew, mailbox)
+    while job is not _STOP:
+        ran = job.run()
+        # Idle (or holding the backlog's next job) before the awaiter hears of this result:
+        # the job it submits next wakes this worker (see the module docstring).
+        following = None
+        if not empty():
+            try:
+                following = take()
+            except queue.Empty:  # another worker took it
+                pass
+        if following is None:
+            go_idle(mailbox)
+        if ran:
+            job.publish()
         del job  # not kept while waiting for the next one
-        if crew.growing:
-            with crew.lock:
-                crew.idle += 1
+        job = _wait(crew, mailbox) if following is None else following
+
+
+def _take(backlog: Mailbox) -> Any:
+    try:
+        return backlog.get_nowait()
+    except queue.Empty:  # another worker took it
+        return None
+
+
+def _wait(crew: _Crew, mailbox: Mailbox) -> Any:
+    """The next job of a worker whose mailbox is on the idle stack (or was just taken off it)."""
+    backlog, idle = crew.queue, crew.idle
+    while True:
+        if not backlog.empty():  # queued while this worker went idle: take it if not woken already
+            try:
+                idle.remove(mailbox)
+            except ValueError:  # a submitter took this worker off the stack: its wake-up is in the mailbox
+                pass
+            else:
+                job = _take(backlog)
+                if job is not None:
+                    return job
+                idle.append(mailbox)
+                continue
+        mailbox.get()  # a wake-up: a job was queued (or the pool stops)
+        job = _take(backlog)
+        if job is not None:
+            return job
+        idle.append(mailbox)  # another worker took it
+
+
+def _wake_all(crew: _Crew) -> None:
+    # Stop marks put on the backlog: every idle worker looks at it.
+    idle = crew.idle
+    while idle:
+        try:
+            mailbox = idle.pop()
+        except IndexError:
+            return
+        mailbox.put(_WAKE)
 
 
 def _stop(holder: list[_Crew]) -> list[threading.Thread]:
@@ -81,7 +156,8 @@ def _stop(holder: list[_Crew]) -> list[threading.Thread]:
         threads = list(crew.threads)
         lowered, crew.blas_lowered = crew.blas_lowered, False
     for _ in threads:
-        crew.queue.put(None)
+        crew.queue.put(_STOP)
+    _wake_all(crew)
     if lowered:
         _priority.restore_blas_threads()
     return threads
@@ -120,6 +196,7 @@ class WorkerPool(concurrent.futures.Executor):
         # At creation, and in a forked child (which has the pool's fields but not its threads).
         self._crew = crew = _Crew(self._priority)
         self._queue = crew.queue
+        self._idle = crew.idle
         self._holder[:] = [crew]
 
     @property
@@ -162,11 +239,33 @@ class WorkerPool(concurrent.futures.Executor):
         self._put(CallJob(future, fn, args, kwargs))
         return future
 
+    def idle_workers(self) -> int:
+        """How many jobs submitted now would start at once: idle workers, plus those the pool may still start.
+
+        A snapshot read without a lock (any thread; a worker may go idle or be taken
+        the next moment): for a kernel deciding whether handing part of its work to
+        another worker can pay. A worker asking does not count itself. 0 after
+        :meth:`shutdown`.
+        """
+        crew = self._crew
+        if crew.stopped or self._shutdown:
+            return 0
+        return len(crew.idle) + max(0, self._max_workers - len(crew.threads))
+
     def _put(self, job: Any) -> None:
         if self._shutdown:
             raise RuntimeError("cannot schedule new futures after shutdown")
         self._queue.put(job)
-        if self._crew.growing:
+        # Wake the worker that went idle last; none idle: start one if the pool may. A
+        # worker that goes idle from now on looks at the backlog before it sleeps.
+        idle = self._idle
+        if idle:
+            try:
+                idle.pop().put(_WAKE)
+            except IndexError:  # taken meanwhile by another thread
+                if self._crew.growing:
+                    self._grow()
+        elif self._crew.growing:
             self._grow()
         # Shut down meanwhile by another thread, after its sweep of the queue: this job
         # would sit behind the workers' stop marks (mypy does not see the other thread).
@@ -174,17 +273,16 @@ class WorkerPool(concurrent.futures.Executor):
             self._cancel_queued()  # type: ignore[unreachable]
 
     def _grow(self) -> None:
+        # No worker idle: start one, if the pool may.
         crew = self._crew
         with crew.lock:
-            if crew.idle:
-                crew.idle -= 1  # an idle worker takes the job
-                return
             if crew.stopped or len(crew.threads) >= self._max_workers:
                 return
             if not crew.blas_lowered and self._priority != "normal":
                 crew.blas_lowered = True
                 _priority.lower_blas_threads(self._priority)
-            t = threading.Thread(target=_work, name=f"{self._name}_{len(crew.threads)}", args=(crew,), daemon=True)
+            name = f"{self._name}_{len(crew.threads)}"
+            t = threading.Thread(target=_work, name=name, args=(crew, queue.SimpleQueue()), daemon=True)
             t.start()
             crew.threads.append(t)
             if len(crew.threads) >= self._max_workers:
@@ -197,12 +295,14 @@ class WorkerPool(concurrent.futures.Executor):
                 job = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if job is None:
+            if job is _STOP:
                 stops += 1
             else:
                 job.cancel()
         for _ in range(stops):
-            self._queue.put(None)
+            self._queue.put(_STOP)
+        if stops:  # a worker that found the backlog empty meanwhile sleeps in its mailbox
+            _wake_all(self._crew)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop the workers once the queue is empty (``cancel_futures``: drop what has not started).
