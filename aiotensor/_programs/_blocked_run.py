@@ -84,6 +84,8 @@ def settings() -> dict[str, int]:
         "min_items": MIN_ITEMS,
         "block_from_items": BLOCK_FROM_ITEMS,
         "split_min_bytes": _blocked_split.SPLIT_MIN_BYTES,
+        "split_idle_min_bytes": _blocked_split.SPLIT_IDLE_MIN_BYTES,
+        "split_block_items": _blocked_split.SPLIT_BLOCK_ITEMS,
     }
 
 

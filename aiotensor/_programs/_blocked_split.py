@@ -1,9 +1,12 @@
 """A large blocked run shared with the pool's other workers, and the buffer its result goes into.
 
 A blocked run on the pool (``_blocked_run``) whose result has :data:`SPLIT_MIN_BYTES`
-or more cuts its rows into parts of whole blocks (:func:`in_parts`, about
-:data:`_PART_BYTES` each) that the running worker and the pool's other workers take
-in turn, each with scratch blocks of its own. The pool is at hand only while a program
+or more, or :data:`SPLIT_IDLE_MIN_BYTES` or more while a core is free (:func:`core_free`),
+cuts its rows into parts of whole blocks (:func:`in_parts`, about :data:`_PART_BYTES`
+each) that the running worker and the pool's other workers take in turn. A split run
+walks taller blocks than one thread's (:data:`SPLIT_BLOCK_ITEMS`: longer ufunc calls,
+fewer GIL hand-overs between the participants); each participant makes its scratch
+blocks and copies once, at its first part, and drops them with the run. The pool is at hand only while a program
 runs through :func:`with_pool`, the backend's hook; :func:`result_buffer` finds, on
 the loop thread, the recycled buffer the run's result is written into.
 """
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -19,19 +24,47 @@ import numpy as np
 
 from .._backends._chunked import Spawn, _Blocks
 
-__all__ = ["SPLIT_MIN_BYTES", "in_parts", "result_buffer", "split_pool", "with_pool"]
+__all__ = [
+    "SPLIT_BLOCK_ITEMS",
+    "SPLIT_IDLE_MIN_BYTES",
+    "SPLIT_MIN_BYTES",
+    "core_free",
+    "in_parts",
+    "result_buffer",
+    "split_pool",
+    "with_pool",
+]
 
 #: Output bytes from which a blocked run on the pool shares its blocks with the other
-#: workers. Measured (``--calibrate --only-split``, split time / one worker, blocks):
-#: 1 MiB 1.07-1.15, 4 MiB 0.93-1.12, 16 MiB 0.90-0.99, 32 MiB 0.80-0.91, 64 MiB 0.74-0.81;
-#: again under heavier load (4-6, first quartile): 1 MiB 1.19, 4 MiB 1.09, 8 MiB 1.03,
-#: 16 MiB 1.04, 32 MiB 1.05. It pays only when the other core is free. On a machine with
-#: the other core free (load ~1.4, three runs): 1 MiB 1.13-1.18, 4 MiB 0.89-0.93, 8 MiB
-#: 0.74-0.81, 16 MiB 0.72, 32 MiB 0.61-0.89; and the benchmark's 2048x2048 chain (16 MiB)
-#: 0.19-0.29x numpy split against 0.30-0.34x not, while (4096, 512) results (8 MiB) split
-#: read 0.67-0.75x against 0.62-0.66x. So from 16 MiB: ~25 % faster with a free core,
-#: ~4 % slower with a busy one.
+#: workers whatever else the machine runs. Measured (``--calibrate --only-split``, split
+#: time / one worker, blocks of 65,536): 1 MiB 1.07-1.15, 4 MiB 0.93-1.12, 16 MiB
+#: 0.90-0.99, 32 MiB 0.80-0.91, 64 MiB 0.74-0.81; again under heavier load (4-6, first
+#: quartile): 1 MiB 1.19, 4 MiB 1.09, 8 MiB 1.03, 16 MiB 1.04, 32 MiB 1.05. It pays only
+#: when the other core is free. On a machine with the other core free (load ~1.4, three
+#: runs): 1 MiB 1.13-1.18, 4 MiB 0.89-0.93, 8 MiB 0.74-0.81, 16 MiB 0.72, 32 MiB
+#: 0.61-0.89; and the benchmark's 2048x2048 chain (16 MiB) 0.19-0.29x numpy split against
+#: 0.30-0.34x not. So from 16 MiB: ~25 % faster with a free core, ~4 % slower with a busy
+#: one. Below it, down to :data:`SPLIT_IDLE_MIN_BYTES`, a run splits when a core is free.
 SPLIT_MIN_BYTES = 16 << 20
+#: Output bytes from which a blocked run splits when a core is free at its start
+#: (:func:`core_free`). Measured with the split's own blocks (:data:`SPLIT_BLOCK_ITEMS`,
+#: ``--calibrate --only-split``, split / one worker, first quartile of interleaved calls,
+#: sittings where a core was free): 2 MiB 0.96-1.07, 4 MiB 0.67-0.90, 8 MiB 0.58-0.90,
+#: (4096, 512) 0.58-0.81; with the other core busy (another process at 100 %, splitting
+#: anyway): 2 MiB 1.01-1.03, 4 MiB 0.93-1.01, 8 MiB 0.87-1.01.
+SPLIT_IDLE_MIN_BYTES = 4 << 20
+#: Output elements per block of a split run (one thread's runs: ``_blocked_run.BLOCK_ITEMS``).
+#: Each ufunc call takes the GIL for its dispatch and releases it for its loop: with
+#: blocks of 65,536 float32 a call's loop takes ~4 µs, and two threads mostly wait for
+#: each other's hand-over of the GIL (a futex wake-up each) instead of running at once;
+#: with longer loops the wake-ups hide behind them. Measured (split / one worker, same
+#: sittings as above, free core): 65,536 / 131,072 / 262,144 / 524,288 items: 4 MiB
+#: 0.80-0.92 / 0.67-0.90 / 0.67-0.90 / 0.70-0.92, 8 MiB 0.72-0.94 / 0.58-0.90 /
+#: 0.59-0.89 / 0.62-0.87, 16 MiB 0.69-0.78 / 0.58-0.71 / 0.60-0.68 / 0.64-0.67; with the
+#: other core busy, the taller the blocks the more a late participant's last block
+#: holds the run: 16 MiB 0.96-0.98 / 1.00-1.05 / 1.04-1.13 / 1.04-1.12. Hence 131,072
+#: (512 KiB of float32: a block and the rows it reads still fit the 1 MiB L2).
+SPLIT_BLOCK_ITEMS = 131072
 #: Output bytes per part handed to a participant of a split run.
 _PART_BYTES = 4 << 20
 
@@ -45,9 +78,42 @@ _OUT: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("aiotens
 def split_pool(nbytes: int) -> tuple[Spawn, int] | None:
     """The pool (spawn, workers) a run of ``nbytes`` of output shares its blocks with, or None (one thread)."""
     pool = _POOL.get()
-    if pool is None or pool[1] < 2 or nbytes < SPLIT_MIN_BYTES:
+    if pool is None or pool[1] < 2:
         return None
-    return pool
+    if nbytes >= SPLIT_MIN_BYTES or (nbytes >= SPLIT_IDLE_MIN_BYTES and core_free()):
+        return pool
+    return None
+
+
+def core_free() -> bool:
+    """Whether a core runs nothing now but the calling thread's: fewer runnable threads than cores.
+
+    Linux's ``/proc/loadavg`` counts the threads runnable at this instant (its fourth
+    field, the caller among them), every process's; read in ~9 µs. Where it cannot be
+    read, True. A split pays only when the other core is free: another process's work,
+    the loop's own thread or the pool's other worker busy with another kernel each make
+    the run's second participant share a core (measured: see :data:`SPLIT_MIN_BYTES`).
+    """
+    fd = _LOADAVG[0]
+    if fd is None:
+        return True
+    try:
+        runnable = int(os.pread(fd, 128, 0).split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return True
+    return runnable < _CORES
+
+
+def _open_loadavg() -> int | None:
+    try:
+        return os.open("/proc/loadavg", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+
+
+#: ``/proc/loadavg`` held open (a read is then one ``pread``), or None where there is none.
+_LOADAVG: list[int | None] = [_open_loadavg() if sys.platform.startswith("linux") else None]
+_CORES = os.cpu_count() or 1
 
 
 def in_parts(part: Callable[[int, int], None], rows: int, h: int, nbytes: int, pool: tuple[Spawn, int]) -> None:
