@@ -617,6 +617,7 @@ def split_small(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int
 
     monkeypatch.setattr(_blocked_layout, "in_parts", in_parts)
     monkeypatch.setattr(_blocked_split, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(_blocked_split, "core_free", lambda: True)  # (tall blocks: see the rule's own test)
     monkeypatch.setattr(_blocked_split, "SPLIT_BLOCK_ITEMS", 288)
     monkeypatch.setattr(_blocked_split, "_PART_BYTES", 1 << 10)
     monkeypatch.setattr(_blocked_run, "MIN_ITEMS", 256)
@@ -627,10 +628,16 @@ def split_small(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int
     _compile._CACHE.clear()
 
 
-async def test_split_runs_walk_taller_blocks_with_the_op_by_op_values(split_small: list[tuple[int, int]]) -> None:
+@pytest.mark.parametrize("free", [True, False], ids=["core free", "core busy"])
+async def test_split_runs_walk_taller_blocks_with_the_op_by_op_values(
+    split_small: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch, free: bool
+) -> None:
     # Split runs walk blocks of SPLIT_BLOCK_ITEMS (here 288 items: 3x one thread's 96),
     # tail blocks included, with rows and columns broadcast, values read whole copied
-    # over the taller blocks, non-contiguous inputs and a trailing reduction.
+    # over the taller blocks, non-contiguous inputs and a trailing reduction; with no
+    # core free, in one thread's blocks (96 items).
+    monkeypatch.setattr(_blocked_split, "core_free", lambda: free)
+    h = 12 if free else 4
     rng = np.random.default_rng(40)
     v = rng.standard_normal((101, 24)).astype(np.float32)
     w = rng.standard_normal((24, 203)).astype(np.float32)  # its transpose: a non-contiguous (203, 24)
@@ -658,8 +665,8 @@ async def test_split_runs_walk_taller_blocks_with_the_op_by_op_values(split_smal
                 assert value.dtype == want.dtype
                 assert value.tobytes() == np.ascontiguousarray(want).tobytes()
                 assert split_small, "not split"
-                assert split_small[0] == (rows, 12)  # 288 items of 24 a row: taller than one thread's 4 rows
-                assert rows % 12  # and a short last block
+                assert split_small[0] == (rows, h)  # 288 items of 24 a row: taller than one thread's 4 rows
+                assert rows % h  # and a short last block
 
 
 def test_a_participant_keeps_its_copies_from_part_to_part_and_restores_them_after_a_short_block() -> None:
@@ -709,7 +716,7 @@ async def test_a_split_run_keeps_no_scratch_after_it_returns(
     assert all(ref() is None for ref in made)
 
 
-def test_runs_from_the_lower_threshold_split_only_while_a_core_is_free(
+def test_runs_from_the_lower_threshold_split_only_while_a_core_is_free_and_then_in_tall_blocks(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     pool = (lambda fn: None, 2)
@@ -720,12 +727,12 @@ def test_runs_from_the_lower_threshold_split_only_while_a_core_is_free(
         low, high = _blocked_split.SPLIT_IDLE_MIN_BYTES, _blocked_split.SPLIT_MIN_BYTES
         assert low < high
         assert _blocked_split.split_pool(low - 1) is None
-        assert _blocked_split.split_pool(low) is pool
-        assert _blocked_split.split_pool(high) is pool
-        free[0] = False  # the other core busy: only from SPLIT_MIN_BYTES
+        assert _blocked_split.split_pool(low) == (pool, True)  # in the split's tall blocks
+        assert _blocked_split.split_pool(high) == (pool, True)
+        free[0] = False  # the other core busy: only from SPLIT_MIN_BYTES, in one thread's blocks
         assert _blocked_split.split_pool(low) is None
         assert _blocked_split.split_pool(high - 1) is None
-        assert _blocked_split.split_pool(high) is pool
+        assert _blocked_split.split_pool(high) == (pool, False)
         _blocked_split._POOL.set((pool[0], 1))  # one worker: never
         assert _blocked_split.split_pool(high) is None
     finally:

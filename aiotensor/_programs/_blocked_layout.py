@@ -171,14 +171,15 @@ class Layout:
             flagged.append(kind)
 
         rows = self.oshape[0]
-        pool = split_pool(out.nbytes)
+        split = split_pool(out.nbytes)
         with np.errstate(call=record, **watch):  # type: ignore[arg-type]
             for ufunc, args, slot in self.hoisted:
                 vals[slot] = ufunc(*[vals[i] for i in args])
-            if pool is None:
+            if split is None:
                 self._rows(vals, out, 0, rows)
                 return self._finish(out)
-        walker = self.split or self._split_layout()
+        pool, tall = split
+        walker = (self.split or self._split_layout()) if tall else self
         kept = threading.local()  # each participant's scratch and copies, from its first part to its last
 
         def part(lo: int, hi: int) -> None:

@@ -75,14 +75,19 @@ _POOL: contextvars.ContextVar[tuple[Spawn, int] | None] = contextvars.ContextVar
 _OUT: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("aiotensor_blocked_out", default=None)
 
 
-def split_pool(nbytes: int) -> tuple[Spawn, int] | None:
-    """The pool (spawn, workers) a run of ``nbytes`` of output shares its blocks with, or None (one thread)."""
+def split_pool(nbytes: int) -> tuple[tuple[Spawn, int], bool] | None:
+    """How a run of ``nbytes`` of output shares its blocks: ((spawn, workers), in tall blocks), or None (one thread).
+
+    With a core free (:func:`core_free`), from :data:`SPLIT_IDLE_MIN_BYTES`, in the split's
+    tall blocks (:data:`SPLIT_BLOCK_ITEMS`); with none, from :data:`SPLIT_MIN_BYTES`, in one
+    thread's blocks (a late participant's last block then holds the run less).
+    """
     pool = _POOL.get()
-    if pool is None or pool[1] < 2:
+    if pool is None or pool[1] < 2 or nbytes < min(SPLIT_IDLE_MIN_BYTES, SPLIT_MIN_BYTES):
         return None
-    if nbytes >= SPLIT_MIN_BYTES or (nbytes >= SPLIT_IDLE_MIN_BYTES and core_free()):
-        return pool
-    return None
+    if core_free():
+        return pool, True
+    return (pool, False) if nbytes >= SPLIT_MIN_BYTES else None
 
 
 def core_free() -> bool:
