@@ -611,9 +611,9 @@ def split_small(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int
     seen: list[tuple[int, int]] = []
     real = _blocked_split.in_parts
 
-    def in_parts(part: Any, rows: int, h: int, nbytes: int, pool: Any) -> None:
+    def in_parts(part: Any, rows: int, h: int, *args: Any) -> None:
         seen.append((rows, h))
-        real(part, rows, h, nbytes, pool)
+        real(part, rows, h, *args)
 
     monkeypatch.setattr(_blocked_layout, "in_parts", in_parts)
     monkeypatch.setattr(_blocked_split, "SPLIT_MIN_BYTES", 0)
@@ -754,6 +754,31 @@ def test_runs_from_the_lower_threshold_split_only_while_a_core_is_free_and_then_
     assert found == {"1/123": True, "2/130": False, "7/130": False, "garbage": True}
     monkeypatch.setattr(_blocked_split, "_LOADAVG", [None])  # not Linux: as before, split
     assert _blocked_split.core_free()
+
+
+@pytest.mark.parametrize("helper", ["never starts", "starts at once", "spawn fails", "starts late"])
+def test_a_split_run_waits_a_bounded_time_for_its_helper_and_does_every_part_once(helper: str) -> None:
+    done: list[tuple[str, int, int]] = []
+    late: list[threading.Thread] = []
+
+    def part(lo: int, hi: int) -> None:
+        done.append((threading.current_thread().name, lo, hi))
+
+    def spawn(fn: Callable[[], None]) -> None:
+        if helper == "starts at once":
+            fn()
+        elif helper == "spawn fails":
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        elif helper == "starts late":  # after the wait: finds what the caller left
+            t = threading.Timer(0.01, fn)
+            t.start()
+            late.append(t)
+
+    _blocked_split.in_parts(part, 100, 8, 800, (spawn, 2), wait=0.001)
+    for t in late:
+        t.join()
+    parts = sorted((lo, hi) for _, lo, hi in done)
+    assert parts == [(0, 32), (32, 56), (56, 80), (80, 100)]  # each once, whole 8-row blocks
 
 
 async def test_cancelling_a_split_run_leaks_nothing(

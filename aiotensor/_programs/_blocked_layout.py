@@ -189,7 +189,7 @@ class Layout:
             with np.errstate(call=record, **watch):  # type: ignore[arg-type]
                 walker._rows(vals, out, lo, hi, mine)
 
-        in_parts(part, rows, walker.h, out.nbytes, pool)
+        in_parts(part, rows, walker.h, out.nbytes, pool, _blocked_split.START_WAIT_S if tall else 0.0)
         with np.errstate(call=record, **watch):  # type: ignore[arg-type]
             return self._finish(out)
 

@@ -17,6 +17,7 @@ import contextvars
 import functools
 import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -64,7 +65,18 @@ SPLIT_IDLE_MIN_BYTES = 4 << 20
 #: other core busy, the taller the blocks the more a late participant's last block
 #: holds the run: 16 MiB 0.96-0.98 / 1.00-1.05 / 1.04-1.13 / 1.04-1.12. Hence 131,072
 #: (512 KiB of float32: a block and the rows it reads still fit the 1 MiB L2).
-SPLIT_BLOCK_ITEMS = 131072
+SPLIT_BLOCK_ITEMS = 262144
+#: Seconds a split run waits, without the GIL, for its first spawned participant to start.
+#: A spawned worker wakes on the other core in 11-30 µs (quartiles, this VM) while the
+#: spawner sleeps, but while the spawner runs ufunc calls of 2-8 µs it mostly did not
+#: start within 3 ms: each call's release of the GIL wakes it, and the spawner takes
+#: the GIL back before it is scheduled (Python's GIL is not handed over; the waiter
+#: forces a switch only after ``sys.getswitchinterval()``, 5 ms). Traced 1024x1024
+#: split runs showed one thread doing every part. Measured with a free core, split /
+#: one worker at 4 MiB: waiting 0.70-0.74 against 0.72-0.77 not (131,072 and 262,144
+#: item blocks); wasted when the other core is busy, so only split runs in
+#: tall blocks (a core free) wait.
+START_WAIT_S = 0.0001
 #: Output bytes per part handed to a participant of a split run.
 _PART_BYTES = 4 << 20
 
@@ -121,17 +133,38 @@ _LOADAVG: list[int | None] = [_open_loadavg() if sys.platform.startswith("linux"
 _CORES = os.cpu_count() or 1
 
 
-def in_parts(part: Callable[[int, int], None], rows: int, h: int, nbytes: int, pool: tuple[Spawn, int]) -> None:
-    """Rows ``[0, rows)``: ``part(lo, hi)`` calls over whole ``h``-row blocks, shared with the pool."""
+def in_parts(
+    part: Callable[[int, int], None], rows: int, h: int, nbytes: int, pool: tuple[Spawn, int], wait: float = 0.0
+) -> None:
+    """Rows ``[0, rows)``: ``part(lo, hi)`` calls over whole ``h``-row blocks, shared with the pool.
+
+    ``wait``: seconds to wait for the first spawned participant to start (:data:`START_WAIT_S`).
+    """
     spawn, workers = pool
     step = max(h, h * (_PART_BYTES // max(1, nbytes // rows * h)))
     bounds = _aligned(rows, max(workers * 2, -(-rows // step)), h)
     blocks = _Blocks([functools.partial(part, lo, hi) for lo, hi in bounds])
+    # The first participant to start says so; this thread waits for that (at most
+    # ``wait``) without the GIL, so that the other can take it: see START_WAIT_S.
+    started = threading.Lock()
+    started.acquire()
+
+    def helper() -> None:
+        try:
+            started.release()
+        except RuntimeError:  # another participant said it first
+            pass
+        blocks.drain()
+
+    spawned = 0
     for _ in range(min(workers, len(bounds)) - 1):
         try:
-            spawn(blocks.drain)
+            spawn(helper)
+            spawned += 1
         except Exception:  # no worker to be had: this thread does it all
             break
+    if spawned and wait > 0:
+        started.acquire(timeout=wait)
     blocks.drain()
     blocks.done.acquire()
     if blocks.failed:
