@@ -29,6 +29,7 @@ __all__ = [
     "SPLIT_BLOCK_ITEMS",
     "SPLIT_IDLE_MIN_BYTES",
     "SPLIT_MIN_BYTES",
+    "START_WAIT_S",
     "core_free",
     "in_parts",
     "result_buffer",
@@ -48,23 +49,23 @@ __all__ = [
 #: one. Below it, down to :data:`SPLIT_IDLE_MIN_BYTES`, a run splits when a core is free.
 SPLIT_MIN_BYTES = 16 << 20
 #: Output bytes from which a blocked run splits when a core is free at its start
-#: (:func:`core_free`). Measured with the split's own blocks (:data:`SPLIT_BLOCK_ITEMS`,
-#: ``--calibrate --only-split``, split / one worker, first quartile of interleaved calls,
-#: sittings where a core was free): 2 MiB 0.96-1.07, 4 MiB 0.67-0.90, 8 MiB 0.58-0.90,
-#: (4096, 512) 0.58-0.81; with the other core busy (another process at 100 %, splitting
-#: anyway): 2 MiB 1.01-1.03, 4 MiB 0.93-1.01, 8 MiB 0.87-1.01.
+#: (:func:`core_free`). Measured with the split's own blocks (``--calibrate --only-split``,
+#: split / one worker, first quartile of interleaved calls, five sittings with a core
+#: free): 2 MiB 0.84-1.07, 4 MiB 0.67-0.90, 8 MiB 0.57-0.90; with the other core busy
+#: (another process at 100 %, split forced): 2 MiB 1.01-1.11, 4 MiB 0.93-1.07, 8 MiB
+#: 0.87-1.04.
 SPLIT_IDLE_MIN_BYTES = 4 << 20
 #: Output elements per block of a split run (one thread's runs: ``_blocked_run.BLOCK_ITEMS``).
 #: Each ufunc call takes the GIL for its dispatch and releases it for its loop: with
-#: blocks of 65,536 float32 a call's loop takes ~4 µs, and two threads mostly wait for
-#: each other's hand-over of the GIL (a futex wake-up each) instead of running at once;
-#: with longer loops the wake-ups hide behind them. Measured (split / one worker, same
-#: sittings as above, free core): 65,536 / 131,072 / 262,144 / 524,288 items: 4 MiB
-#: 0.80-0.92 / 0.67-0.90 / 0.67-0.90 / 0.70-0.92, 8 MiB 0.72-0.94 / 0.58-0.90 /
-#: 0.59-0.89 / 0.62-0.87, 16 MiB 0.69-0.78 / 0.58-0.71 / 0.60-0.68 / 0.64-0.67; with the
-#: other core busy, the taller the blocks the more a late participant's last block
-#: holds the run: 16 MiB 0.96-0.98 / 1.00-1.05 / 1.04-1.13 / 1.04-1.12. Hence 131,072
-#: (512 KiB of float32: a block and the rows it reads still fit the 1 MiB L2).
+#: blocks of 65,536 float32 a call's loop takes 2-8 µs, and a waiting thread is woken by
+#: each release but finds the GIL taken back by the time it runs (see START_WAIT_S);
+#: with longer loops it gets in. Measured (split / one worker, the same sittings), blocks
+#: of 65,536 / 131,072 / 262,144 / 524,288 items: 4 MiB 0.80-0.92 / 0.67-0.90 / 0.67-0.90
+#: / 0.70-0.92, 8 MiB 0.71-0.94 / 0.57-0.90 / 0.58-0.89 / 0.62-0.87, 16 MiB 0.69-0.78 /
+#: 0.57-0.71 / 0.58-0.68 / 0.64-0.67; with the other core busy the taller the blocks the
+#: more a late participant's last block holds the run (16 MiB: 0.95-1.00 at 65,536,
+#: 1.00-1.13 taller), so with no core free a run splits in one thread's blocks. One
+#: thread's runs keep theirs (one thread at 262,144 was no faster).
 SPLIT_BLOCK_ITEMS = 262144
 #: Seconds a split run waits, without the GIL, for its first spawned participant to start.
 #: A spawned worker wakes on the other core in 11-30 µs (quartiles, this VM) while the
