@@ -52,8 +52,8 @@ SPLIT_MIN_BYTES = 16 << 20
 #: (:func:`core_free`). Measured with the split's own blocks (``--calibrate --only-split``,
 #: split / one worker, first quartile of interleaved calls, five sittings with a core
 #: free): 2 MiB 0.84-1.07, 4 MiB 0.67-0.90, 8 MiB 0.57-0.90; with the other core busy
-#: (another process at 100 %, split forced): 2 MiB 1.01-1.11, 4 MiB 0.93-1.07, 8 MiB
-#: 0.87-1.04.
+#: (other processes at 100 %, split forced, load 2-8): 2 MiB 1.01-1.21, 4 MiB 0.93-1.19,
+#: 8 MiB 0.87-1.04.
 SPLIT_IDLE_MIN_BYTES = 4 << 20
 #: Output elements per block of a split run (one thread's runs: ``_blocked_run.BLOCK_ITEMS``).
 #: Each ufunc call takes the GIL for its dispatch and releases it for its loop: with
@@ -64,7 +64,7 @@ SPLIT_IDLE_MIN_BYTES = 4 << 20
 #: / 0.70-0.92, 8 MiB 0.71-0.94 / 0.57-0.90 / 0.58-0.89 / 0.62-0.87, 16 MiB 0.69-0.78 /
 #: 0.57-0.71 / 0.58-0.68 / 0.64-0.67; with the other core busy the taller the blocks the
 #: more a late participant's last block holds the run (16 MiB: 0.95-1.00 at 65,536,
-#: 1.00-1.13 taller), so with no core free a run splits in one thread's blocks. One
+#: 1.00-1.17 taller), so with no core free a run splits in one thread's blocks. One
 #: thread's runs keep theirs (one thread at 262,144 was no faster).
 SPLIT_BLOCK_ITEMS = 262144
 #: Seconds a split run waits, without the GIL, for its first spawned participant to start.
