@@ -6,9 +6,10 @@ cuts its rows into parts of whole blocks (:func:`in_parts`, about :data:`_PART_B
 each) that the running worker and the pool's other workers take in turn. A split run
 walks taller blocks than one thread's (:data:`SPLIT_BLOCK_ITEMS`: longer ufunc calls,
 fewer GIL hand-overs between the participants); each participant makes its scratch
-blocks and copies once, at its first part, and drops them with the run. The pool is at hand only while a program
-runs through :func:`with_pool`, the backend's hook; :func:`result_buffer` finds, on
-the loop thread, the recycled buffer the run's result is written into.
+blocks and copies once, at its first part, and drops them with the run. The pool is
+at hand only while a program runs through :func:`with_pool`, the backend's hook;
+:func:`result_buffer` finds, on the loop thread, the recycled buffer the run's result
+is written into.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def split_pool(nbytes: int) -> tuple[tuple[Spawn, int], bool] | None:
 
 
 def core_free() -> bool:
-    """Whether a core runs nothing now but the calling thread's: fewer runnable threads than cores.
+    """Whether a core is free now: fewer threads runnable (the caller among them) than cores.
 
     Linux's ``/proc/loadavg`` counts the threads runnable at this instant (its fourth
     field, the caller among them), every process's; read in ~1.5 µs with the file held
