@@ -109,18 +109,19 @@ def core_free() -> bool:
 
     Linux's ``/proc/loadavg`` counts the threads runnable at this instant (its fourth
     field, the caller among them), every process's; read in ~1.5 µs with the file held
-    open. Where it cannot be read, True. A split pays only when the other core is free:
+    open. Where it cannot be read, False: runs then split as before this rule, from
+    :data:`SPLIT_MIN_BYTES` in one thread's blocks. A split pays only when the other core is free:
     another process's work, the loop's own thread or the pool's other worker busy with
     another kernel each make the run's second participant share a core (measured: see
     :data:`SPLIT_IDLE_MIN_BYTES`).
     """
     fd = _LOADAVG[0] if _LOADAVG else _open_loadavg()
     if fd is None:
-        return True
+        return False
     try:
         runnable = int(os.pread(fd, 128, 0).split()[3].split(b"/")[0])
     except (OSError, ValueError, IndexError):
-        return True
+        return False
     return runnable < _CORES
 
 
