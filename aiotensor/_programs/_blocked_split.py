@@ -55,7 +55,7 @@ SPLIT_MIN_BYTES = 16 << 20
 #: free): 2 MiB 0.84-1.07, 4 MiB 0.67-0.90, 8 MiB 0.57-0.90; with the other core busy
 #: (other processes at 100 %, split forced, load 2-8): 2 MiB 1.01-1.21, 4 MiB 0.93-1.19,
 #: 8 MiB 0.87-1.04. Awaited, with another job on the other core half the time (load
-#: 1.3-1.6), the rule split 30-50 % of the runs and lost 3-11 % against never splitting
+#: 1.3-1.6), the rule split 30-50 % of the runs and lost 3-12 % against never splitting
 #: under 16 MiB (a snapshot is not a free core); the gain with a core free throughout
 #: is measured on the kernel only. Set it to SPLIT_MIN_BYTES to turn this tier off.
 SPLIT_IDLE_MIN_BYTES = 4 << 20
