@@ -733,6 +733,11 @@ def test_runs_from_the_lower_threshold_split_only_while_a_core_is_free_and_then_
         assert _blocked_split.split_pool(low) is None
         assert _blocked_split.split_pool(high - 1) is None
         assert _blocked_split.split_pool(high) == (pool, False)
+        tier = _blocked_split.IDLE_TIER.set(False)  # (the standardization's run): only from SPLIT_MIN_BYTES
+        free[0] = True
+        assert _blocked_split.split_pool(high - 1) is None
+        assert _blocked_split.split_pool(high) == (pool, True)
+        _blocked_split.IDLE_TIER.reset(tier)
         _blocked_split._POOL.set((pool[0], 1))  # one worker: never
         assert _blocked_split.split_pool(high) is None
     finally:
