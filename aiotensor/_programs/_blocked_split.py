@@ -93,8 +93,8 @@ _POOL: contextvars.ContextVar[tuple[Spawn, int] | None] = contextvars.ContextVar
 _OUT: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("aiotensor_blocked_out", default=None)
 #: Whether runs under SPLIT_MIN_BYTES may split while a core is free (``_blocked_center``
 #: turns it off for its run: the standardization's in-place pass over its deviations,
-#: 8 MiB, read 0.67-0.92x numpy split in tall blocks against 0.62-0.72x not, awaited,
-#: the machine quiet).
+#: 8 MiB, read 0.67-0.78x numpy split in tall blocks against 0.62-0.68x not, awaited,
+#: seven sittings on a quiet machine).
 IDLE_TIER: contextvars.ContextVar[bool] = contextvars.ContextVar("aiotensor_blocked_idle_tier", default=True)
 
 
