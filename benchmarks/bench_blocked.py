@@ -214,20 +214,66 @@ def calibrate(rounds: int, only_split: bool = False) -> None:
         found = _quartiles(variants, max(5, calls * 1024 * 1024 // (n * n) // 4))
         print(f"{n}x{n}", "  ".join(f"{k}: {t / found['numpy']:.2f}" for k, t in found.items() if k != "numpy"))
     _blocked.BLOCK_ITEMS, _blocked.BLOCK_FROM_ITEMS = chosen, threshold
-    print("split over the pool's workers vs one worker, in blocks: ratio")
+    print("split over the pool's workers vs one worker, per split block size (items): ratio")
+    print("(and each variant's ratio to numpy's chain on the calling thread, in brackets)")
     _blocked.BLOCK_FROM_ITEMS = _split.SPLIT_MIN_BYTES = 0
-    for shape in ((512, 512), (1024, 1024), (2048, 1024), (2048, 2048), (4096, 2048)):
-        program, value = _kernel_program(shape)
+    core_free = _split.core_free
+    _split.core_free = lambda: True  # (split whatever the machine runs: the variants are what they say)
+    for shape in SPLIT_SHAPES:
+        variants, value = _split_variants(shape, pool, _split)
+        found = _quartiles(variants, calls)
+        print(
+            f"[a core free {_free_share(core_free):.0%}]",
+            f"{shape} ({value.nbytes:,} bytes):",
+            "  ".join(
+                f"{k}: {t / found['one']:.2f} [{t / found['numpy']:.2f}]" for k, t in found.items() if k != "numpy"
+            ),
+        )
+    _blocked.BLOCK_FROM_ITEMS, _split.SPLIT_MIN_BYTES, _split.core_free = threshold, split_from, core_free
 
-        def one(program: Any = program, value: Any = value) -> Any:
-            return pool.submit(program.fresh(), value).result()
 
-        def split(program: Any = program, value: Any = value) -> Any:
-            return pool.submit(_split.with_pool(program.fresh(), pool.spawn, pool.max_workers), value).result()
+def _free_share(core_free: Callable[[], bool]) -> float:
+    # How often a core was free (``_blocked_split.core_free``) over the next 50 ms.
+    found = 0
+    for _ in range(50):
+        found += core_free()
+        time.sleep(0.001)
+    return found / 50
 
-        found = _quartiles({"one": one, "split": split}, calls)
-        print(f"{shape} ({value.nbytes:,} bytes): {found['split'] / found['one']:.2f}")
-    _blocked.BLOCK_FROM_ITEMS, _split.SPLIT_MIN_BYTES = threshold, split_from
+
+#: The outputs the split calibration measures (float32: 2 to 32 MiB).
+SPLIT_SHAPES = ((512, 1024), (1024, 1024), (2048, 1024), (4096, 512), (2048, 2048), (4096, 2048))
+#: The split block sizes it compares (output elements per block of a split run).
+SPLIT_ITEMS = (65536, 131072, 262144, 524288)
+
+
+def _split_variants(shape: tuple[int, int], pool: Any, split_mod: Any) -> tuple[dict[Any, Callable[[], Any]], Any]:
+    # numpy's chain; the kernel on one worker (blocks of BLOCK_ITEMS); split over the pool's
+    # workers, one program per split block size, each layout made (at its first split
+    # run) while SPLIT_BLOCK_ITEMS has its size. Each writes into a result buffer of its
+    # own, as awaited runs write into one the session's cache recycled (a fresh 16 MiB
+    # result is an mmap whose pages fault as they are written, which two threads do
+    # under one lock).
+    chosen = split_mod.SPLIT_BLOCK_ITEMS
+    program, value = _kernel_program(shape)
+
+    def on_pool(program: Any, workers: int) -> Callable[[], Any]:
+        out = np.empty_like(value)
+
+        def call() -> Any:
+            kernel = split_mod.with_pool(program.fresh(), pool.spawn, workers)
+            return pool.submit(functools.partial(kernel, value, out=out)).result()
+
+        return call
+
+    variants: dict[Any, Callable[[], Any]] = {"numpy": functools.partial(chain, value), "one": on_pool(program, 1)}
+    for items in SPLIT_ITEMS:
+        split_mod.SPLIT_BLOCK_ITEMS = items
+        program, _ = _kernel_program(shape)
+        variants[items] = on_pool(program, pool.max_workers)
+        variants[items]()  # (its split layout made now, with these blocks)
+    split_mod.SPLIT_BLOCK_ITEMS = chosen
+    return variants, value
 
 
 def kernel_sweep(rounds: int) -> list[tuple[float, float]]:

@@ -9,9 +9,11 @@ result's dtype, shape and bytes, or the error's type and message, and the warnin
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -601,6 +603,187 @@ async def test_large_runs_split_over_the_pool_with_the_same_values(
     assert got.tobytes() == want.tobytes()
     assert split
     assert not again  # no flag recorded: no op-by-op rerun
+
+
+@pytest.fixture
+def split_small(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int]]]:
+    """Blocked runs on the pool split, in blocks of 96 items alone and 288 split; records split runs' (rows, h)."""
+    seen: list[tuple[int, int]] = []
+    real = _blocked_split.in_parts
+
+    def in_parts(part: Any, rows: int, h: int, *args: Any) -> None:
+        seen.append((rows, h))
+        real(part, rows, h, *args)
+
+    monkeypatch.setattr(_blocked_layout, "in_parts", in_parts)
+    monkeypatch.setattr(_blocked_split, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(_blocked_split, "core_free", lambda: True)  # (tall blocks: see the rule's own test)
+    monkeypatch.setattr(_blocked_split, "SPLIT_BLOCK_ITEMS", 288)
+    monkeypatch.setattr(_blocked_split, "_PART_BYTES", 1 << 10)
+    monkeypatch.setattr(_blocked_run, "MIN_ITEMS", 256)
+    monkeypatch.setattr(_blocked_run, "BLOCK_ITEMS", 96)
+    monkeypatch.setattr(_blocked_run, "BLOCK_FROM_ITEMS", 0)
+    _compile._CACHE.clear()
+    yield seen
+    _compile._CACHE.clear()
+
+
+@pytest.mark.parametrize("free", [True, False], ids=["core free", "core busy"])
+async def test_split_runs_walk_taller_blocks_with_the_op_by_op_values(
+    split_small: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch, free: bool
+) -> None:
+    # Split runs walk blocks of SPLIT_BLOCK_ITEMS (here 288 items: 3x one thread's 96),
+    # tail blocks included, with rows and columns broadcast, values read whole copied
+    # over the taller blocks, non-contiguous inputs and a trailing reduction; with no
+    # core free, in one thread's blocks (96 items).
+    monkeypatch.setattr(_blocked_split, "core_free", lambda: free)
+    h = 12 if free else 4
+    rng = np.random.default_rng(40)
+    v = rng.standard_normal((101, 24)).astype(np.float32)
+    w = rng.standard_normal((24, 203)).astype(np.float32)  # its transpose: a non-contiguous (203, 24)
+    row, col = rng.standard_normal(24).astype(np.float32), rng.standard_normal((101, 1)).astype(np.float32)
+    v3 = rng.standard_normal((53, 3, 8))
+    async with at.AsyncEagerSession(config=at.SessionConfig(inline_threshold_us=0.0)) as s:  # on the pool
+        x, wt, r, c, x3 = [await s.constant(a) for a in (v, w, row, col, v3)]
+        cases: list[tuple[Callable[[], Any], Any, int]] = [
+            (
+                lambda: ((x * 2.0 + 1.0) * x - r) / (r * 3.0 + 0.5) + c,
+                ((v * 2.0 + 1.0) * v - row) / (row * 3.0 + 0.5) + col,
+                101,
+            ),
+            (lambda: (wt.T - 1.5) * wt.T + abs(wt.T), (w.T - 1.5) * w.T + abs(w.T), 203),
+            (lambda: x[::2] * 3.0 - x[1::2][:50].sum(), None, 51),
+            (lambda: (x3 * 2.0 - 1.0) * x3, (v3 * 2.0 - 1.0) * v3, 53),
+            (lambda: ((x - r) * 2.0).sum(axis=-1), ((v - row) * 2.0).sum(axis=-1), 101),
+        ]
+        with np.errstate(all="ignore"):
+            for make, want, rows in cases:
+                split_small.clear()
+                value = await make().eval()
+                if want is None:
+                    want = v[::2] * 3.0 - v[1::2][:50].sum()
+                assert value.dtype == want.dtype
+                assert value.tobytes() == np.ascontiguousarray(want).tobytes()
+                assert split_small, "not split"
+                assert split_small[0] == (rows, h)  # 288 items of 24 a row: taller than one thread's 4 rows
+                assert rows % h  # and a short last block
+
+
+def test_a_participant_keeps_its_copies_from_part_to_part_and_restores_them_after_a_short_block() -> None:
+    # Layout._rows with a participant's ``kept`` setup: its second call (a whole block
+    # after a short one) reads the row vector's copy whole again.
+    from aiotensor._programs._blocked_run import BlockedRun
+
+    ops = ((OPS["subtract"], (0, 1)), (OPS["multiply"], (3, 2)))
+    run = BlockedRun(ops, 2, (2.0,))
+    rng = np.random.default_rng(41)
+    x, row = rng.standard_normal((10, 8)), rng.standard_normal(8)
+    layout = _blocked_layout.Layout(
+        run, [x.shape, row.shape], [True, False], x.shape, 4, [x.dtype, row.dtype, x.dtype, x.dtype]
+    )
+    assert layout.tiled  # the row is copied over a block
+    vals = [*layout.template]
+    vals[:2] = [x, row]
+    out = np.empty_like(x)
+    kept: list[Any] = []
+    layout._rows(vals, out, 8, 10, kept)  # a short block first
+    layout._rows(vals, out, 0, 8, kept)
+    layout._rows(vals, out, 8, 10, kept)
+    assert out.tobytes() == ((x - row) * 2.0).tobytes()
+
+
+async def test_a_split_run_keeps_no_scratch_after_it_returns(
+    split_small: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each participant's scratch and copies live from its first part to the run's end.
+    made: list[Any] = []
+    real = _blocked_var.aligned_empty
+
+    def aligned_empty(shape: Any, dtype: Any) -> Any:
+        block = real(shape, dtype)
+        made.append(weakref.ref(block))
+        return block
+
+    monkeypatch.setattr(_blocked_layout, "aligned_empty", aligned_empty)
+    v = np.random.default_rng(42).standard_normal((301, 24))
+    row = v[0] + 1
+    async with at.AsyncEagerSession(config=at.SessionConfig(inline_threshold_us=0.0)) as s:
+        x, r = await s.constant(v), await s.constant(row)
+        got = await (((x * 2.0 + 1.0) * x - r) / 3.0).eval()
+    assert got.tobytes() == (((v * 2.0 + 1.0) * v - row) / 3.0).tobytes()
+    assert split_small
+    assert made
+    assert all(ref() is None for ref in made)
+
+
+def test_runs_from_the_lower_threshold_split_only_while_a_core_is_free_and_then_in_tall_blocks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    pool = (lambda fn: None, 2)
+    token = _blocked_split._POOL.set(pool)
+    try:
+        free = [True]
+        monkeypatch.setattr(_blocked_split, "core_free", lambda: free[0])
+        low, high = _blocked_split.SPLIT_IDLE_MIN_BYTES, _blocked_split.SPLIT_MIN_BYTES
+        assert low < high
+        assert _blocked_split.split_pool(low - 1) is None
+        assert _blocked_split.split_pool(low) == (pool, True)  # in the split's tall blocks
+        assert _blocked_split.split_pool(high) == (pool, True)
+        free[0] = False  # the other core busy: only from SPLIT_MIN_BYTES, in one thread's blocks
+        assert _blocked_split.split_pool(low) is None
+        assert _blocked_split.split_pool(high - 1) is None
+        assert _blocked_split.split_pool(high) == (pool, False)
+        tier = _blocked_split.IDLE_TIER.set(False)  # (the standardization's run): only from SPLIT_MIN_BYTES
+        free[0] = True
+        assert _blocked_split.split_pool(high - 1) is None
+        assert _blocked_split.split_pool(high) == (pool, True)
+        _blocked_split.IDLE_TIER.reset(tier)
+        _blocked_split._POOL.set((pool[0], 1))  # one worker: never
+        assert _blocked_split.split_pool(high) is None
+    finally:
+        _blocked_split._POOL.reset(token)
+    assert _blocked_split.split_pool(high) is None  # no pool at hand (the loop's thread)
+    monkeypatch.undo()
+    # core_free reads the runnable threads of /proc/loadavg against the cores.
+    monkeypatch.setattr(_blocked_split, "_CORES", 2)
+    found = {}
+    for text in ("0.52 0.58 0.59 1/123 4567\n", "3.10 2.01 1.00 2/130 4570\n", "5.0 4.0 3.0 7/130 1\n", "garbage"):
+        path = tmp_path / "loadavg"
+        path.write_text(text)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            monkeypatch.setattr(_blocked_split, "_LOADAVG", [fd])
+            found[text.split()[3] if len(text.split()) > 3 else text] = _blocked_split.core_free()
+        finally:
+            os.close(fd)
+    assert found == {"1/123": True, "2/130": False, "7/130": False, "garbage": False}
+    monkeypatch.setattr(_blocked_split, "_LOADAVG", [None])  # not Linux: not known to be free
+    assert not _blocked_split.core_free()
+
+
+@pytest.mark.parametrize("helper", ["never starts", "starts at once", "spawn fails", "starts late"])
+def test_a_split_run_waits_a_bounded_time_for_its_helper_and_does_every_part_once(helper: str) -> None:
+    done: list[tuple[str, int, int]] = []
+    late: list[threading.Thread] = []
+
+    def part(lo: int, hi: int) -> None:
+        done.append((threading.current_thread().name, lo, hi))
+
+    def spawn(fn: Callable[[], None]) -> None:
+        if helper == "starts at once":
+            fn()
+        elif helper == "spawn fails":
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        elif helper == "starts late":  # after the wait: finds what the caller left
+            t = threading.Timer(0.01, fn)
+            t.start()
+            late.append(t)
+
+    _blocked_split.in_parts(part, 100, 8, 800, (spawn, 2), wait=0.001)
+    for t in late:
+        t.join()
+    parts = sorted((lo, hi) for _, lo, hi in done)
+    assert parts == [(0, 32), (32, 56), (56, 80), (80, 100)]  # each once, whole 8-row blocks
 
 
 async def test_cancelling_a_split_run_leaks_nothing(

@@ -28,7 +28,7 @@ import numpy as np
 from .._kernels import kernel_error
 from .._opdef import OpDef
 from ._blocked_run import BlockedRun
-from ._blocked_split import _OUT
+from ._blocked_split import _OUT, IDLE_TIER
 from ._blocked_var import BlockedVar, blockable, mean_keepdims
 
 __all__ = ["CenteredRun"]
@@ -87,9 +87,11 @@ class CenteredRun:
         if x.shape[0] == 1:  # the mean and variance of one row may be sliced as rows: ops before could write first
             return self.run(xp, *inputs(dev))
         token = _OUT.set([dev])  # the run's result over the deviations (read by one op, see _blocked)
+        tier = IDLE_TIER.set(False)  # (split from SPLIT_MIN_BYTES only: see IDLE_TIER)
         try:
             return self.run(xp, *inputs(dev), again=again)
         finally:
+            IDLE_TIER.reset(tier)
             _OUT.reset(token)
 
     def _fused(self, x: Any) -> tuple[Any, Any, Any] | None:

@@ -16,12 +16,14 @@ its own.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._kernels import aligned_fresh, kernel_error
+from . import _blocked_split
 from ._blocked_split import _OUT, in_parts, split_pool
 from ._blocked_var import aligned_empty
 
@@ -37,6 +39,7 @@ class Layout:
     """A run on inputs of given shapes and dtypes: block shapes, scratch buffers, ops hoisted out of the loop."""
 
     __slots__ = (
+        "_made_with",
         "h",
         "hoisted",
         "loop",
@@ -47,6 +50,7 @@ class Layout:
         "run_",
         "scratch",
         "sliced",
+        "split",
         "template",
         "tiled",
         "whole",
@@ -62,6 +66,9 @@ class Layout:
         all_dtypes: list[np.dtype[Any]],
     ) -> None:
         self.run_ = run
+        #: The layout a split run walks (``_blocked_split.SPLIT_BLOCK_ITEMS``), made at its first split run.
+        self.split: Layout | None = None
+        self._made_with = (in_shapes, sliced, all_dtypes)
         dtypes = all_dtypes[run.nin :]  # the ops' values' dtypes
         self.oshape = oshape
         self.h = h
@@ -164,21 +171,43 @@ class Layout:
             flagged.append(kind)
 
         rows = self.oshape[0]
-        pool = split_pool(out.nbytes)
+        split = split_pool(out.nbytes)
         with np.errstate(call=record, **watch):  # type: ignore[arg-type]
             for ufunc, args, slot in self.hoisted:
                 vals[slot] = ufunc(*[vals[i] for i in args])
-            if pool is None:
+            if split is None:
                 self._rows(vals, out, 0, rows)
                 return self._finish(out)
+        pool, tall = split
+        walker = (self.split or self._split_layout()) if tall else self
+        kept = threading.local()  # each participant's scratch and copies, from its first part to its last
 
         def part(lo: int, hi: int) -> None:
+            mine = getattr(kept, "state", None)
+            if mine is None:
+                mine = kept.state = []
             with np.errstate(call=record, **watch):  # type: ignore[arg-type]
-                self._rows(vals, out, lo, hi)
+                walker._rows(vals, out, lo, hi, mine)
 
-        in_parts(part, rows, self.h, out.nbytes, pool)
+        in_parts(part, rows, walker.h, out.nbytes, pool, _blocked_split.START_WAIT_S if tall else 0.0)
         with np.errstate(call=record, **watch):  # type: ignore[arg-type]
             return self._finish(out)
+
+    def _split_layout(self) -> Layout:
+        # The same run in the taller blocks of a split run (``SPLIT_BLOCK_ITEMS``: each
+        # ufunc call long enough that two threads taking the GIL in turn do not wait on
+        # each other; see ``_blocked_split``), at most half the rows; made once (two
+        # threads making it at once make equal ones). The values do not depend on the
+        # blocks' height: each element is the same ops on the same operands.
+        rows = self.oshape[0]
+        per_row = math.prod(self.oshape) // max(1, rows)
+        h = max(self.h, min(rows // 2, _blocked_split.SPLIT_BLOCK_ITEMS // max(1, per_row)))
+        if h == self.h:
+            self.split = self
+        else:
+            in_shapes, sliced, all_dtypes = self._made_with
+            self.split = Layout(self.run_, in_shapes, sliced, self.oshape, h, all_dtypes)
+        return self.split
 
     def _finish(self, out: Any) -> Any:
         # A mean: the sums divided by the count, as numpy's _mean does (in place, unsafe cast).
@@ -212,19 +241,28 @@ class Layout:
             error = kernel_error(d.name, a, exc, False)
             raise error from error.__cause__
 
-    def _rows(self, shared: list[Any], out: Any, lo: int, hi: int) -> None:
-        # Rows [lo, hi) of the result, block by block, with scratch buffers of this call's own.
+    def _rows(self, shared: list[Any], out: Any, lo: int, hi: int, kept: list[Any] | None = None) -> None:
+        # Rows [lo, hi) of the result, block by block, with scratch buffers of this call's
+        # own, or of the participant's earlier parts of a split run (``kept``: filled by
+        # its first part: the tiled copies are made once per participant, not per part).
         h = self.h
-        vals = list(shared)
-        scratch = [aligned_empty(shape, dtype) for shape, dtype in self.scratch]
-        steps = [(ufunc, args, scratch[b] if b >= 0 else None, slot, len(args)) for ufunc, args, b, slot in self.loop]
-        inputs = [(i, vals[i]) for i in self.sliced]
-        tiled = []
-        for i, shape in self.tiled:
-            block = aligned_empty(shape, vals[i].dtype)  # (its own dtype: the copy is exact)
-            np.copyto(block, vals[i])
-            vals[i] = block
-            tiled.append((i, block))
+        if kept:
+            vals, steps, inputs, tiled = kept
+            for i, block in tiled:  # (an earlier part may have ended with a short block)
+                vals[i] = block
+        else:
+            vals = list(shared)
+            scratch = [aligned_empty(shape, dtype) for shape, dtype in self.scratch]
+            steps = [(f, args, scratch[b] if b >= 0 else None, slot, len(args)) for f, args, b, slot in self.loop]
+            inputs = [(i, vals[i]) for i in self.sliced]
+            tiled = []
+            for i, shape in self.tiled:
+                block = aligned_empty(shape, vals[i].dtype)  # (its own dtype: the copy is exact)
+                np.copyto(block, vals[i])
+                vals[i] = block
+                tiled.append((i, block))
+            if kept is not None:
+                kept[:] = [vals, steps, inputs, tiled]
         reducer = self.reducer
         last = self.run_.nin + len(self.run_.consts) + len(self.run_.ops) - 1  # the last op's value
         for r0 in range(lo, hi, h):

@@ -9,8 +9,9 @@ and the last op writes into the result's block. Below it, a run that can compute
 in its result alone is one block: each op once, over whole arrays. How the blocks of
 inputs of given shapes and dtypes compute is their ``Layout`` (``_blocked_layout``).
 Large runs on the pool share their blocks with the other workers and write into a
-buffer the session's cache recycled (``_blocked_split``: ``SPLIT_MIN_BYTES``,
-``with_pool``, the backend's hook, ``result_buffer``). A run may end with a ``sum``,
+buffer the session's cache recycled (``_blocked_split``: ``SPLIT_MIN_BYTES``, and
+``SPLIT_IDLE_MIN_BYTES`` in taller blocks while a core is free, ``with_pool``, the
+backend's hook, ``result_buffer``). A run may end with a ``sum``,
 ``mean``, ``max`` or ``min`` over its last axis: each block's rows are reduced into
 the result's rows.
 
@@ -84,6 +85,9 @@ def settings() -> dict[str, int]:
         "min_items": MIN_ITEMS,
         "block_from_items": BLOCK_FROM_ITEMS,
         "split_min_bytes": _blocked_split.SPLIT_MIN_BYTES,
+        "split_idle_min_bytes": _blocked_split.SPLIT_IDLE_MIN_BYTES,
+        "split_block_items": _blocked_split.SPLIT_BLOCK_ITEMS,
+        "split_wait_us": round(_blocked_split.START_WAIT_S * 1e6),
     }
 
 
