@@ -160,18 +160,15 @@ async def test_calls_are_coalesced_only_with_the_same_param_objects_and_rows_of_
 
 
 async def test_max_batch_size_bounds_the_rows_of_each_kernel_call() -> None:
-    async with at.AsyncEagerSession(config=at.SessionConfig(max_workers=1)) as s:  # in order: see _one_worker
+    async with at.AsyncEagerSession(config=at.SessionConfig(max_workers=1)) as s:  # in order: see ONE WORKER below
         await _max_batch_size_bounds_the_rows_of_each_kernel_call(s)
 
 
-#: Why the two tests that record the order of batches run on a pool of one worker: with
-#: two workers, two batches may run at once and either may record first (a worker takes
-#: the next queued batch, then publishes the one it finished, while the other worker
-#: starts the batch after it); with one, the batches run in the order they were packed
-#: and submitted, which is what the tests check.
-_one_worker = None
-
-
+# ONE WORKER: why the two tests that record the order of batches run on a pool of one worker: with
+# two workers, two batches may run at once and either may record first (a worker takes
+# the next queued batch, then publishes the one it finished, while the other worker
+# starts the batch after it); with one, the batches run in the order they were packed
+# and submitted, which is what the tests check.
 async def _max_batch_size_bounds_the_rows_of_each_kernel_call(s: at.AsyncEagerSession) -> None:
     w = await weights(s)
     seen: list[int] = []
@@ -348,7 +345,7 @@ async def test_a_batch_is_submitted_in_the_loop_iteration_after_its_first_call()
 
 
 async def test_a_full_group_closes_at_once_and_the_next_call_leads_another() -> None:
-    async with at.AsyncEagerSession(config=at.SessionConfig(max_workers=1)) as s:  # in order: see _one_worker
+    async with at.AsyncEagerSession(config=at.SessionConfig(max_workers=1)) as s:  # in order: see ONE WORKER below
         await _a_full_group_closes_at_once(s)
 
 
