@@ -6,6 +6,7 @@ dtype and size are known without moving data back to the caller.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import re
 import sys
@@ -23,6 +24,8 @@ __all__ = [
     "ALIGN_TRIES",
     "ARG_NAMES",
     "NUMERIC_KINDS",
+    "PARKED",
+    "PARK_MAX_BYTES",
     "SEQUENCES",
     "BadOutputError",
     "BufferInfo",
@@ -35,6 +38,7 @@ __all__ = [
     "kernel_error",
     "normalize",
     "numeric_array",
+    "parked",
     "read_only_view",
     "run_kernel",
     "unshared",
@@ -137,7 +141,11 @@ _address = ctypes.addressof
 
 
 def aligned_fresh(
-    shape: tuple[int, ...], dtype: np.dtype[Any], empty: Callable[..., Any] = np.empty, tries: int = ALIGN_TRIES
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    empty: Callable[..., Any] = np.empty,
+    tries: int = ALIGN_TRIES,
+    park: bool = False,
 ) -> NDArray:
     """A new C-ordered array owning its memory (``base`` None), on a 32-byte boundary if malloc gives one.
 
@@ -147,6 +155,9 @@ def aligned_fresh(
     chunks; malloc's bins may hold several misaligned ones of the size). The chunks
     not taken are freed on return; if none was aligned, the first is returned (chunks
     glibc maps on their own, over its mmap threshold, are all 16 bytes off a page).
+    With ``park``, misaligned chunks of at most :data:`PARK_MAX_BYTES` are kept instead
+    (the last :data:`PARKED` of them, :func:`parked`): freed, malloc would hand the same
+    ones back first at the next call of the size, which would ask again each time.
     (``empty``: for tests.)
     """
     out: NDArray = empty(shape, dtype)
@@ -156,9 +167,25 @@ def aligned_fresh(
     while len(held) < tries:
         again: NDArray = empty(shape, dtype)
         if not _address(_char_at(again)) & 31:
-            return again
+            break
         held.append(again)
-    return held[0]
+    else:
+        again = held.pop(0)  # none aligned: the first
+    if park and again.nbytes <= PARK_MAX_BYTES:
+        _parked.extend(held)  # (a deque with a maxlen: the oldest go, at once, thread-safe)
+    return again
+
+
+#: The misaligned chunks :func:`aligned_fresh` keeps out of malloc's hands at most ...
+PARKED = 3
+#: ... each of at most this many bytes (~1.5 MiB held at most).
+PARK_MAX_BYTES = 1 << 19
+_parked: collections.deque[NDArray] = collections.deque(maxlen=PARKED)
+
+
+def parked() -> int:
+    """Bytes of misaligned chunks :func:`aligned_fresh` keeps parked now."""
+    return sum(x.nbytes for x in list(_parked))
 
 
 def finalize(value: Any) -> NDArray:

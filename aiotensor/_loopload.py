@@ -45,12 +45,14 @@ Busy is two measured conditions, both needed:
   A batched function's batch runs in a task of its own on behalf of all its callers,
   so its task says how many they were (:func:`note_callers`, once per batch).
 
-It needs no private API, so it reads asyncio and uvloop alike; it costs one
-``clock_gettime`` per window and ``asyncio.current_task()`` per decision, taken only by
-kernels that would run on the loop (inline, or a program in slices) and are estimated
-above :data:`BUSY_INLINE_US` (the decision is never asked for smaller ones), and a set
-insert and removal per request in the middleware (~0.3 µs), and one comparison per
-batch of a batched function. The GIL-free time is worked out only for kernels in the
+It needs no private API but the thread an asyncio loop says runs it (``_thread_id``, as
+``_engine._lifecycle.on_loop`` reads it: cheaper than asking for the running loop), so it
+reads asyncio and uvloop alike; it costs one ``clock_gettime`` per window and
+``asyncio.current_task(loop)`` per decision, taken only by kernels that would run on
+the loop (inline, or a program in slices) and are estimated above
+:data:`BUSY_INLINE_US` (the decision is never asked for smaller ones), and a set insert
+and removal per request in the middleware (~0.3 µs), and one comparison per batch of a
+batched function. The GIL-free time is worked out only for kernels in the
 band: a single op's each time (shapes only, no numpy call), a program's once per
 compiled expression, a function's once per argument shapes (its measured run).
 """
@@ -121,6 +123,16 @@ _MAX_TURN = 64
 #: and a task that asked is remembered for the window it asked in and this many more.
 _KEEP_WINDOWS = 3
 
+# The running loop, asked cheaply (``Sensor.observe``): an asyncio loop says which thread
+# runs it (``_thread_id``, None while stopped; a thread runs one loop at a time), as
+# ``_engine._lifecycle.on_loop`` reads it; asking for the running loop makes a getpid
+# system call on Python 3.11 (``asyncio.events._get_running_loop`` too: ~0.15 µs against
+# ~0.04 µs). ``current_task`` is given the loop: without it, it asks for it again.
+_BaseLoop = asyncio.BaseEventLoop
+_get_ident = threading.get_ident
+_get_running_loop = asyncio.get_running_loop
+_current_task = asyncio.current_task
+
 
 @dataclass(frozen=True, slots=True)
 class LoopLoad:
@@ -182,6 +194,7 @@ class Sensor:
         "_cpu",
         "_cpu0",
         "_last",
+        "_loop",
         "_peak",
         "_peaks",
         "_requests",
@@ -228,6 +241,8 @@ class Sensor:
         self._seen: dict[asyncio.Task[object], int] = {}  # the task: the sample count when it asked
         self._last: object = None
         self._turn: list[object] | None = None
+        # The asyncio loop this thread ran last, if it was one (``observe``).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def busy(self) -> bool:
@@ -255,11 +270,15 @@ class Sensor:
 
     def observe(self) -> None:
         """Note the running task as a caller: the rules of the module docstring, into this window's peak."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop: no caller to count
-            return
-        task = asyncio.current_task(loop)
+        loop = self._loop
+        if loop is None or loop._thread_id != _get_ident():  # type: ignore[attr-defined]
+            try:
+                loop = _get_running_loop()
+            except RuntimeError:  # no loop: no caller to count
+                return
+            # (uvloop's loops do not say their thread: not kept, asked each time)
+            self._loop = loop if isinstance(loop, _BaseLoop) else None
+        task = _current_task(loop)
         if task is None:
             return
         requests = self._requests
@@ -304,8 +323,8 @@ class Sensor:
         """Update the utilization if a window has passed; whether the loop is busy."""
         now = self._wall()
         span = now - self._wall0
-        if span < WINDOW_S:
-            return self.busy
+        if span < WINDOW_S:  # (the common case: ``busy`` written out, one call less)
+            return self.saturated and (self.callers >= 2 or self._peak >= 2)
         cpu = self._cpu()
         used = min(1.0, max(0.0, (cpu - self._cpu0) / span))
         self._wall0, self._cpu0 = now, cpu

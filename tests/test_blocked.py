@@ -533,6 +533,43 @@ async def test_warnings_and_errors_follow_errstate_as_op_by_op(
             assert blocked_calls == calls  # errstate's callback called as often, with the same kinds
 
 
+async def test_a_one_block_run_in_place_names_the_op_that_failed_without_running_again(
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A one-block run of ufuncs writing in place into its result (``Layout.in_place``:
+    # the output given by position; not with maximum, whose positional output numpy
+    # deprecates) computes numpy's values and maps an op's error itself, as op by op
+    # would name it; blocks rerun op by op for it.
+    blocking(True)
+    x = await s.constant(np.linspace(1.0, 3.0, 1200, dtype=np.float32).reshape(40, 30))
+    reran: list[int] = []
+    layouts: list[Any] = []
+    real_op_by_op, real_run = _blocked_run.BlockedRun.op_by_op, _blocked_layout.Layout.run
+
+    def op_by_op(self: Any, inputs: Any) -> Any:
+        reran.append(1)
+        return real_op_by_op(self, inputs)
+
+    def run(self: Any, inputs: Any, flagged: Any) -> Any:
+        layouts.append(self)
+        return real_run(self, inputs, flagged)
+
+    monkeypatch.setattr(_blocked_run.BlockedRun, "op_by_op", op_by_op)
+    monkeypatch.setattr(_blocked_layout.Layout, "run", run)
+    v = s._engine.peek(x)
+    got = await (await (abs(x * 2.0 - 1.0) + x)).numpy()
+    np.testing.assert_array_equal(got, abs(v * np.float32(2.0) - np.float32(1.0)) + v)
+    assert (layouts[-1].in_place is not None) == (layouts[-1].whole is not None)
+    got = await (await (_run("maximum", x * 2.0, 0.5) + x)).numpy()  # (maximum: out by keyword, not in place)
+    np.testing.assert_array_equal(got, np.maximum(v * np.float32(2.0), np.float32(0.5)) + v)
+    assert layouts[-1].in_place is None
+    with np.errstate(divide="raise"), pytest.raises(at.InvalidArgumentError, match=r"divide\(float32\[40, 30\]"):
+        await ((x * 2.0) / 0.0 + 1.0)
+    in_place = layouts[-1].in_place is not None
+    assert in_place == (layouts[-1].whole is not None)
+    assert reran == ([] if in_place else [1])
+
+
 async def test_the_blocked_program_pickles(s: at.AsyncEagerSession, blocking: Callable[[bool], None]) -> None:
     from aiotensor._engine._expressions import _is_tensor
 

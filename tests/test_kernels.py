@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ from aiotensor._kernels import (
     finalize,
     kernel_error,
     numeric_array,
+    parked,
     run_kernel,
 )
 
@@ -103,6 +105,36 @@ def test_aligned_fresh_asks_malloc_again_until_a_chunk_is_32_byte_aligned() -> N
     assert got.flags.writeable
     assert got.shape == (256, 256)
     assert got.dtype == f32
+
+
+def test_aligned_fresh_parks_the_misaligned_chunks_it_was_handed_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With park, the misaligned chunks are kept (the last PARKED of them, each at most
+    # PARK_MAX_BYTES) so that malloc does not hand them back first next time; without,
+    # they are freed as before. The array returned is the same either way.
+    monkeypatch.setattr(_kernels, "_parked", collections.deque(maxlen=_kernels.PARKED))
+    raw = np.empty((1 << 20) + 64, np.uint8)
+    start = -raw.ctypes.data % 32
+
+    def chunk(offset: int, nbytes: int = 1 << 18) -> Any:
+        return raw[start + offset : start + offset + nbytes].view(np.float32)
+
+    def empty(answers: list[Any]) -> Callable[..., Any]:
+        return lambda shape, dtype: answers.pop(0)
+
+    f32 = np.dtype(np.float32)
+    aligned, off = chunk(0), [chunk(16) for _ in range(6)]
+    n = (1 << 18) // 4
+    assert aligned_fresh((n,), f32, empty([off[0], aligned])) is aligned
+    assert list(_kernels._parked) == []  # (not asked to park)
+    assert aligned_fresh((n,), f32, empty([off[0], off[1], aligned]), park=True) is aligned
+    assert [id(x) for x in _kernels._parked] == [id(off[0]), id(off[1])]
+    assert parked() == 2 << 18
+    assert aligned_fresh((n,), f32, empty(off[2:6]), park=True) is off[2]  # none aligned: the first
+    assert [id(x) for x in _kernels._parked] == [id(x) for x in off[3:6]]  # the last PARKED
+    big = [chunk(16, _kernels.PARK_MAX_BYTES + 32) for _ in range(2)]
+    assert aligned_fresh((big[0].size,), f32, empty([big[0], big[1][: big[0].size]]), tries=2, park=True) is big[0]
+    assert [id(x) for x in _kernels._parked] == [id(x) for x in off[3:6]]  # (too large to keep)
+    assert _kernels.PARKED * _kernels.PARK_MAX_BYTES <= 2 << 20
 
 
 @pytest.mark.parametrize("order", ["C", "F"])

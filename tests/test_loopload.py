@@ -496,3 +496,35 @@ async def test_a_saturated_loop_serving_one_batched_caller_is_not_contended(cloc
     assert load.callers <= 1
     assert load.saturated
     assert not load.busy
+
+
+def test_each_loop_a_thread_runs_is_the_one_its_callers_are_counted_on(clocks: Clocks) -> None:
+    # The sensor keeps the asyncio loop it found (asking for the running loop is dearer):
+    # a loop run later on the same thread, a loop running on another thread, and no
+    # loop at all are each seen as they are.
+    import threading
+
+    sensor = _loopload.sensor()
+    seen: list[tuple[object, object]] = []
+
+    async def caller() -> None:
+        sensor.observe()
+        seen.append((asyncio.current_task(), sensor._last))
+
+    asyncio.run(caller())
+    other = asyncio.new_event_loop()
+    other.run_until_complete(caller())  # a loop run later on this thread: kept
+    worker = threading.Thread(target=other.run_forever)
+    worker.start()
+    try:
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), other).result()
+        asyncio.run(caller())  # this thread's loop, while the kept one runs on another
+    finally:
+        other.call_soon_threadsafe(other.stop)
+        worker.join()
+        other.close()
+    assert len(seen) == 3
+    assert all(task is last for task, last in seen)
+    last = sensor._last
+    sensor.observe()  # no loop running here: nothing counted
+    assert sensor._last is last

@@ -42,6 +42,7 @@ class Layout:
         "_made_with",
         "h",
         "hoisted",
+        "in_place",
         "loop",
         "oshape",
         "out_dtype",
@@ -142,10 +143,19 @@ class Layout:
         #: One block (the run's rows at once, no reduction): per op, for _whole, its ufunc,
         #: arguments and buffer (-1: the result, -2: none, hoisted); else None.
         self.whole: list[tuple[Any, tuple[int, ...], int]] | None = None
+        #: One block whose every op is a ufunc of one or two arguments writing into the
+        #: result (the chain in place): per op, its ufunc, arguments (the second -1 for
+        #: none) and value slot, for _whole's loop without branches; else None.
+        self.in_place: list[tuple[Any, int, int, int]] | None = None
         if h >= oshape[0] and not self.reducer:
             self.whole = [
                 (run.ufuncs[k], typed[k], buf_of.get(nbase + k, -1 if varies[nbase + k] else -2)) for k in range(n)
             ]
+            if all(buf == -1 and _positional_out(f, args) for f, args, buf in self.whole):
+                self.in_place = [
+                    (f, args[0], args[-1] if len(args) == 2 else -1, nbase + k)
+                    for k, (f, args, _) in enumerate(self.whole)
+                ]
         #: Values read whole by every block (a row vector, a hoisted ``std + 1e-8``) copied
         #: once per call into a block of the shape they broadcast to: (slot, shape).
         self.tiled = [] if self.whole is not None or not 1 < h < oshape[0] else _tiled(run, typed, varies, shapes)
@@ -218,6 +228,18 @@ class Layout:
     def _whole(self, vals: list[Any], out: Any) -> None:
         # The ops in program order on whole arrays, each writing where _rows would. (On
         # the inline path of runs of ~64K elements: per-op Python work is kept small.)
+        steps = self.in_place
+        if steps is not None:  # (out given by position: numpy parses no keyword, ~0.02 µs an op)
+            slot = 0
+            try:
+                for ufunc, i, j, slot in steps:
+                    vals[slot] = ufunc(vals[i], vals[j], out) if j >= 0 else ufunc(vals[i], out)
+            except Exception as exc:
+                d, args = self.run_.ops[slot - self.run_.nin - len(self.run_.consts)]
+                a = tuple(vals[i] for i in args)
+                error = kernel_error(d.name, a, exc, False)
+                raise error from error.__cause__
+            return
         scratch = [np.empty(shape, dtype) for shape, dtype in self.scratch] if self.scratch else ()
         slot = self.run_.nin + len(self.run_.consts)
         try:
@@ -320,6 +342,24 @@ def _tiled(
     return [(i, found.pop()) for i, found in wanted.items() if len(found) == 1]
 
 
+def _positional_out(f: Any, args: tuple[int, ...]) -> bool:
+    # Whether ``f(*args, out)`` is ``f(*args, out=out)``: an element-wise ufunc of one
+    # output and as many inputs as ``args`` (one or two), but those for which numpy
+    # deprecates a positional output (NumPy 2.4: maximum and minimum, of its 84 such
+    # ufuncs; the parity tests, warnings as errors, would show another).
+    return (
+        isinstance(f, np.ufunc)
+        and f.signature is None
+        and f.nout == 1
+        and f.nin == len(args)
+        and len(args) in (1, 2)
+        and f not in _KEYWORD_OUT
+    )
+
+
+_KEYWORD_OUT = frozenset({np.maximum, np.minimum})
+
+
 #: Whether a one-block run asks malloc again for a result that is not 32-byte aligned
 #: (:func:`_aligned_result`; off, the first chunk is taken as it comes: for measuring).
 ALIGN_RESULT = True
@@ -339,10 +379,14 @@ def _aligned_result(
     # well on ~85% of calls (48 mod 64, kernel 36 µs against 31 µs); with the chunks held,
     # the third or fourth comes from elsewhere. A plain array either way (the registry
     # owns it as any result); for a moment the run holds up to ``tries`` results' worth
-    # (one-block runs: under ``BLOCK_FROM_ITEMS`` elements).
+    # (one-block runs: under ``BLOCK_FROM_ITEMS`` elements). The misaligned chunks are
+    # parked (``aligned_fresh``'s ``park``: three of up to 512 KiB at most), not freed:
+    # freed, malloc handed them back first at the next call, so an awaited 256x256 chain
+    # asked for 3.5 chunks per call and still got a misaligned one every other call
+    # (48.7 µs per await against 46.0 parked, numpy's chain 44.7, in one process).
     if math.prod(shape) * dtype.itemsize < _ALIGN_FROM:
         return empty(shape, dtype)
-    return aligned_fresh(shape, dtype, empty, tries)
+    return aligned_fresh(shape, dtype, empty, tries, park=True)
 
 
 #: Chunks a one-block run asks malloc for at most, for a 32-byte-aligned result.
