@@ -220,10 +220,9 @@ def close_now(self: Engine) -> bool | asyncio.Task[None]:
     if self.state is not _OPEN or self.inflight:
         return False
     try:
-        loop = _get_loop()
-    except RuntimeError:
-        return False
-    if loop is not self._loop:
+        if not on_loop(self._loop):
+            return False
+    except RuntimeError:  # (no running loop)
         return False
     self.state = _CLOSING
     self._lean_loop = None
