@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
+from benchmarks.bench_blocked import chain
 
 from ._results import one
 from .conftest import settle
@@ -734,18 +735,9 @@ async def test_an_expression_awaited_with_the_hold_budget_spent_yields_once_then
         del first, t
 
 
-def _chain10(v: Any) -> Any:
-    # The benchmarks' 10-op chain: on 256x256 float32, one blocked step estimated in the
-    # busy band (above BUSY_INLINE_US, within the default inline threshold).
-    y = v * 2.0 + 1.0
-    y = y - 0.5
-    y = y * y
-    y = y / 3.0
-    y = y + v
-    y = abs(y)
-    y = y * 0.1
-    y = y - v
-    return y + 1.0
+# The benchmarks' 10-op chain: on 256x256 float32, one blocked step estimated in the
+# busy band (above BUSY_INLINE_US, within the default inline threshold).
+_chain10 = chain
 
 
 async def test_an_awaited_program_in_the_busy_band_follows_the_busy_loop_rule() -> None:
