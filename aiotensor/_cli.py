@@ -299,7 +299,8 @@ def _info(args: argparse.Namespace) -> int:
         "blocked runs": "element-wise runs in one step from {min_items:,} items, in blocks of {block_items:,}"
         " from {block_from_items:,}, shared by the workers from {split_min_bytes:,} bytes (from"
         " {split_idle_min_bytes:,} while a core is free, then in blocks of {split_block_items:,}, waiting up to"
-        " {split_wait_us} µs for the second worker)".format(**info["blocked"]),
+        " {split_wait_us} µs for the second worker); one-block results aligned, {parked_bytes:,} bytes of"
+        " misaligned chunks kept from malloc (at most {parked_max_bytes:,})".format(**info["blocked"]),
         "inline kernels": "estimated up to {inline_threshold_us:g} µs run on the loop; up to {busy_inline_us:g} µs"
         " while its thread is busy (over {busy_above:.0%}, until under {idle_below:.0%}), and above that"
         " if at most {busy_free_us:g} µs run without the GIL ({gil_transfer_us:g} µs off per release after"

@@ -174,6 +174,8 @@ def test_info_text_and_without_threadpoolctl(
     assert "threadpoolctl is not installed" in lines["BLAS"]
     info = collect_info()
     assert f"in blocks of {info['blocked']['block_items']:,} " in lines["blocked runs"]
+    assert f"(at most {info['blocked']['parked_max_bytes']:,})" in lines["blocked runs"]
+    assert 0 <= info["blocked"]["parked_bytes"] <= info["blocked"]["parked_max_bytes"]
     busy = info["inline"]
     assert (
         f"{busy['busy_inline_us']:g} µs while its thread is busy (over {busy['busy_above']:.0%}"

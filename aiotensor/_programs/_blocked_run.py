@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import AioTensorError
-from .._kernels import NUMERIC_KINDS, kernel_error
+from .._kernels import NUMERIC_KINDS, PARK_MAX_BYTES, PARKED, kernel_error, parked
 from .._opdef import OpDef
 from . import _blocked_split
 from ._blocked_layout import Layout
@@ -79,7 +79,7 @@ _generic = np.generic
 
 
 def settings() -> dict[str, int]:
-    """The measured constants, for ``aiotensor info``."""
+    """The measured constants, for ``aiotensor info`` (and the misaligned chunks kept out of malloc now)."""
     return {
         "block_items": BLOCK_ITEMS,
         "min_items": MIN_ITEMS,
@@ -88,6 +88,8 @@ def settings() -> dict[str, int]:
         "split_idle_min_bytes": _blocked_split.SPLIT_IDLE_MIN_BYTES,
         "split_block_items": _blocked_split.SPLIT_BLOCK_ITEMS,
         "split_wait_us": round(_blocked_split.START_WAIT_S * 1e6),
+        "parked_bytes": parked(),
+        "parked_max_bytes": PARKED * PARK_MAX_BYTES,
     }
 
 
