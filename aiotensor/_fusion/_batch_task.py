@@ -40,7 +40,7 @@ from .._engine._lifecycle import State
 from .._errors import BackendError, InvalidArgumentError
 from .._loopload import note_callers
 from .._programs._program import Budget
-from .._tensor import Tensor
+from .._tensor import Tensor, make_tensor
 from ._arguments import _buffers, _shape_of
 from ._batch_delivery import _discard
 from ._batch_kernel import BatchKernel
@@ -64,7 +64,6 @@ __all__ = ["_Group", "close", "count", "execute", "kernel_call", "run", "spawn"]
 _rows_of = operator.itemgetter(0)
 _future = operator.itemgetter(2)
 _engine_of = operator.itemgetter(1)
-_new = object.__new__
 _OPEN = State.OPEN
 _done = operator.methodcaller("done")  # (any loop's future type)
 _get_loop = asyncio.get_running_loop
@@ -347,17 +346,7 @@ def _merge(
             rid = registry.add_all([(b[0], b[3]) for b in mine])
         device = e.backend.default_device
         for b in mine:
-            # make_tensor, written out (as Engine._take does)
-            t = _new(Tensor)
-            t._engine = e
-            t._registry = registry
-            t._rid = rid
-            t._shape = b[1]
-            t._dtype = b[2]
-            t._nbytes = b[3]
-            t._label = (label, -1)
-            t._device = device
-            out.append(t)
+            out.append(make_tensor(e, registry, rid, b[1], b[2], b[3], (label, -1), device))
             rid += 1
         safe_point = e.policy.safe_point
         if safe_point is not None and registry._dropped:  # (after an op's results are registered, as _take does)
