@@ -693,6 +693,19 @@ async def test_a_binary_node_has_the_signature_of_the_general_construction(s: at
 _UNSEEN = itertools.count()
 
 
+def _spy_general_path(engine: Any, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    # The calls of the general path (``Engine._run_expr``) from now on, recorded.
+    general: list[object] = []
+    real = engine._run_expr
+
+    def spy(*args: Any) -> Any:
+        general.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(engine, "_run_expr", spy)
+    return general
+
+
 async def test_an_expression_awaited_with_the_hold_budget_spent_yields_once_then_runs_inline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -703,14 +716,7 @@ async def test_an_expression_awaited_with_the_hold_budget_spent_yields_once_then
         engine = s._engine
         x = await s.constant(np.arange(12, dtype=np.float32))
         first = await ((x * 2.0 + 1.0) * x)  # compiles it and caches its cost (inline)
-        general: list[object] = []
-        real = engine._run_expr
-
-        def spy(*args: Any) -> Any:
-            general.append(args)
-            return real(*args)
-
-        monkeypatch.setattr(engine, "_run_expr", spy)
+        general = _spy_general_path(engine, monkeypatch)
         ran: list[bool] = []
         other = asyncio.get_running_loop().call_soon(ran.append, True)
         engine._held = engine._hold_s
@@ -798,14 +804,7 @@ async def test_an_expression_awaited_in_a_device_scope_takes_the_general_path(mo
     async with at.AsyncEagerSession() as s:
         engine = s._engine
         x = await s.constant(np.arange(6, dtype=np.float32))
-        general: list[object] = []
-        real = engine._run_expr
-
-        def spy(*args: Any) -> Any:
-            general.append(args)
-            return real(*args)
-
-        monkeypatch.setattr(engine, "_run_expr", spy)
+        general = _spy_general_path(engine, monkeypatch)
         t = await (x * 2.0 + 1.0)
         assert general == []  # no scope: inline
         with s.device("/cpu:0"):
