@@ -128,6 +128,20 @@ def test_a_row_limit_is_judged_before_parsing() -> None:
     assert info.value.status_code == 413
 
 
+def test_a_short_body_of_too_many_rows_is_refused_once_parsed() -> None:
+    # Too short to hold six rows of three numbers: not counted before parsing, and
+    # still a 413 (not a 422 for the empty rows) once parsed.
+    body = b'{"inputs": [[],[],[],[],[],[],[]]}'
+    assert len(body) < (5 + 1) * (2 * 3 + 1)
+    with pytest.raises(web.RequestRejected) as info:
+        web.parse_rows(body, width=3, max_rows=5)
+    assert info.value.status_code == 413
+    assert info.value.detail == "inputs: more than 5 rows"
+    assert [e["type"] for e in info.value.errors] == ["too_many_rows"]
+    x = web.parse_rows(b'{"inputs": [[1, 2, 3], [4, 5, 6]]}', width=3, max_rows=2)
+    assert x.shape == (2, 3)
+
+
 def test_error_body_and_handlers_share_one_shape() -> None:
     assert set(web.error_body("x", "y")) == KEYS
     assert web.Limits() == web.Limits(max_bytes=None, max_rows=None)

@@ -76,6 +76,12 @@ def _reject(detail: str, loc: list[str | int] | None = None, kind: str = "value_
     return RequestRejected(422, detail, errors)
 
 
+def _too_many(key: str | None, max_rows: int) -> RequestRejected:
+    # More rows than the limit: a 413 (found before parsing, or after for a short body).
+    item: ErrorItem = {"loc": _loc(key), "msg": f"at most {max_rows} rows", "type": "too_many_rows"}
+    return RequestRejected(413, f"{_name(key)}: more than {max_rows} rows", [item])
+
+
 def _name(key: str | None, row: int | None = None, col: int | None = None) -> str:
     text = key or "body"
     if row is not None:
@@ -137,7 +143,8 @@ def parse_rows(
     without ``key``, no rows, a row that is not a list (a flat list of numbers), a row of
     another width, a value that is not a number (strings, ``true``, ``null``), and, unless
     ``allow_nonfinite``, NaN, infinities and numbers that overflow ``dtype`` (``1e39``
-    in float32). More than ``max_rows`` rows is a 413, found before the body is parsed.
+    in float32). More than ``max_rows`` rows is a 413, found before the body is parsed
+    (a body too short to hold that many rows of ``width`` numbers is parsed first).
 
     Args:
         body: The request body.
@@ -151,12 +158,12 @@ def parse_rows(
     dt = dtype if type(dtype) is type(_FLOAT32) else np.dtype(dtype)  # (read_rows passes a dtype)
     if dt.kind != "f":
         raise TypeError(f"parse_rows: dtype must be a floating dtype, got {dt}")
-    if max_rows is not None and body.count(b"[") - 1 > max_rows:
-        raise RequestRejected(
-            413,
-            f"{_name(key)}: more than {max_rows} rows",
-            [{"loc": _loc(key), "msg": f"at most {max_rows} rows", "type": "too_many_rows"}],
-        )
+    # Counted before parsing only where parsing could cost: a body shorter than
+    # ``max_rows + 1`` rows of ``width`` one-digit values cannot hold too many rows of
+    # numbers (the count is ~1.7 µs of a 16-row request's ~21 µs parse); a short body
+    # with too many rows that are not (empty ones) is counted once parsed.
+    if max_rows is not None and len(body) >= (max_rows + 1) * (2 * width + 1) and body.count(b"[") - 1 > max_rows:
+        raise _too_many(key, max_rows)
     try:
         data = _loads(body)
     except _DecodeError:
@@ -175,6 +182,8 @@ def parse_rows(
         raise _reject(f"{_name(key)}: expected a list of rows of {width} numbers", _loc(key), "list")
     if not rows:
         raise _reject(f"{_name(key)}: no rows; expected rows of {width} numbers", _loc(key), "empty")
+    if max_rows is not None and len(rows) > max_rows:
+        raise _too_many(key, max_rows)
     numbers_only = body.translate(None, _NUMERIC) == (b'"' + key.encode() + b'"' if key else b"").translate(
         None, _NUMERIC
     )
