@@ -183,7 +183,7 @@ async def _measure(rounds: int, n: int, n_single: int, max_batch_size: int) -> t
             await _clients(request, inputs, max(2, n // 10))
         many: dict[str, tuple[list[float], list[float]]] = {label: ([], []) for label in variants}
         single: dict[str, list[float]] = {label: [] for label in (NUMPY, FUSED, BATCHED)}
-        calls = batches = rows = 0
+        calls = batches = rows = split = 0
         loop_cpu = dict.fromkeys(variants, 0.0)  # seconds of this (the loop's) thread, per variant
         for r in range(rounds):
             order = list(variants)[r % len(variants) :] + list(variants)[: r % len(variants)]
@@ -196,13 +196,14 @@ async def _measure(rounds: int, n: int, n_single: int, max_batch_size: int) -> t
                 calls += after.calls - before.calls
                 batches += after.batches - before.batches
                 rows += after.rows - before.rows
+                split += after.split - before.split
                 many[label][0].append(rps)
                 many[label][1].extend(cycles)
             for label in single:
                 single[label].extend((await _clients(variants[label], inputs[:1], n_single))[1])
         minimal.close()
     per_request = {label: seconds / (rounds * n * CLIENTS) * 1e6 for label, seconds in loop_cpu.items()}
-    stats = (calls / max(batches, 1), rows / max(batches, 1))
+    stats = (calls / max(batches, 1), rows / max(batches, 1), split / max(batches, 1))
     return {"many": many, "single": single, "stats": stats, "loop_us": per_request}, {}
 
 
@@ -226,13 +227,14 @@ def run(report: Report, n: int | None = None, max_batch_size: int = 512, blas_th
 
 
 def _report(report: Report, loop_name: str, measured: dict[str, Any], max_batch_size: int, blas: int | None) -> None:
-    many, single, (calls, rows) = measured["many"], measured["single"], measured["stats"]
+    many, single, (calls, rows, split) = measured["many"], measured["single"], measured["stats"]
     loop_us = measured["loop_us"]  # the loop thread's CPU per request (kernels on workers not counted)
     base = Stat(tuple(many[NUMPY][0]))
     t = report.table(
         f"MLP {ROWS}x{IN} -> {HIDDEN} -> {OUT} float32, {CLIENTS} concurrent clients, {loop_name} loop,"
         f" BLAS threads {blas or 'default'} (batched: max_batch_size={max_batch_size}, {calls:.1f} calls and"
-        f" {rows:.0f} rows per kernel call; cycle: from one answer of a client to its next)",
+        f" {rows:.0f} rows per kernel call, {split:.0%} of them in two parts; cycle: from one answer of a"
+        " client to its next)",
         "requests/s",
         ratio_label=f"x {NUMPY}",
         digits=0,
