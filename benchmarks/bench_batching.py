@@ -20,6 +20,7 @@ Run::
 
     python -m benchmarks.bench_batching            # ~1 minute on 2 cores; writes nothing
     python -m benchmarks.bench_batching --quick    # a smoke run
+    python -m benchmarks.bench_batching --rows 64 --max-batch-size 2048   # batches long enough to split
 
 ``python -m benchmarks`` runs it as the ``batching`` scenario.
 """
@@ -286,7 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=None, help="requests per client per round (default 40)")
     parser.add_argument("--max-batch-size", type=int, default=512, help="rows per kernel call of the batched variant")
     parser.add_argument("--blas-threads", type=int, default=1, help="BLAS threads per product (0: the library's)")
+    parser.add_argument("--rows", type=int, default=ROWS, help="rows per request (a batch of 32 holds 32x as many)")
     args = parser.parse_args(argv)
+    global ROWS
+    ROWS = args.rows
     report = Report(quick=args.quick, rounds=args.rounds or (2 if args.quick else 7))
     run(report, args.requests, args.max_batch_size, args.blas_threads or None)
     print_console(report)

@@ -133,7 +133,8 @@ class BatchKernel:
 
     def __call__(self, xs: tuple[NDArray, ...], *params: Any) -> Any:
         start = time.perf_counter()
-        if self.whole_us >= _batch_split.SPLIT_MIN_US and _get_ident() != self.loop_ident:
+        whole = self.whole_us
+        if whole and whole >= _batch_split.SPLIT_MIN_US and _get_ident() != self.loop_ident:
             # A large batch on a pool worker: in two parts while a core is free (_batch_split).
             how = plan(self.counts, dtypes_of(xs[0], params), self.engine, bool(self.blas))
             if how is None:

@@ -11,19 +11,22 @@ BLAS a matrix product releases the GIL, so the two parts compute at once.
 
 When (:func:`plan`): the batch's last one-part run took :data:`SPLIT_MIN_US` or more
 (one part in :data:`REFRESH_EVERY` measures it again), it runs on a pool worker, outside
-any ``memory_limit``, BLAS products are single-threaded (two gate slots), another worker
-is idle and a core is free (``_blocked_split.core_free``); otherwise one part, as before.
+any ``memory_limit``, BLAS products are single-threaded (a gate slot per core), another
+worker is idle and a core is free (``_blocked_split.core_free``); otherwise one part, as before.
 
 Where: at a caller boundary whose row count is a multiple of the row multiple BLAS needs
 (:func:`row_multiple`): a BLAS product tiles its rows, and a row's value depends on the
 tile that computed it (measured: OpenBLAS's float32 product on this machine gives a row
 subset the rows of the whole product only when the subset starts at a multiple of 12
-rows, float64 of 2). The multiple is probed once per dtype, so each caller's rows are
-the unsplit batch's, bit for bit, as far as the probe sees the BLAS.
+rows, float64 of 2). The multiple is probed once per dtype (with single-threaded BLAS, the
+only kind a batch splits under: a multi-threaded product divides its rows by its
+threads), so each caller's rows are the unsplit batch's, bit for bit, as far as the
+probe sees the BLAS.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -32,7 +35,7 @@ import numpy as np
 
 from .._backends._blas import Gated, gate_slots
 from .._backends._pool import WorkerPool
-from .._programs._blocked_split import START_WAIT_S, core_free, in_parts
+from .._programs._blocked_split import core_free, in_parts
 
 if TYPE_CHECKING:
     from .._backends._chunked import Spawn
@@ -43,22 +46,27 @@ if TYPE_CHECKING:
 __all__ = ["REFRESH_EVERY", "ROW_MULTIPLES", "SPLIT_MIN_US", "cut_at", "pool_for", "row_multiple", "settings"]
 
 #: µs of a batch's one-part kernel from which it runs in two parts while a core is free.
-#: Measured (the MLP 64 -> 512 -> 10, float32, BLAS threads 1, a core free; two parts /
-#: one part): see docs/performance.md, "Batching".
-SPLIT_MIN_US = 150.0
+#: A spawned part must start first: on this 2-core VM the pool's other worker started
+#: 76-99 µs (quartiles to p90) after the spawn when woken on the other core, and 640-740
+#: µs when the scheduler woke it on the spawner's core (it then waits for the running
+#: part to end: one part in effect, plus the cost of the second). Measured, the MLP
+#: 64 -> 512 -> 10 in float32 with BLAS threads 1, 32 clients, requests/s two parts /
+#: one part in the same process (rows per batch: one-part kernel): 512 rows (~550 µs)
+#: 0.75-0.92 and 1.04-1.10 in the two scheduler states; 1,024 rows (~1.1 ms) 1.01 and
+#: 1.29; 2,048 rows 1.40 / 1.41; 4,096 rows 1.28 / 1.48. So from ~1 ms: where the worst
+#: start breaks even.
+SPLIT_MIN_US = 1000.0
 #: A batch that splits runs in one part once in this many eligible runs: its one-part
 #: time, which :data:`SPLIT_MIN_US` is weighed against, measured again.
 REFRESH_EVERY = 64
 #: Candidate row multiples of a cut, smallest first: the first the BLAS probe accepts for
 #: a dtype (:func:`row_multiple`) is used.
 ROW_MULTIPLES = (48, 96, 192)
-#: Whether the running part waits (``_blocked_split.START_WAIT_S`` at most) for the
-#: spawned one to start before it starts its own.
-WAIT = False
 #: A cut more than this share of the rows away from the middle is not made (one part).
 _MAX_SKEW = 0.25
 
 _get_ident = threading.get_ident
+_CORES = os.cpu_count() or 1
 #: Per dtype: the row multiple a cut must fall on (None: no candidate passed the probe).
 _MULTIPLES: dict[np.dtype[Any], int | None] = {}
 _PROBE_SHAPES = ((64, 48), (320, 10))  # (inner, columns) of the probe's products
@@ -139,7 +147,9 @@ def plan(counts: list[int], dtypes: list[np.dtype[Any]], engine: Engine, blas: b
     Call on the worker running the batch, for a batch whose one-part time passed
     :data:`SPLIT_MIN_US`.
     """
-    if blas and gate_slots() < 2:  # multi-threaded BLAS: a product has every core already
+    if blas and gate_slots() < _CORES:
+        # Multi-threaded BLAS: a product has cores of its own already, and splits its
+        # rows among its threads by their count (a subset's rows then differ in bits).
         return None
     multiple = row_multiple(dtypes)
     if multiple is None:
@@ -180,7 +190,10 @@ def in_two(
         got[lo] = part(*bounds[lo], budgets[lo])
 
     try:
-        in_parts(run, 2, 1, rows, (spawn, 2), START_WAIT_S if WAIT else 0.0)
+        # No start wait (``_blocked_split.START_WAIT_S``): waiting for the spawned part, at
+        # 512 rows, read 0.72-0.81x the hand-written batcher against 0.72-0.79x not; a
+        # worker woken on this core starts only when this one sleeps either way.
+        in_parts(run, 2, 1, rows, (spawn, 2))
     finally:
         b0, b1 = budgets
         budget.count += b0.count + b1.count
