@@ -281,6 +281,7 @@ def _report(report: Report, loop_name: str, measured: dict[str, Any], max_batch_
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, run, print."""
+    global ROWS
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_batching", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds (a smoke run)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7, quick 2)")
@@ -289,7 +290,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blas-threads", type=int, default=1, help="BLAS threads per product (0: the library's)")
     parser.add_argument("--rows", type=int, default=ROWS, help="rows per request (a batch of 32 holds 32x as many)")
     args = parser.parse_args(argv)
-    global ROWS
     ROWS = args.rows
     report = Report(quick=args.quick, rounds=args.rounds or (2 if args.quick else 7))
     run(report, args.requests, args.max_batch_size, args.blas_threads or None)
