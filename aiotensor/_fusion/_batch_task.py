@@ -266,8 +266,9 @@ async def kernel_call(
             # part in REFRESH_EVERY measures that again.
             timed = self._whole.get(key)
             if timed is not None and engine.registry.memory_limit is None:
-                runs = self._whole[key] = (timed[0], timed[1] + 1)
-                whole = 0.0 if runs[1] % REFRESH_EVERY == 0 else timed[0]
+                runs = timed[1] + 1
+                self._whole[key] = (timed[0], runs, timed[2])
+                whole = 0.0 if runs % REFRESH_EVERY == 0 else timed[0]
         kernel = BatchKernel(
             self._fn, engine, budget, counts, label, measure=measure, recycle=recycle, direct=direct, whole_us=whole
         )
@@ -307,8 +308,14 @@ async def kernel_call(
         if kernel.busy:
             self._counts["not_split"] += 1
         if not measure and len(callers) > 1:
+            # The lesser of the last two one-part times (the first run to reuse no kept
+            # buffers pays page faults: one slow run alone does not split the next 63).
             timed = self._whole.get(key)
-            self._whole[key] = (kernel.elapsed, 0 if timed is None else timed[1])
+            took = kernel.elapsed
+            if timed is None:
+                self._whole[key] = (0.0, 0, took)
+            else:
+                self._whole[key] = (min(took, timed[2]), timed[1], took)
     self._placement.record(key, est, kernel.estimate, kernel.elapsed, engine.inline_us, kernel.free)
     if kernel.blas is not None and kernel.big is not None:  # (learned only from recycling runs)
         self._learned[key] = (kernel.blas, kernel.big)

@@ -220,8 +220,9 @@ class BatchedFunction:
         self._learned: dict[tuple[Any, ...], tuple[bool, bool]] = {}
         self._counts = dict.fromkeys(BatchStats.__slots__, 0)
         self._needs: dict[tuple[Any, ...], int] = {}  # per shape key: bytes the last batch held at its peak
-        # Per shape key: (µs of the last one-part kernel of several callers, eligible runs since).
-        self._whole: dict[tuple[Any, ...], tuple[float, int]] = {}
+        # Per shape key, of its kernels of several callers: (the lesser µs of the last two
+        # run in one part, 0 before two; eligible runs since; µs of the last one-part run).
+        self._whole: dict[tuple[Any, ...], tuple[float, int, float]] = {}
         functools.update_wrapper(self, fn)
 
     @property
