@@ -43,7 +43,18 @@ if TYPE_CHECKING:
     from .._programs._interpreter import Budget
     from .._types import NDArray
 
-__all__ = ["REFRESH_EVERY", "ROW_MULTIPLES", "SPLIT_MIN_US", "cut_at", "pool_for", "row_multiple", "settings"]
+__all__ = [
+    "REFRESH_EVERY",
+    "ROW_MULTIPLES",
+    "SPLIT_MIN_US",
+    "cut_at",
+    "dtypes_of",
+    "in_two",
+    "plan",
+    "pool_for",
+    "row_multiple",
+    "settings",
+]
 
 #: µs of a batch's one-part kernel from which it runs in two parts while a core is free.
 #: A spawned part must start first: on this 2-core VM the pool's other worker started
@@ -211,11 +222,7 @@ def _child(budget: Budget) -> Budget:
 
 def settings() -> dict[str, Any]:
     """The constants of the rule, for ``aiotensor info``."""
-    return {
-        "min_us": SPLIT_MIN_US,
-        "refresh_every": REFRESH_EVERY,
-        "row_multiples": {str(k): v for k, v in _MULTIPLES.items()},
-    }
+    return {"min_us": SPLIT_MIN_US, "refresh_every": REFRESH_EVERY, "row_multiples": list(ROW_MULTIPLES)}
 
 
 _ndarray = np.ndarray
