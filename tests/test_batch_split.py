@@ -40,6 +40,9 @@ def free_core(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_batch_split, "core_free", lambda: True)
     monkeypatch.setattr(_batch_split, "gate_slots", lambda: _batch_split._CORES)
     monkeypatch.setattr(_batch_split, "SPLIT_MIN_US", 0.0)
+    # The pool's other worker taken as idle (it may still be leaving the last batch's
+    # part): whether a batch splits is then the same in every run.
+    monkeypatch.setattr(_batch_split, "pool_for", lambda engine: (engine.backend.executor.spawn, 2))
 
 
 async def values(y: Any) -> np.ndarray[Any, Any]:
@@ -184,7 +187,7 @@ async def test_several_outputs_and_callers_of_other_sessions_are_split_as_one_pa
 async def test_no_free_core_keeps_one_part_and_the_stats_say_so(
     free_core: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_batch_split, "core_free", lambda: False)
+    monkeypatch.setattr(_batch_split, "pool_for", lambda engine: None)  # no worker or core free
     xs = [np.ones((16, 64), np.float32) for _ in range(32)]
     async with at.AsyncEagerSession(config=POOL) as s:
         params = [await s.constant(w) for w in mlp_weights()]
@@ -195,16 +198,34 @@ async def test_no_free_core_keeps_one_part_and_the_stats_say_so(
     assert stats.not_split == 2  # (the first run is measured, the next two timed in one part)
 
 
+async def test_the_pool_is_offered_while_a_worker_and_a_core_are_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with at.AsyncEagerSession(config=POOL) as s:
+        engine = s._engine
+        await s.add(await s.constant(np.ones(4)), 1)  # (the pool made)
+        pool = engine.backend.executor  # type: ignore[attr-defined]  # (the local backend's)
+        monkeypatch.setattr(_batch_split, "core_free", lambda: True)
+        monkeypatch.setattr(pool, "idle_workers", lambda: 1)
+        assert _batch_split.pool_for(engine) == (pool.spawn, 2)
+        monkeypatch.setattr(pool, "idle_workers", lambda: 0)  # the other worker busy
+        assert _batch_split.pool_for(engine) is None
+        monkeypatch.setattr(pool, "idle_workers", lambda: 1)
+        monkeypatch.setattr(_batch_split, "core_free", lambda: False)  # another process on the other core
+        assert _batch_split.pool_for(engine) is None
+    async with at.AsyncEagerSession(config=at.SessionConfig(max_workers=1)) as one:
+        monkeypatch.setattr(_batch_split, "core_free", lambda: True)
+        assert _batch_split.pool_for(one._engine) is None  # one worker: nobody to share with
+
+
 async def test_a_short_batch_stays_one_part_without_asking_for_a_core(
     free_core: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     asked: list[bool] = []
 
-    def core_free() -> bool:
+    def pool_for(engine: Any) -> Any:
         asked.append(True)
-        return True
+        return engine.backend.executor.spawn, 2
 
-    monkeypatch.setattr(_batch_split, "core_free", core_free)
+    monkeypatch.setattr(_batch_split, "pool_for", pool_for)
     monkeypatch.setattr(_batch_split, "SPLIT_MIN_US", 1e9)
     xs = [np.ones((16, 64), np.float32) for _ in range(32)]
     async with at.AsyncEagerSession(config=POOL) as s:
@@ -379,5 +400,42 @@ def test_a_part_that_cannot_be_spawned_runs_on_this_thread() -> None:
     assert threads == [threading.get_ident()] * 2
 
 
-def test_the_kernel_notes_its_parts_for_the_stats() -> None:
-    assert {"parts", "busy", "whole_us"} <= set(_batch_kernel.BatchKernel.__slots__)
+async def test_results_of_earlier_split_batches_never_change(free_core: None) -> None:
+    # Each part recycles its own thread's buffers: no kept buffer is a live result.
+    rng = np.random.default_rng(4)
+    weights = mlp_weights()
+    held: list[tuple[np.ndarray[Any, Any], at.Tensor]] = []
+    async with at.AsyncEagerSession(config=POOL) as s:
+        params = [await s.constant(w) for w in weights]
+        f = at.batched(max_batch_size=4096)(mlp)
+        for _ in range(8):
+            xs = [rng.standard_normal((16, 64)).astype(np.float32) for _ in range(32)]
+            ys = await asyncio.gather(*[f(x, *params) for x in xs])
+            for x, y in zip(xs, ys, strict=True):
+                assert isinstance(y, at.Tensor)
+                held.append((x, y))
+            for x, y in held:
+                np.testing.assert_allclose(await values(y), mlp_numpy(x, weights), rtol=1e-5, atol=1e-6)
+        assert f.stats().split >= 4
+        del held, ys, y
+
+
+async def test_a_caller_cancelled_while_its_split_batch_runs_leaks_nothing(free_core: None) -> None:
+    xs = [np.full((16, 64), i / 32, np.float32) for i in range(32)]
+    async with at.AsyncEagerSession(config=POOL) as s:
+        params = [await s.constant(w) for w in mlp_weights()]
+        f = at.batched(max_batch_size=4096)(mlp)
+        await run_batches(s, f, xs, params, 3)
+        tasks = [asyncio.create_task(f(x, *params)) for x in xs]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the batch's task has submitted its kernel
+        tasks[5].cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(done[5], asyncio.CancelledError)
+        for i, y in enumerate(done):
+            if i != 5:
+                np.testing.assert_allclose(await values(y), mlp_numpy(xs[i], mlp_weights()), rtol=1e-5, atol=1e-6)
+        stats = f.stats()
+        assert (stats.batches, stats.split, stats.cancelled) == (4, 1, 1)
+        del done, y
+    assert (s.stats().live_tensors, s.stats().live_bytes) == (0, 0)
