@@ -123,9 +123,10 @@ class BatchKernel:
         # pieces by caller index) instead of returned, to be registered in the batch's.
         self.direct = direct
         self.aside: dict[int, list[_kernels.BufferInfo]] = {}
-        # Splitting (``_batch_split``): the µs of this batch's last one-part run (0: do not
-        # split), the loop's thread (a run there stays one part), and what was decided:
-        # the parts it ran in, and whether it was large enough but found no core free.
+        # Splitting (``_batch_split``): the lesser µs of the last two one-part runs of such a
+        # batch (0: do not split), the loop's thread (a run there stays one part), and what
+        # was decided: the parts it ran in, and whether it was long enough but stayed one
+        # part (no worker or core free, BLAS multi-threaded, or no cut on the row multiple).
         self.whole_us = whole_us
         self.loop_ident = _get_ident()
         self.parts = 1
