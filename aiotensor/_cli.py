@@ -243,6 +243,7 @@ def collect_info() -> dict[str, Any]:
 
     from ._backends._base import DEFAULT_PRIORITY, default_executor
     from ._backends._priority import describe
+    from ._fusion._batch_split import settings as batch_split_settings
     from ._loopload import BUSY_ABOVE, BUSY_FREE_US, BUSY_INLINE_US, GIL_TRANSFER_US, IDLE_BELOW
     from ._programs._blocked_run import settings as blocked_settings
 
@@ -262,6 +263,7 @@ def collect_info() -> dict[str, Any]:
         "blas": _blas(),
         "physical_memory": PHYSICAL_MEMORY,
         "blocked": blocked_settings(),  # element-wise runs in blocks (measured: docs/performance.md)
+        "batch_split": batch_split_settings(),  # a long batch's callers in two parts (the same page)
         # Where a cheap kernel runs: on the loop up to the first estimate, up to the second
         # while the loop is saturated and contended (busy-loop placement, at.loop_load()),
         # and above it too for kernels that run mostly holding the GIL.
@@ -301,6 +303,10 @@ def _info(args: argparse.Namespace) -> int:
         " {split_idle_min_bytes:,} while a core is free, then in blocks of {split_block_items:,}, waiting up to"
         " {split_wait_us} µs for the second worker); one-block results aligned, {parked_bytes:,} bytes of"
         " misaligned chunks kept from malloc (at most {parked_max_bytes:,})".format(**info["blocked"]),
+        "batched kernels": "a batch whose one-part kernel took {min_us:g} µs or more runs its callers in two"
+        " parts on two workers while a core is free and BLAS is single-threaded (one run in {refresh_every}"
+        " in one part, timed again), cut at a caller boundary on the first of {row_multiples} rows that keeps"
+        " BLAS products' rows bit for bit".format(**info["batch_split"]),
         "inline kernels": "estimated up to {inline_threshold_us:g} µs run on the loop; up to {busy_inline_us:g} µs"
         " while its thread is busy (over {busy_above:.0%}, until under {idle_below:.0%}), and above that"
         " if at most {busy_free_us:g} µs run without the GIL ({gil_transfer_us:g} µs off per release after"

@@ -20,6 +20,7 @@ Run::
 
     python -m benchmarks.bench_batching            # ~1 minute on 2 cores; writes nothing
     python -m benchmarks.bench_batching --quick    # a smoke run
+    python -m benchmarks.bench_batching --rows 64 --max-batch-size 2048   # batches long enough to split
 
 ``python -m benchmarks`` runs it as the ``batching`` scenario.
 """
@@ -183,7 +184,7 @@ async def _measure(rounds: int, n: int, n_single: int, max_batch_size: int) -> t
             await _clients(request, inputs, max(2, n // 10))
         many: dict[str, tuple[list[float], list[float]]] = {label: ([], []) for label in variants}
         single: dict[str, list[float]] = {label: [] for label in (NUMPY, FUSED, BATCHED)}
-        calls = batches = rows = 0
+        calls = batches = rows = split = 0
         loop_cpu = dict.fromkeys(variants, 0.0)  # seconds of this (the loop's) thread, per variant
         for r in range(rounds):
             order = list(variants)[r % len(variants) :] + list(variants)[: r % len(variants)]
@@ -196,13 +197,14 @@ async def _measure(rounds: int, n: int, n_single: int, max_batch_size: int) -> t
                 calls += after.calls - before.calls
                 batches += after.batches - before.batches
                 rows += after.rows - before.rows
+                split += after.split - before.split
                 many[label][0].append(rps)
                 many[label][1].extend(cycles)
             for label in single:
                 single[label].extend((await _clients(variants[label], inputs[:1], n_single))[1])
         minimal.close()
     per_request = {label: seconds / (rounds * n * CLIENTS) * 1e6 for label, seconds in loop_cpu.items()}
-    stats = (calls / max(batches, 1), rows / max(batches, 1))
+    stats = (calls / max(batches, 1), rows / max(batches, 1), split / max(batches, 1))
     return {"many": many, "single": single, "stats": stats, "loop_us": per_request}, {}
 
 
@@ -226,13 +228,14 @@ def run(report: Report, n: int | None = None, max_batch_size: int = 512, blas_th
 
 
 def _report(report: Report, loop_name: str, measured: dict[str, Any], max_batch_size: int, blas: int | None) -> None:
-    many, single, (calls, rows) = measured["many"], measured["single"], measured["stats"]
+    many, single, (calls, rows, split) = measured["many"], measured["single"], measured["stats"]
     loop_us = measured["loop_us"]  # the loop thread's CPU per request (kernels on workers not counted)
     base = Stat(tuple(many[NUMPY][0]))
     t = report.table(
         f"MLP {ROWS}x{IN} -> {HIDDEN} -> {OUT} float32, {CLIENTS} concurrent clients, {loop_name} loop,"
         f" BLAS threads {blas or 'default'} (batched: max_batch_size={max_batch_size}, {calls:.1f} calls and"
-        f" {rows:.0f} rows per kernel call; cycle: from one answer of a client to its next)",
+        f" {rows:.0f} rows per kernel call, {split:.0%} of them in two parts; cycle: from one answer of a"
+        " client to its next)",
         "requests/s",
         ratio_label=f"x {NUMPY}",
         digits=0,
@@ -278,13 +281,16 @@ def _report(report: Report, loop_name: str, measured: dict[str, Any], max_batch_
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, run, print."""
+    global ROWS
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_batching", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds (a smoke run)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7, quick 2)")
     parser.add_argument("--requests", type=int, default=None, help="requests per client per round (default 40)")
     parser.add_argument("--max-batch-size", type=int, default=512, help="rows per kernel call of the batched variant")
     parser.add_argument("--blas-threads", type=int, default=1, help="BLAS threads per product (0: the library's)")
+    parser.add_argument("--rows", type=int, default=ROWS, help="rows per request (a batch of 32 holds 32x as many)")
     args = parser.parse_args(argv)
+    ROWS = args.rows
     report = Report(quick=args.quick, rounds=args.rounds or (2 if args.quick else 7))
     run(report, args.requests, args.max_batch_size, args.blas_threads or None)
     print_console(report)

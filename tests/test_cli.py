@@ -155,6 +155,7 @@ def test_info_reports_versions_devices_pool_and_blas() -> None:
     assert isinstance(info["blas"], list)  # threadpoolctl is a test extra
     assert all(b["threads"] >= 1 for b in info["blas"])
     assert info["blocked"]["block_items"] > 0  # the blocked-evaluation constants
+    assert info["batch_split"]["min_us"] > 0  # when a batch runs in two parts
     inline = info["inline"]  # where a cheap kernel runs, idle loop and busy loop
     assert inline["inline_threshold_us"] == at.SessionConfig().inline_threshold_us
     assert 0 < inline["busy_inline_us"] <= inline["inline_threshold_us"]
@@ -176,6 +177,7 @@ def test_info_text_and_without_threadpoolctl(
     assert f"in blocks of {info['blocked']['block_items']:,} " in lines["blocked runs"]
     assert f"(at most {info['blocked']['parked_max_bytes']:,})" in lines["blocked runs"]
     assert 0 <= info["blocked"]["parked_bytes"] <= info["blocked"]["parked_max_bytes"]
+    assert f"one-part kernel took {info['batch_split']['min_us']:g} µs or more" in lines["batched kernels"]
     busy = info["inline"]
     assert (
         f"{busy['busy_inline_us']:g} µs while its thread is busy (over {busy['busy_above']:.0%}"

@@ -33,8 +33,10 @@ Values made from them are counted in the run's budget like any other intermediat
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -45,6 +47,8 @@ from .. import _kernels
 from .._errors import InvalidArgumentError
 from .._kernels import SEQUENCES
 from .._programs._interpreter import RECYCLER, Budget
+from . import _batch_split
+from ._batch_split import dtypes_of, in_two, plan
 from ._fused_ops import FusedOps, unknown_op
 from ._fused_value import FusedValue, _result, _wrap_arg
 
@@ -69,6 +73,7 @@ class BatchKernel:
         "big",
         "blas",
         "budget",
+        "busy",
         "counts",
         "direct",
         "elapsed",
@@ -77,9 +82,12 @@ class BatchKernel:
         "fn",
         "free",
         "label",
+        "loop_ident",
         "measure",
         "multi",
+        "parts",
         "recycle",
+        "whole_us",
     )
 
     def __init__(
@@ -92,6 +100,7 @@ class BatchKernel:
         measure: bool = True,
         recycle: bool = True,
         direct: list[bool] | None = None,
+        whole_us: float = 0.0,
     ) -> None:
         self.fn = fn
         self.measure = measure  # sum the cost model over the ops (the first run for these shapes)
@@ -114,16 +123,62 @@ class BatchKernel:
         # pieces by caller index) instead of returned, to be registered in the batch's.
         self.direct = direct
         self.aside: dict[int, list[_kernels.BufferInfo]] = {}
+        # Splitting (``_batch_split``): the lesser µs of the last two one-part runs of such a
+        # batch (0: do not split), the loop's thread (a run there stays one part), and what
+        # was decided: the parts it ran in, and whether it was long enough but stayed one
+        # part (no worker or core free, BLAS multi-threaded, or no cut on the row multiple).
+        self.whole_us = whole_us
+        self.loop_ident = _get_ident()
+        self.parts = 1
+        self.busy = False
 
     def __call__(self, xs: tuple[NDArray, ...], *params: Any) -> Any:
         start = time.perf_counter()
+        whole = self.whole_us
+        if whole and whole >= _batch_split.SPLIT_MIN_US and _get_ident() != self.loop_ident:
+            # A large batch on a pool worker: in two parts while a core is free (_batch_split).
+            how = plan(self.counts, dtypes_of(xs[0], params), self.engine, bool(self.blas))
+            if how is None:
+                self.busy = True
+            else:
+                return self._in_two(start, xs, params, *how)
         ops = FusedOps(self.engine, self.budget, self.measure, recycle=self.recycle)
-        # The stacked rows are made by this run: counted in its budget like an intermediate.
+        arrays, multi = self._outputs(ops, xs, self.counts, params, self.budget, len(xs) > 1)
+        self.multi = multi
+        if self.recycle:
+            self.blas, self.big = ops._blas, ops._big
+        else:
+            self.blas = self.big = None
+        if ops._estimate is not None:
+            self.estimate = ops._estimate
+            self.free = ops.free_us
         if len(xs) == 1:
+            self.elapsed = (time.perf_counter() - start) * 1e6
+            return arrays if multi else arrays[0]
+        split = _split(arrays, self.counts)
+        del arrays
+        buffers = self._results(split)
+        self.elapsed = (time.perf_counter() - start) * 1e6
+        return _kernels.KernelResult(buffers, True)
+
+    def _outputs(
+        self,
+        ops: FusedOps,
+        xs: tuple[NDArray, ...],
+        counts: list[int],
+        params: tuple[Any, ...],
+        budget: Budget,
+        stack: bool,
+    ) -> tuple[list[NDArray], bool]:
+        # ``fn`` on the rows ``xs`` (stacked when ``stack``: its outputs are then split
+        # per caller): its outputs, checked, and whether it returned several.
+        # The stacked rows are made by this run: counted in its budget like an intermediate.
+        rows = sum(counts)
+        if not stack:
             x = FusedValue(xs[0], ops)
         else:
             x0 = xs[0]
-            stacked = RECYCLER.take((sum(self.counts), *x0.shape[1:]), x0.dtype)
+            stacked = RECYCLER.take((rows, *x0.shape[1:]), x0.dtype)
             x = ops._made(np.concatenate(xs) if stacked is None else np.concatenate(xs, out=stacked), self.label)
         try:
             out = self.fn(ops, x, *[_wrap_arg(p, ops) for p in params])
@@ -133,10 +188,8 @@ class BatchKernel:
                 raise
             raise error from None
         del x
-        self.multi = multi = isinstance(out, SEQUENCES)
+        multi = isinstance(out, SEQUENCES)
         outs = list(out) if multi else [out]
-        rows = sum(self.counts)
-        budget = self.budget
         arrays = []
         for i, o in enumerate(outs):
             made = isinstance(o, FusedValue) and o._made
@@ -151,31 +204,37 @@ class BatchKernel:
                 raise _kernels.BadOutputError(
                     f"kernel returned dtype {a.dtype}; tensors hold bool, integer, float or complex data"
                 )
-            if len(xs) > 1 and made:
+            if stack and made:
                 budget.escaped -= 1  # split below: the whole output is an intermediate, its pieces the results
             arrays.append(a)
-        del out, outs
-        if self.recycle:
-            self.blas, self.big = ops._blas, ops._big
-        else:
-            self.blas = self.big = None
-        if ops._estimate is not None:
-            self.estimate = ops._estimate
-            self.free = ops.free_us
-        if len(xs) == 1:
-            self.elapsed = (time.perf_counter() - start) * 1e6
-            return arrays if multi else arrays[0]
-        # Each caller's rows of each output, copied into an array of its own (a view would
-        # keep the whole batch's output alive behind its session's back, and let one
-        # caller reach another's rows through ``.base``), made read-only: what
-        # ``normalize`` would make of them, without its per-array checks (done above,
-        # once per output).
-        counts = self.counts
-        n = counts[0]
-        if counts.count(n) == len(counts):  # callers of as many rows each: split in C loops
-            split = [_equal_pieces(a, len(counts), n) for a in arrays]
-        else:
-            split = [_pieces(a, counts) for a in arrays]
+        return arrays, multi
+
+    def _part(self, xs: tuple[NDArray, ...], params: tuple[Any, ...], lo: int, hi: int, budget: Budget) -> Any:
+        # Callers ``lo:hi`` of a batch run in two parts: stacked, through ``fn``, split per
+        # caller, on this thread's recycled buffers.
+        counts = self.counts[lo:hi]
+        ops = FusedOps(self.engine, budget, False, recycle=True)
+        arrays, multi = self._outputs(ops, xs[lo:hi], counts, params, budget, True)
+        return _split(arrays, counts), multi, ops._blas, ops._big
+
+    def _in_two(
+        self, start: float, xs: tuple[NDArray, ...], params: tuple[Any, ...], cut: int, spawn: Any
+    ) -> _kernels.KernelResult:
+        # The batch's callers in two parts, ``:cut`` here and ``cut:`` on a spawned worker.
+        rows = sum(self.counts)
+        first, second = in_two(functools.partial(self._part, xs, params), rows, cut, len(xs), spawn, self.budget)
+        if first[1] != second[1] or len(first[0]) != len(second[0]):
+            raise InvalidArgumentError(f"{self.label}: fn returned different outputs for parts of one batch")
+        self.parts = 2
+        self.multi = first[1]
+        self.blas, self.big = first[2] or second[2], first[3] or second[3]
+        buffers = self._results([a + b for a, b in zip(first[0], second[0], strict=True)])
+        self.elapsed = (time.perf_counter() - start) * 1e6
+        return _kernels.KernelResult(buffers, True)
+
+    def _results(self, split: list[list[_kernels.BufferInfo]]) -> list[_kernels.BufferInfo]:
+        # Per output, each caller's pieces: the buffers the engine registers, caller by
+        # caller; those of callers of other sessions set aside (``aside``).
         buffers = split[0] if len(split) == 1 else [b for mine in zip(*split, strict=True) for b in mine]
         direct = self.direct
         if direct is not None:
@@ -190,10 +249,21 @@ class BatchKernel:
                 else:
                     kept += buffers[i * k : i * k + k]
             buffers = kept
-        self.elapsed = (time.perf_counter() - start) * 1e6
-        return _kernels.KernelResult(buffers, True)
+        return buffers
 
 
+def _split(arrays: list[NDArray], counts: list[int]) -> list[list[_kernels.BufferInfo]]:
+    # Each caller's rows of each output, copied into an array of its own (a view would
+    # keep the whole batch's output alive behind its session's back, and let one caller
+    # reach another's rows through ``.base``), made read-only: what ``normalize`` would
+    # make of them, without its per-array checks (done once per output).
+    n = counts[0]
+    if counts.count(n) == len(counts):  # callers of as many rows each: split in C loops
+        return [_equal_pieces(a, len(counts), n) for a in arrays]
+    return [_pieces(a, counts) for a in arrays]
+
+
+_get_ident = threading.get_ident
 _new_tuple = tuple.__new__  # BufferInfo(...) without the NamedTuple's __new__ (half the cost)
 _copy = np.ndarray.copy
 _setflags: Callable[[Any, bool], None] = np.ndarray.setflags  # type: ignore[assignment]  # (write= positional: numpy accepts it)

@@ -139,6 +139,10 @@ class BatchStats:
         cancelled: Calls cancelled while they waited: removed from their batch before it
             ran, or their rows dropped after it ran.
         failed: Kernel calls that raised (each of their callers got the error).
+        split: Kernel calls whose callers ran in two parts on two pool workers at once
+            (a batch whose one-part kernel took ``SPLIT_MIN_US`` or more, while a core was free).
+        not_split: Kernel calls long enough to split that ran in one part: no worker or
+            core was free, or no caller boundary fell where the rows may be cut.
     """
 
     calls: int = 0
@@ -147,6 +151,8 @@ class BatchStats:
     max_rows: int = 0
     cancelled: int = 0
     failed: int = 0
+    split: int = 0
+    not_split: int = 0
 
     @property
     def rows_per_batch(self) -> float:
@@ -214,6 +220,9 @@ class BatchedFunction:
         self._learned: dict[tuple[Any, ...], tuple[bool, bool]] = {}
         self._counts = dict.fromkeys(BatchStats.__slots__, 0)
         self._needs: dict[tuple[Any, ...], int] = {}  # per shape key: bytes the last batch held at its peak
+        # Per shape key, of its kernels of several callers: (the lesser µs of the last two
+        # run in one part, 0 before two; eligible runs since; µs of the last one-part run).
+        self._whole: dict[tuple[Any, ...], tuple[float, int, float]] = {}
         functools.update_wrapper(self, fn)
 
     @property
