@@ -262,12 +262,7 @@ class LocalBackend(Backend):
             if d is not None and d.ufunc and self.namespace == "numpy" and large_enough(args):
                 fn = Split(fn, d.kernel_for(np), pool.spawn, pool.max_workers)
             elif getattr(fn, "spawning", None) is not None:  # a program with blocked runs (_blocked)
-                wrapped = fn.spawning(fn, pool.spawn, pool.max_workers)  # type: ignore[attr-defined]
-                if wrapped.ready(args, pool.idle_workers()):  # a split run's other participant, woken with it
-                    pending = pool.run(run_kernel, wrapped, args, kwargs)
-                    wrapped.submitted()
-                    return pending
-                fn = wrapped
+                fn = fn.spawning(fn, pool.spawn, pool.max_workers)  # type: ignore[attr-defined]
         if pool is not None:
             # The pool copies the context: kernels see the caller's context variables (numpy's errstate too).
             return pool.run(run_kernel, fn, args, kwargs)

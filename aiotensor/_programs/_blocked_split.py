@@ -31,9 +31,7 @@ __all__ = [
     "SPLIT_BLOCK_ITEMS",
     "SPLIT_IDLE_MIN_BYTES",
     "SPLIT_MIN_BYTES",
-    "STANDBY_S",
     "START_WAIT_S",
-    "Standby",
     "core_free",
     "in_parts",
     "result_buffer",
@@ -85,11 +83,6 @@ SPLIT_BLOCK_ITEMS = 262144
 #: item blocks); wasted when the other core is busy, so only split runs in
 #: tall blocks (a core free) wait.
 START_WAIT_S = 0.0001
-#: Seconds a standby participant (:class:`Standby`) waits, asleep, for its run's blocks
-#: before it gives up (its run then spawns a participant as without one). It bounds the
-#: time a worker is held by a kernel that never splits or never runs (cancelled before
-#: a worker took it); a chain's split run posts its blocks ~15 µs into the kernel.
-STANDBY_S = 0.002
 #: Output bytes per part handed to a participant of a split run.
 _PART_BYTES = 4 << 20
 
@@ -103,8 +96,6 @@ _OUT: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("aiotens
 #: 8 MiB, read 0.67-0.78x numpy split in tall blocks against 0.62-0.68x not, awaited,
 #: seven sittings on a quiet machine).
 IDLE_TIER: contextvars.ContextVar[bool] = contextvars.ContextVar("aiotensor_blocked_idle_tier", default=True)
-#: The participant started with the kernel (:class:`Standby`) that the kernel's first split run hands its blocks to.
-_STANDBY: contextvars.ContextVar[Standby | None] = contextvars.ContextVar("aiotensor_blocked_standby", default=None)
 
 
 def split_pool(nbytes: int) -> tuple[tuple[Spawn, int], bool] | None:
@@ -119,8 +110,7 @@ def split_pool(nbytes: int) -> tuple[tuple[Spawn, int], bool] | None:
         return None
     if nbytes < SPLIT_MIN_BYTES and not IDLE_TIER.get():
         return None
-    if _STANDBY.get() is not None or core_free():
-        # (With a standby, the core was free at submission: the standby, awake now, would count as busy.)
+    if core_free():
         return pool, True
     return (pool, False) if nbytes >= SPLIT_MIN_BYTES else None
 
@@ -190,15 +180,8 @@ def in_parts(
             pass
         blocks.drain()
 
-    helpers = min(workers, len(bounds)) - 1
-    standby = _STANDBY.get()
-    if standby is not None:
-        _STANDBY.set(None)  # (the kernel's later split runs spawn theirs)
-        if helpers and standby.post(blocks):
-            helpers -= 1
-            wait = 0.0  # awake already: it takes the GIL at this thread's first ufunc call
     spawned = 0
-    for _ in range(helpers):
+    for _ in range(min(workers, len(bounds)) - 1):
         try:
             spawn(helper)
             spawned += 1
@@ -226,104 +209,22 @@ def _aligned(rows: int, parts: int, h: int) -> list[tuple[int, int]]:
     return bounds
 
 
-class Standby:
-    """A participant of a split run started with its kernel, before the run has blocks.
-
-    The submitting thread starts one (:meth:`_WithSpawn.submitted`) right after the
-    kernel's job, so that the two workers wake at once rather than one after the
-    other (the kernel's worker waking, then, ~20 µs into the kernel, spawning the
-    other). It waits asleep (no GIL) on a lock; the kernel's first split run hands it
-    its blocks (:meth:`post`), the kernel's end lets it go (:meth:`close`), and it gives
-    up after :data:`STANDBY_S`. Whichever comes first decides, under ``mutex``: blocks
-    posted to a standby that gave up are refused (the run spawns a participant).
-    """
-
-    __slots__ = ("blocks", "gate", "mutex", "state")
-
-    def __init__(self) -> None:
-        self.gate = threading.Lock()
-        self.gate.acquire()
-        self.mutex = threading.Lock()
-        self.blocks: _Blocks | None = None
-        self.state = 0  # 0: waiting; 1: posted or closed (the gate released); 2: gave up
-
-    def join(self) -> None:
-        """The standby's body, on a worker: the posted blocks drained, or nothing."""
-        self.gate.acquire(timeout=STANDBY_S)
-        with self.mutex:
-            blocks, self.blocks = self.blocks, None
-            if self.state == 0:
-                self.state = 2
-        if blocks is not None:
-            blocks.drain()
-
-    def post(self, blocks: _Blocks) -> bool:
-        """Hand ``blocks`` to the standby; False if it gave up or was let go (no participant)."""
-        with self.mutex:
-            if self.state:
-                return False
-            self.state = 1
-            self.blocks = blocks
-        self.gate.release()
-        return True
-
-    def close(self) -> None:
-        """Let the standby go (the kernel ended) if nothing was posted."""
-        with self.mutex:
-            if self.state:
-                return
-            self.state = 1
-        self.gate.release()
-
-
 class _WithSpawn:
     """A program whose blocked runs may share their blocks with the pool's workers."""
 
-    __slots__ = ("fn", "spawn", "standby", "workers")
+    __slots__ = ("fn", "spawn", "workers")
 
     def __init__(self, fn: Callable[..., Any], spawn: Spawn, workers: int) -> None:
         self.fn = fn
         self.spawn = spawn
         self.workers = workers
-        self.standby: Standby | None = None
-
-    def ready(self, bufs: tuple[Any, ...], idle: int) -> bool:
-        """Whether a participant should start with the kernel (:class:`Standby`), decided before it is submitted.
-
-        ``idle``: the pool's idle workers. Yes when the largest input is as large as a
-        run that splits (a formula over same-shaped arrays: its result too), two
-        workers are idle and a core is free now (the caller, on the loop's thread, among
-        the runnable threads), or the input reaches :data:`SPLIT_MIN_BYTES`.
-        """
-        if self.workers < 2 or idle < 2:
-            return False
-        largest = max((b.nbytes for b in bufs if type(b) is _ndarray), default=0)
-        if largest < min(SPLIT_IDLE_MIN_BYTES, SPLIT_MIN_BYTES) or not core_free():
-            return False  # (no core free: a run from SPLIT_MIN_BYTES spawns its participant, in short blocks)
-        self.standby = Standby()
-        return True
-
-    def submitted(self) -> None:
-        """After the kernel's job was queued: the standby (if :meth:`ready`) started on another worker."""
-        standby = self.standby
-        if standby is None:
-            return
-        try:
-            self.spawn(standby.join)
-        except Exception:  # no worker to be had: the run spawns (or does it all) as without one
-            self.standby = None
 
     def __call__(self, *args: Any, out: Any = None) -> Any:
-        standby, self.standby = self.standby, None
         token = _POOL.set((self.spawn, self.workers))
         given = _OUT.set([out])
-        ready = _STANDBY.set(standby)
         try:
             return self.fn(*args)
         finally:
-            if standby is not None:
-                standby.close()
-            _STANDBY.reset(ready)
             _OUT.reset(given)
             _POOL.reset(token)
 
