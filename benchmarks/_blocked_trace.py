@@ -67,17 +67,24 @@ def _stamps(stamps: dict[str, Any]) -> Iterator[None]:
         inbox_drain(self)
 
     def parts(*args: Any, **kwargs: Any) -> None:
+        stamps["drains"] = []
         stamps["split0"] = _clock()
         in_parts(*args, **kwargs)
         stamps["split1"] = _clock()
 
     class Traced(_chunked._Blocks):
-        __slots__ = ()
+        # Each run's blocks log into that run's list: a participant that finds nothing
+        # left may return after the run's caller resumed (and the next run began).
+        __slots__ = ("log",)
+
+        def __init__(self, blocks: list[Callable[[], object]]) -> None:
+            super().__init__(blocks)
+            self.log: list[tuple[float, float]] = stamps["drains"]
 
         def drain(self) -> None:
             start = _clock()
             super().drain()
-            stamps.setdefault("drains", []).append((start, _clock()))
+            self.log.append((start, _clock()))
 
     _jobs.Job.run = run  # type: ignore[method-assign]
     _jobs._Inbox.drain = drain  # type: ignore[method-assign]
