@@ -9,7 +9,9 @@ medians): the 10-op float32 chain of ``bench_engine`` at 16 floats, 256x256,
 block size and the split threshold on the kernel itself (what ``_blocked``'s constants
 come from); ``--write-docs`` also times the chain's kernel alone at more sizes and writes
 ``docs/img/perf_blocked.png`` (ratio vs size).
-Without it nothing in the checkout is written.
+Without it nothing in the checkout is written. ``--trace RUNS`` stamps where awaited
+1024x1024 chains spend their time, beside the two-thread split written by hand with no
+runtime (``_blocked_trace``).
 """
 
 from __future__ import annotations
@@ -308,7 +310,15 @@ def main() -> None:
     parser.add_argument("--calibrate", action="store_true", help="measure the block size and the split threshold")
     parser.add_argument("--only-split", action="store_true", help="with --calibrate: the split threshold alone")
     parser.add_argument("--write-docs", action="store_true", help="also write docs/img/perf_blocked.png")
+    parser.add_argument(
+        "--trace", type=int, metavar="RUNS", help="where RUNS awaited 1024x1024 chains spend their time (asyncio)"
+    )
     args = parser.parse_args()
+    if args.trace:
+        from . import _blocked_trace
+
+        _blocked_trace.main(chain, SIZES["1024x1024"], args.trace)
+        return
     if args.calibrate:
         calibrate(args.rounds, args.only_split)
         return

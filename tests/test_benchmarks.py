@@ -253,6 +253,49 @@ async def test_blocked_benchmark_measures_every_row() -> None:
         assert numpy.median > 0
 
 
+async def test_the_blocked_trace_stamps_a_split_run_in_order_and_puts_the_runtime_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from aiotensor._backends import _chunked, _jobs
+    from aiotensor._programs import _blocked_layout, _blocked_run, _blocked_split, _compile
+    from benchmarks import _blocked_trace, bench_blocked
+
+    def replaced() -> tuple[Any, ...]:  # what the trace wraps, read where the runtime reads it
+        return (
+            _jobs.Job.run,
+            _jobs._Inbox.drain,
+            getattr(_blocked_layout, "in_parts"),  # noqa: B009
+            getattr(_blocked_split, "_Blocks"),  # noqa: B009
+        )
+
+    wrapped = replaced()
+    # Small runs that split (in two participants' blocks of 64 rows of 64).
+    monkeypatch.setattr(_blocked_split, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(_blocked_split, "core_free", lambda: True)
+    monkeypatch.setattr(_blocked_split, "SPLIT_BLOCK_ITEMS", 4096)
+    monkeypatch.setattr(_blocked_run, "MIN_ITEMS", 256)
+    monkeypatch.setattr(_blocked_run, "BLOCK_ITEMS", 1024)
+    monkeypatch.setattr(_blocked_run, "BLOCK_FROM_ITEMS", 0)
+    _compile._CACHE.clear()
+    try:
+        found, split_runs, numpy_us, hand_us = await _blocked_trace.trace(
+            bench_blocked.chain, (256, 64), 4, at.SessionConfig(inline_threshold_us=0.0)
+        )
+    finally:
+        _compile._CACHE.clear()
+    assert replaced() == wrapped
+    assert wrapped[3] is _chunked._Blocks
+    assert split_runs == 4
+    assert numpy_us > 0
+    assert hand_us > 0
+    order = ["job0", "split0", "first0", "split1", "job1", "settle", "resumed"]
+    assert set(order) <= set(found)
+    assert [found[name] for name in order] == sorted(found[name] for name in order)
+    text = _blocked_trace.lines(found, split_runs, 4, numpy_us, hand_us)
+    assert text[0].startswith("awaited split runs traced: 4 of 4 split")
+    assert "hand split, two threads, no runtime" in text[-1]
+
+
 def test_compare_revs_reads_the_rows_bench_blocked_prints() -> None:
     from benchmarks import bench_blocked, compare_revs
 
