@@ -138,9 +138,10 @@ def test_batching_scenario_measures_every_variant_and_records_its_targets() -> N
     for rps, cycles in measured["many"].values():
         assert rps[0] > 0
         assert len(cycles) == bench_batching.CLIENTS * 2
-    calls_per_batch, rows_per_batch = measured["stats"]
+    calls_per_batch, rows_per_batch, split_share = measured["stats"]
     assert calls_per_batch > 1  # 32 clients: coalesced
     assert rows_per_batch == calls_per_batch * bench_batching.ROWS
+    assert 0.0 <= split_share <= 1.0  # the share of batches run in two parts
     report = Report(quick=True, rounds=1)
     bench_batching._report(report, "asyncio", measured, 512, 1)
     assert [t.number for t in report.targets] == [12, 12, 12]
