@@ -893,3 +893,22 @@ def test_the_measured_constants_are_in_aiotensor_info() -> None:
     info = collect_info()
     assert info["blocked"] == _blocked_run.settings()
     assert info["blocked"]["block_items"] == _blocked_run.BLOCK_ITEMS
+
+
+def test_a_run_called_again_with_another_shape_or_dtype_takes_that_ones_layout() -> None:
+    # A run keeps the last layout it used for one input array (a formula evaluated in a
+    # loop skips its memo's key): an input of another shape, dtype or kind is not given it.
+    run = _blocked_run.BlockedRun(((OPS["multiply"], (0, 1)), (OPS["add"], (2, 0))), 1, (2.0,))
+    rng = np.random.default_rng(5)
+    inputs = [
+        rng.standard_normal((256, 256)).astype(np.float32),
+        rng.standard_normal((256, 256)),  # float64
+        rng.standard_normal((200, 256)).astype(np.float32),
+        rng.standard_normal((256, 256)).astype(np.float32).T,  # the same shape, not contiguous
+        np.float32(1.5),  # not an array
+    ]
+    for x in [*inputs, *inputs[::-1], inputs[0], inputs[0]]:
+        got = run(np, x)
+        want = x * 2.0 + x
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
