@@ -900,7 +900,7 @@ def test_a_run_called_again_with_another_shape_or_dtype_takes_that_ones_layout()
     # loop skips its memo's key): an input of another shape, dtype or kind is not given it.
     run = _blocked_run.BlockedRun(((OPS["multiply"], (0, 1)), (OPS["add"], (2, 0))), 1, (2.0,))
     rng = np.random.default_rng(5)
-    inputs = [
+    inputs: list[Any] = [
         rng.standard_normal((256, 256)).astype(np.float32),
         rng.standard_normal((256, 256)),  # float64
         rng.standard_normal((200, 256)).astype(np.float32),
