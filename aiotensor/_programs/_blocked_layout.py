@@ -39,7 +39,9 @@ class Layout:
     """A run on inputs of given shapes and dtypes: block shapes, scratch buffers, ops hoisted out of the loop."""
 
     __slots__ = (
+        "_dtypes",
         "_made_with",
+        "bits",
         "h",
         "hoisted",
         "in_place",
@@ -145,20 +147,43 @@ class Layout:
         self.whole: list[tuple[Any, tuple[int, ...], int]] | None = None
         #: One block whose every op is a ufunc of one or two arguments writing into the
         #: result (the chain in place): per op, its ufunc, arguments (the second -1 for
-        #: none) and value slot, for _whole's loop without branches; else None.
+        #: none, -2 for a float's ``absolute`` done on the result's bits) and value slot,
+        #: for _whole's loop; else None.
         self.in_place: list[tuple[Any, int, int, int]] | None = None
+        #: The result's bits as integers and the mask that clears a float's sign, when an
+        #: in-place op is ``absolute`` (see :data:`ABS_AS_BITS`); else None.
+        self.bits: tuple[np.dtype[Any], Any] | None = None
+        self._dtypes = (all_dtypes, run.nin, nconst)
         if h >= oshape[0] and not self.reducer:
             self.whole = [
                 (run.ufuncs[k], typed[k], buf_of.get(nbase + k, -1 if varies[nbase + k] else -2)) for k in range(n)
             ]
             if all(buf == -1 and _positional_out(f, args) for f, args, buf in self.whole):
                 self.in_place = [
-                    (f, args[0], args[-1] if len(args) == 2 else -1, nbase + k)
+                    (f, args[0], args[-1] if len(args) == 2 else -2 if self._sign_bit(f, args[0], k) else -1, nbase + k)
                     for k, (f, args, _) in enumerate(self.whole)
                 ]
         #: Values read whole by every block (a row vector, a hoisted ``std + 1e-8``) copied
         #: once per call into a block of the shape they broadcast to: (slot, shape).
         self.tiled = [] if self.whole is not None or not 1 < h < oshape[0] else _tiled(run, typed, varies, shapes)
+
+    def _sign_bit(self, f: Any, arg: int, k: int) -> bool:
+        # Whether op ``k``, ``f(vals[arg], out)`` in place, is a float's absolute value that
+        # _whole may compute as the result's sign bits cleared: the same bits (numpy's loop
+        # clears the sign bit too: NaN payloads kept, no floating-point flag raised either
+        # way), ~0.6 µs less on a 256x256 float32 (numpy 2.4's float32 ``absolute`` took
+        # 3.2 µs there, a bitwise and of its bits 2.3, a multiply 2.1, on this machine).
+        all_dtypes, nin, nconst = self._dtypes
+        if f is not np.absolute or not ABS_AS_BITS or arg < nin + nconst:
+            return False  # (of an input or a constant: not the result's bits)
+        dtype = all_dtypes[arg - nconst]
+        mask = _SIGN_MASKS.get(dtype)
+        if mask is None or dtype != self.out_dtype or all_dtypes[nin + k] != dtype:
+            return False
+        if math.prod(self.rshape) * dtype.itemsize < _ALIGN_FROM:
+            return False  # (small: the view of the result costs more than the faster loop saves)
+        self.bits = mask
+        return True
 
     def run(self, inputs: tuple[Any, ...], flagged: list[str]) -> Any:
         """The result, computed in blocks; floating-point flags raised go to ``flagged``."""
@@ -231,9 +256,20 @@ class Layout:
         steps = self.in_place
         if steps is not None:  # (out given by position: numpy parses no keyword, ~0.02 µs an op)
             slot = 0
+            sign = self.bits
+            bits: Any = None
+            mask: Any = None
+            if sign is not None:
+                bits, mask = out.view(sign[0]), sign[1]
             try:
                 for ufunc, i, j, slot in steps:
-                    vals[slot] = ufunc(vals[i], vals[j], out) if j >= 0 else ufunc(vals[i], out)
+                    if j >= 0:
+                        vals[slot] = ufunc(vals[i], vals[j], out)
+                    elif j == -1 or vals[i] is not out:
+                        vals[slot] = ufunc(vals[i], out)
+                    else:  # (-2: |x| in place, x's sign bit cleared: see _sign_bit)
+                        _and(bits, mask, bits)
+                        vals[slot] = out
             except Exception as exc:
                 d, args = self.run_.ops[slot - self.run_.nin - len(self.run_.consts)]
                 a = tuple(vals[i] for i in args)
@@ -358,6 +394,15 @@ def _positional_out(f: Any, args: tuple[int, ...]) -> bool:
 
 
 _KEYWORD_OUT = frozenset({np.maximum, np.minimum})
+#: Whether an in-place one-block run computes a float's ``absolute`` as its sign bit
+#: cleared (``Layout._sign_bit``; off, numpy's ``absolute``: for measuring).
+ABS_AS_BITS = True
+_and = np.bitwise_and
+#: Per float dtype: the integer dtype of its bits and the mask (0-d) that clears the sign.
+_SIGN_MASKS: dict[np.dtype[Any], tuple[np.dtype[Any], Any]] = {
+    np.dtype(np.float32): (np.dtype(np.int32), np.array(0x7FFFFFFF, np.int32)),
+    np.dtype(np.float64): (np.dtype(np.int64), np.array(0x7FFFFFFFFFFFFFFF, np.int64)),
+}
 
 
 #: Whether a one-block run asks malloc again for a result that is not 32-byte aligned
