@@ -939,3 +939,17 @@ def test_an_in_place_absolute_is_numpys_bit_for_bit(dtype: str) -> None:
             assert run._last is not None
             assert (run._last[2].bits is not None) is by_bits
     assert np.isnan(in_place(np, x).flat[8])
+
+
+def test_an_in_place_run_names_the_op_that_raised_after_its_absolute() -> None:
+    # The in-place run is one function of straight-line calls: the op that raised is
+    # found from its line, after the absolute done on the result's bits as before it.
+    x = np.linspace(1.0, 3.0, 256 * 256, dtype=np.float32).reshape(256, 256)
+    sub, div, mul, absolute = OPS["subtract"], OPS["divide"], OPS["multiply"], OPS["abs"]
+    run = _blocked_run.BlockedRun(((sub, (0, 1)), (absolute, (4,)), (div, (5, 2)), (mul, (6, 3))), 1, (0.5, 0.0, 2.0))
+    with np.errstate(divide="raise"), pytest.raises(at.InvalidArgumentError, match=r"^divide\(float32\[256, 256\]"):
+        run(np, x)
+    assert run._last is not None
+    assert run._last[2].bits is not None  # (the absolute was done on the bits)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_array_equal(run(np, x), run.op_by_op((x,)))
