@@ -167,7 +167,7 @@ class Layout:
                     (f, args[0], args[-1] if len(args) == 2 else -2 if self._sign_bit(f, args[0], k) else -1, nbase + k)
                     for k, (f, args, _) in enumerate(self.whole)
                 ]
-                self.in_place_run = _straight_line(self.in_place, nbase)
+                self.in_place_run = _straight_line(self.in_place, run.nin, nbase, self.template)
         #: Values read whole by every block (a row vector, a hoisted ``std + 1e-8``) copied
         #: once per call into a block of the shape they broadcast to: (slot, shape).
         self.tiled = [] if self.whole is not None or not 1 < h < oshape[0] else _tiled(run, typed, varies, shapes)
@@ -192,8 +192,6 @@ class Layout:
 
     def run(self, inputs: tuple[Any, ...], flagged: list[str]) -> Any:
         """The result, computed in blocks; floating-point flags raised go to ``flagged``."""
-        vals = list(self.template)
-        vals[: len(inputs)] = inputs
         holder = _OUT.get()
         out = holder[0] if holder else None
         if out is not None and out.shape == self.rshape and out.dtype == self.out_dtype:
@@ -202,6 +200,12 @@ class Layout:
             out = _aligned_result(self.rshape, self.out_dtype, tries=RESULT_TRIES)
         else:
             out = np.empty(self.rshape, self.out_dtype)
+        straight = self.in_place_run
+        if straight is not None:  # one block in place: each op once, as op by op (numpy's own warnings)
+            self._in_place(straight, inputs, out)
+            return out
+        vals = list(self.template)
+        vals[: len(inputs)] = inputs
         if self.whole is not None:  # one block: each op once, as op by op (numpy's own warnings)
             self._whole(vals, out)
             return out
@@ -255,29 +259,34 @@ class Layout:
             np.true_divide(out, np.intp(self.reducer[2]), out=out, casting="unsafe", subok=False)
         return out
 
+    def _in_place(
+        self, straight: tuple[Callable[..., None], dict[int, int]], inputs: tuple[Any, ...], out: Any
+    ) -> None:
+        # The ops in program order, each on the whole result in place (``in_place_run``).
+        # (On the inline path of runs of ~64K elements: per-op Python work is kept small;
+        # out is given by position: numpy parses no keyword, ~0.02 µs an op.)
+        sign = self.bits
+        try:
+            if sign is None:
+                straight[0](inputs, out, None, None)
+            else:
+                straight[0](inputs, out, out.view(sign[0]), sign[1])
+        except Exception as exc:
+            k = _failed_step(exc, straight)
+            if k < 0:  # (not raised by a step)
+                raise
+            d, args = self.run_.ops[k]
+            nin, first = self.run_.nin, self.run_.nin + len(self.run_.consts)
+            a = tuple(
+                inputs[i] if i < nin else out if first <= i < first + len(self.run_.ops) else self.template[i]
+                for i in args
+            )  # (every op's value is the result: see _straight_line)
+            error = kernel_error(d.name, a, exc, False)
+            raise error from error.__cause__
+
     def _whole(self, vals: list[Any], out: Any) -> None:
-        # The ops in program order on whole arrays, each writing where _rows would. (On
-        # the inline path of runs of ~64K elements: per-op Python work is kept small.)
-        straight = self.in_place_run
-        if straight is not None:  # (out given by position: numpy parses no keyword, ~0.02 µs an op)
-            sign = self.bits
-            try:
-                if sign is None:
-                    straight[0](vals, out, None, None)
-                else:
-                    straight[0](vals, out, out.view(sign[0]), sign[1])
-            except Exception as exc:
-                k = _failed_step(exc, straight)
-                if k < 0:  # (not raised by a step)
-                    raise
-                d, args = self.run_.ops[k]
-                first = self.run_.nin + len(self.run_.consts)
-                a = tuple(
-                    out if first <= i < first + len(self.run_.ops) else vals[i] for i in args
-                )  # (see _straight_line)
-                error = kernel_error(d.name, a, exc, False)
-                raise error from error.__cause__
-            return
+        # The ops in program order on whole arrays, each writing where _rows would (a
+        # one-block run that is not all in place: see _in_place).
         scratch = [np.empty(shape, dtype) for shape, dtype in self.scratch] if self.scratch else ()
         slot = self.run_.nin + len(self.run_.consts)
         try:
@@ -380,20 +389,28 @@ def _tiled(
     return [(i, found.pop()) for i, found in wanted.items() if len(found) == 1]
 
 
-def _straight_line(steps: list[tuple[Any, int, int, int]], first_op: int) -> tuple[Callable[..., None], dict[int, int]]:
+def _straight_line(
+    steps: list[tuple[Any, int, int, int]], nin: int, first_op: int, template: list[Any]
+) -> tuple[Callable[..., None], dict[int, int]]:
     # An in-place one-block run as one function calling its ufuncs in a straight line
-    # (``f1(out, vals[1], out)`` ...), made once per layout. Every op's value is the
-    # result itself (``out``: op k's slot is ``first_op + k``; the typed constants'
-    # slots come after the ops'), so nothing is stored per op: the
-    # loop over ``in_place``'s tuples and its stores cost ~0.6 µs of a 256x256 chain's
+    # (``f1(out, c7, out)`` ...), made once per layout. Every op's value is the result
+    # itself (``out``: op k's slot is ``first_op + k``), an input is ``inputs[i]`` and a
+    # constant (the typed ones' slots come after the ops') a name bound to its value in
+    # ``template``: no list of values is made and nothing is stored per op. The loop over
+    # ``in_place``'s tuples, its stores and the list cost ~0.5 µs of a 256x256 chain's
     # ten calls. Each step's line is kept: an op that raises is found from the traceback
     # (``_failed_step``), so its error names it as the loop's did.
-    lines = ["def in_place(vals, out, bits, mask):"]
+    lines = ["def in_place(inputs, out, bits, mask):"]
     env: dict[str, Any] = {"_and": _and}
     line_of: dict[int, int] = {}
 
     def arg(i: int) -> str:
-        return "out" if first_op <= i < first_op + len(steps) else f"vals[{i}]"
+        if i < nin:
+            return f"inputs[{i}]"
+        if first_op <= i < first_op + len(steps):
+            return "out"
+        env[f"c{i}"] = template[i]
+        return f"c{i}"
 
     for k, (f, i, j, _) in enumerate(steps):
         env[f"f{k}"] = f
@@ -404,7 +421,7 @@ def _straight_line(steps: list[tuple[Any, int, int, int]], first_op: int) -> tup
             lines.append(f"    f{k}({arg(i)}, out)")
         else:  # (-2: |x| of the result, its sign bits cleared: see Layout._sign_bit)
             lines.append("    _and(bits, mask, bits)")
-    exec(compile("\n".join(lines), "<aiotensor in-place run>", "exec"), env)  # (names: only f<k>, vals, out)
+    exec(compile("\n".join(lines), "<aiotensor in-place run>", "exec"), env)  # (names: f<k>, c<i>, inputs, out)
     return env["in_place"], line_of
 
 
