@@ -268,16 +268,22 @@ class Sensor:
         """The request of ``task`` counted by :meth:`enter` ended."""
         self._requests.discard(task)
 
-    def observe(self) -> None:
-        """Note the running task as a caller: the rules of the module docstring, into this window's peak."""
-        loop = self._loop
-        if loop is None or loop._thread_id != _get_ident():  # type: ignore[attr-defined]
-            try:
-                loop = _get_running_loop()
-            except RuntimeError:  # no loop: no caller to count
-                return
-            # (uvloop's loops do not say their thread: not kept, asked each time)
-            self._loop = loop if isinstance(loop, _BaseLoop) else None
+    def observe(self, running: asyncio.AbstractEventLoop | None = None) -> None:
+        """Note the running task as a caller: the rules of the module docstring, into this window's peak.
+
+        ``running``: the loop the caller knows runs on this thread now (it just checked), so
+        it is not asked for again (on uvloop, a ``getpid`` system call on Python 3.11).
+        """
+        loop = running
+        if loop is None:
+            loop = self._loop
+            if loop is None or loop._thread_id != _get_ident():  # type: ignore[attr-defined]
+                try:
+                    loop = _get_running_loop()
+                except RuntimeError:  # no loop: no caller to count
+                    return
+                # (uvloop's loops do not say their thread: not kept, asked each time)
+                self._loop = loop if isinstance(loop, _BaseLoop) else None
         task = _current_task(loop)
         if task is None:
             return
@@ -418,15 +424,16 @@ def offload(est_us: float, free_us: float = math.inf) -> bool:
     return est_us > BUSY_INLINE_US and _local.sensor.offload(free_us)
 
 
-def stays_inline(free_us: float = math.inf) -> bool:
+def stays_inline(free_us: float = math.inf, running: asyncio.AbstractEventLoop | None = None) -> bool:
     """For a kernel in the band about to run inline: True (counted as kept inline) unless it goes to the pool.
 
     It goes when the loop is busy and ``free_us`` (as for :func:`offload`; unknown: ``inf``)
     exceeds ``BUSY_FREE_US``; then the kernel's caller takes the path that calls
-    :func:`offload`, which counts it once.
+    :func:`offload`, which counts it once. ``running``: the loop the caller has just
+    seen running on this thread, if it has (:meth:`Sensor.observe`).
     """
     sensor = _local.sensor
-    sensor.observe()
+    sensor.observe(running)
     if sensor.sample():
         if free_us > BUSY_FREE_US:
             return False

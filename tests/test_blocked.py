@@ -893,3 +893,63 @@ def test_the_measured_constants_are_in_aiotensor_info() -> None:
     info = collect_info()
     assert info["blocked"] == _blocked_run.settings()
     assert info["blocked"]["block_items"] == _blocked_run.BLOCK_ITEMS
+
+
+def test_a_run_called_again_with_another_shape_or_dtype_takes_that_ones_layout() -> None:
+    # A run keeps the last layout it used for one input array (a formula evaluated in a
+    # loop skips its memo's key): an input of another shape, dtype or kind is not given it.
+    run = _blocked_run.BlockedRun(((OPS["multiply"], (0, 1)), (OPS["add"], (2, 0))), 1, (2.0,))
+    rng = np.random.default_rng(5)
+    inputs: list[Any] = [
+        rng.standard_normal((256, 256)).astype(np.float32),
+        rng.standard_normal((256, 256)),  # float64
+        rng.standard_normal((200, 256)).astype(np.float32),
+        rng.standard_normal((256, 256)).astype(np.float32).T,  # the same shape, not contiguous
+        np.float32(1.5),  # not an array
+    ]
+    for x in [*inputs, *inputs[::-1], inputs[0], inputs[0]]:
+        got = run(np, x)
+        want = x * 2.0 + x
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_an_in_place_absolute_is_numpys_bit_for_bit(dtype: str) -> None:
+    # A one-block run in place computes a float's ``absolute`` of the result as its sign
+    # bits cleared (faster than numpy's loop there): the same bits as numpy's, NaN
+    # payloads and signed zeros included, and no floating-point flag (errors raised here).
+    # An ``absolute`` of an input (not in place) is numpy's own.
+    ints = np.dtype(dtype.replace("float", "int"))
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((256, 256)).astype(dtype)
+    special = np.array([np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, -1e-40, 1.5], dtype)
+    x.flat[: len(special)] = special
+    nan = 0xFFC00123 if dtype == "float32" else 0xFFF8000000000123  # a quiet NaN, sign set, with a payload
+    x.view(ints.str.replace("i", "u")).flat[8] = nan
+    sub, mul, add, absolute = OPS["subtract"], OPS["multiply"], OPS["add"], OPS["abs"]
+    in_place = _blocked_run.BlockedRun(((sub, (0, 1)), (absolute, (3,)), (mul, (4, 2))), 1, (0.5, 2.0))
+    of_input = _blocked_run.BlockedRun(((absolute, (0,)), (add, (2, 1))), 1, (1.0,))
+    with np.errstate(all="raise"):
+        for run, by_bits in ((in_place, True), (of_input, False)):
+            got = run(np, x)
+            want = run.op_by_op((x,))
+            assert got.dtype == want.dtype == np.dtype(dtype)
+            np.testing.assert_array_equal(got.view(ints), want.view(ints))
+            assert run._last is not None
+            assert (run._last[2].bits is not None) is by_bits
+    assert np.isnan(in_place(np, x).flat[8])
+
+
+def test_an_in_place_run_names_the_op_that_raised_after_its_absolute() -> None:
+    # The in-place run is one function of straight-line calls: the op that raised is
+    # found from its line, after the absolute done on the result's bits as before it.
+    x = np.linspace(1.0, 3.0, 256 * 256, dtype=np.float32).reshape(256, 256)
+    sub, div, mul, absolute = OPS["subtract"], OPS["divide"], OPS["multiply"], OPS["abs"]
+    run = _blocked_run.BlockedRun(((sub, (0, 1)), (absolute, (4,)), (div, (5, 2)), (mul, (6, 3))), 1, (0.5, 0.0, 2.0))
+    with np.errstate(divide="raise"), pytest.raises(at.InvalidArgumentError, match=r"^divide\(float32\[256, 256\]"):
+        run(np, x)
+    assert run._last is not None
+    assert run._last[2].bits is not None  # (the absolute was done on the bits)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_array_equal(run(np, x), run.op_by_op((x,)))

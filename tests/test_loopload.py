@@ -528,3 +528,28 @@ def test_each_loop_a_thread_runs_is_the_one_its_callers_are_counted_on(clocks: C
     last = sensor._last
     sensor.observe()  # no loop running here: nothing counted
     assert sensor._last is last
+
+
+async def test_callers_naming_the_running_loop_are_counted_as_when_the_sensor_finds_it(clocks: Clocks) -> None:
+    # ``stays_inline(free_us, loop)``: the engine has just seen its loop run on this thread,
+    # so the sensor does not ask for it again (on uvloop a system call); the callers are
+    # counted all the same, and the decisions with them.
+    loop = asyncio.get_running_loop()
+    clocks.busy = True
+
+    async def ask(named: bool) -> None:
+        for _ in range(10):
+            assert _loopload.stays_inline(0.0, loop if named else None)  # (0 GIL-free µs: kept)
+            clocks.tick()
+            await asyncio.sleep(0)
+
+    await asyncio.gather(ask(True), ask(True))
+    named = at.loop_load()
+    assert named.saturated
+    assert named.callers == 2
+    assert named.kept_held >= 15  # busy from the first windows on: each kept for holding the GIL
+    await asyncio.gather(ask(False), ask(False))
+    found = at.loop_load()
+    assert found.callers == 2
+    assert found.kept_held - named.kept_held == 20  # (busy already: every one)
+    assert found.kept_inline == 40

@@ -226,7 +226,7 @@ def call_inline(
         or lean_loop is None
         or not on_loop(lean_loop)
         or (self.placed and self.device_var.get() is not None)
-        or (est_us > BUSY_INLINE_US and not stays_inline(free_us))  # (last: it counts the kernel as kept)
+        or (est_us > BUSY_INLINE_US and not stays_inline(free_us, lean_loop))  # (last: it counts the kernel as kept)
     ):
         return None
     policy = self.policy

@@ -426,7 +426,8 @@ def run_one(budget: Budget, d: OpDef, kernel: Callable[..., Any], idx: tuple[int
     except Exception as exc:
         error = kernel_error(d.name, tuple([leaves[i] for i in idx]), exc, d.user)
         raise error from error.__cause__
-    if type(out) is _ndarray:
+    array = type(out) is _ndarray
+    if array:
         nbytes = out.nbytes if out.base is None else 0  # (a view of a leaf: no new memory, no intermediate held)
     else:  # a numpy scalar (a reduction) counts; a list (split) does not
         nbytes = getattr(out, "nbytes", 0) if getattr(out, "base", None) is None else 0
@@ -438,7 +439,7 @@ def run_one(budget: Budget, d: OpDef, kernel: Callable[..., Any], idx: tuple[int
     if live > budget.peak:
         budget.peak = live
     budget.escaped = 1 if nbytes else 0
-    if isinstance(out, SEQUENCES):  # a multi-output root (split) gives several buffers
+    if not array and isinstance(out, SEQUENCES):  # a multi-output root (split) gives several buffers
         return list(out)
     return out
 
