@@ -23,7 +23,15 @@ import pytest
 import aiotensor as at
 from aiotensor._expr import Expr
 from aiotensor._opdef import OPS
-from aiotensor._programs import _blocked_center, _blocked_layout, _blocked_run, _blocked_split, _blocked_var, _compile
+from aiotensor._programs import (
+    _blocked_center,
+    _blocked_layout,
+    _blocked_run,
+    _blocked_split,
+    _blocked_var,
+    _blocked_whole,
+    _compile,
+)
 
 UNARY = sorted(n for n, d in OPS.items() if d.ufunc and d.data == 1)
 BINARY = sorted(n for n, d in OPS.items() if d.ufunc and d.data == 2)
@@ -231,13 +239,13 @@ def test_a_one_block_result_is_asked_again_when_it_is_not_32_byte_aligned() -> N
         return make
 
     f32 = np.dtype(np.float32)
-    assert _blocked_layout._aligned_result((256, 256), f32, empty([misaligned, aligned])) is aligned
-    assert _blocked_layout._aligned_result((256, 256), f32, empty([misaligned, misaligned[:]])) is misaligned
-    assert _blocked_layout._aligned_result((256, 256), f32, empty([aligned])) is aligned
+    assert _blocked_whole.aligned_result((256, 256), f32, empty([misaligned, aligned])) is aligned
+    assert _blocked_whole.aligned_result((256, 256), f32, empty([misaligned, misaligned[:]])) is misaligned
+    assert _blocked_whole.aligned_result((256, 256), f32, empty([aligned])) is aligned
     assert given == [((256, 256), f32)] * 5
     small = np.empty(100, np.float32)
-    assert _blocked_layout._aligned_result((100,), f32, empty([small])) is small  # (too small to matter)
-    got = _blocked_layout._aligned_result((256, 256), f32)
+    assert _blocked_whole.aligned_result((100,), f32, empty([small])) is small  # (too small to matter)
+    got = _blocked_whole.aligned_result((256, 256), f32)
     assert got.base is None
     assert got.shape == (256, 256)
     assert got.dtype == f32
@@ -260,11 +268,11 @@ def test_a_one_block_result_is_asked_up_to_four_times_holding_the_misaligned_chu
         return make
 
     f32 = np.dtype(np.float32)
-    tries = _blocked_layout.RESULT_TRIES
+    tries = _blocked_whole.RESULT_TRIES
     assert tries == 4
-    assert _blocked_layout._aligned_result((256, 256), f32, empty([*off[:3], aligned]), tries) is aligned
+    assert _blocked_whole.aligned_result((256, 256), f32, empty([*off[:3], aligned]), tries) is aligned
     assert len(held) == 4
-    assert _blocked_layout._aligned_result((256, 256), f32, empty(off[3:7]), tries) is off[3]
+    assert _blocked_whole.aligned_result((256, 256), f32, empty(off[3:7]), tries) is off[3]
     assert len(held) == 8
 
 
@@ -272,17 +280,17 @@ async def test_a_one_block_run_asks_for_its_result_with_result_tries(
     s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     asked: list[int] = []
-    real = _blocked_layout._aligned_result
+    real = _blocked_layout.aligned_result
 
     def spy(shape: tuple[int, ...], dtype: np.dtype[Any], tries: int = 2) -> Any:
         asked.append(tries)
         return real(shape, dtype, tries=tries)
 
-    monkeypatch.setattr(_blocked_layout, "_aligned_result", spy)
+    monkeypatch.setattr(_blocked_layout, "aligned_result", spy)
     value = np.random.default_rng(1).standard_normal((256, 256)).astype(np.float32)
     x = await s.constant(value)
     got = await ((x * 2.0 + 1.0) * x - 0.5)
-    assert asked == [_blocked_layout.RESULT_TRIES]
+    assert asked == [_blocked_whole.RESULT_TRIES]
     np.testing.assert_array_equal(await got.numpy(), (value * 2.0 + 1.0) * value - 0.5)
     del x, got
 

@@ -22,10 +22,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._kernels import aligned_fresh, kernel_error
+from .._kernels import kernel_error
 from . import _blocked_split
 from ._blocked_split import _OUT, in_parts, split_pool
 from ._blocked_var import aligned_empty
+from ._blocked_whole import (
+    ALIGN_FROM,
+    RESULT_TRIES,
+    SIGN_MASKS,
+    aligned_result,
+    failed_step,
+    positional_out,
+    straight_line,
+)
 
 if TYPE_CHECKING:
     from ._blocked_run import BlockedRun
@@ -162,12 +171,12 @@ class Layout:
             self.whole = [
                 (run.ufuncs[k], typed[k], buf_of.get(nbase + k, -1 if varies[nbase + k] else -2)) for k in range(n)
             ]
-            if all(buf == -1 and _positional_out(f, args) for f, args, buf in self.whole):
+            if all(buf == -1 and positional_out(f, args) for f, args, buf in self.whole):
                 self.in_place = [
                     (f, args[0], args[-1] if len(args) == 2 else -2 if self._sign_bit(f, args[0], k) else -1, nbase + k)
                     for k, (f, args, _) in enumerate(self.whole)
                 ]
-                self.in_place_run = _straight_line(self.in_place, run.nin, nbase, self.template)
+                self.in_place_run = straight_line(self.in_place, run.nin, nbase, self.template)
         #: Values read whole by every block (a row vector, a hoisted ``std + 1e-8``) copied
         #: once per call into a block of the shape they broadcast to: (slot, shape).
         self.tiled = [] if self.whole is not None or not 1 < h < oshape[0] else _tiled(run, typed, varies, shapes)
@@ -182,10 +191,10 @@ class Layout:
         if f is not np.absolute or not ABS_AS_BITS or arg < nin + nconst:
             return False  # (of an input or a constant: not the result's bits)
         dtype = all_dtypes[arg - nconst]
-        mask = _SIGN_MASKS.get(dtype)
+        mask = SIGN_MASKS.get(dtype)
         if mask is None or dtype != self.out_dtype or all_dtypes[nin + k] != dtype:
             return False
-        if math.prod(self.rshape) * dtype.itemsize < _ALIGN_FROM:
+        if math.prod(self.rshape) * dtype.itemsize < ALIGN_FROM:
             return False  # (small: the view of the result costs more than the faster loop saves)
         self.bits = mask
         return True
@@ -197,7 +206,7 @@ class Layout:
         if out is not None and out.shape == self.rshape and out.dtype == self.out_dtype:
             holder[0] = None  # type: ignore[index]
         elif self.whole is not None and ALIGN_RESULT:
-            out = _aligned_result(self.rshape, self.out_dtype, tries=RESULT_TRIES)
+            out = aligned_result(self.rshape, self.out_dtype, tries=RESULT_TRIES)
         else:
             out = np.empty(self.rshape, self.out_dtype)
         straight = self.in_place_run
@@ -272,7 +281,7 @@ class Layout:
             else:
                 straight[0](inputs, out, out.view(sign[0]), sign[1])
         except Exception as exc:
-            k = _failed_step(exc, straight)
+            k = failed_step(exc, straight)
             if k < 0:  # (not raised by a step)
                 raise
             d, args = self.run_.ops[k]
@@ -357,6 +366,15 @@ class Layout:
                 reducer[0].reduce(vals[last], axis=-1, keepdims=reducer[1], out=out[r0:r1])
 
 
+#: Whether an in-place one-block run computes a float's ``absolute`` as its sign bit
+#: cleared (``Layout._sign_bit``; off, numpy's ``absolute``: for measuring).
+ABS_AS_BITS = True
+
+#: Whether a one-block run asks malloc again for a result that is not 32-byte aligned
+#: (``_blocked_whole.aligned_result``; off, the first chunk is taken as it comes: for measuring).
+ALIGN_RESULT = True
+
+
 def _tiled(
     run: BlockedRun,
     typed: list[tuple[int, ...]],
@@ -387,116 +405,6 @@ def _tiled(
             ):
                 wanted.setdefault(i, set()).add(shapes[slot])
     return [(i, found.pop()) for i, found in wanted.items() if len(found) == 1]
-
-
-def _straight_line(
-    steps: list[tuple[Any, int, int, int]], nin: int, first_op: int, template: list[Any]
-) -> tuple[Callable[..., None], dict[int, int]]:
-    # An in-place one-block run as one function calling its ufuncs in a straight line
-    # (``f1(out, c7, out)`` ...), made once per layout. Every op's value is the result
-    # itself (``out``: op k's slot is ``first_op + k``), an input is ``inputs[i]`` and a
-    # constant (the typed ones' slots come after the ops') a name bound to its value in
-    # ``template``: no list of values is made and nothing is stored per op. The loop over
-    # ``in_place``'s tuples, its stores and the list cost ~0.5 µs of a 256x256 chain's
-    # ten calls. Each step's line is kept: an op that raises is found from the traceback
-    # (``_failed_step``), so its error names it as the loop's did.
-    lines = ["def in_place(inputs, out, bits, mask):"]
-    env: dict[str, Any] = {"_and": _and}
-    line_of: dict[int, int] = {}
-
-    def arg(i: int) -> str:
-        if i < nin:
-            return f"inputs[{i}]"
-        if first_op <= i < first_op + len(steps):
-            return "out"
-        env[f"c{i}"] = template[i]
-        return f"c{i}"
-
-    for k, (f, i, j, _) in enumerate(steps):
-        env[f"f{k}"] = f
-        line_of[len(lines) + 1] = k
-        if j >= 0:
-            lines.append(f"    f{k}({arg(i)}, {arg(j)}, out)")
-        elif j == -1 or arg(i) != "out":
-            lines.append(f"    f{k}({arg(i)}, out)")
-        else:  # (-2: |x| of the result, its sign bits cleared: see Layout._sign_bit)
-            lines.append("    _and(bits, mask, bits)")
-    exec(compile("\n".join(lines), "<aiotensor in-place run>", "exec"), env)  # (names: f<k>, c<i>, inputs, out)
-    return env["in_place"], line_of
-
-
-def _failed_step(exc: BaseException, straight: tuple[Callable[..., None], dict[int, int]]) -> int:
-    # The step of ``straight`` whose line raised ``exc``, or -1.
-    code = straight[0].__code__
-    tb = exc.__traceback__
-    line = 0
-    while tb is not None:
-        if tb.tb_frame.f_code is code:
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    return straight[1].get(line, -1)
-
-
-def _positional_out(f: Any, args: tuple[int, ...]) -> bool:
-    # Whether ``f(*args, out)`` is ``f(*args, out=out)``: an element-wise ufunc of one
-    # output and as many inputs as ``args`` (one or two), but those for which numpy
-    # deprecates a positional output (NumPy 2.4: maximum and minimum, of its 84 such
-    # ufuncs; the parity tests, warnings as errors, would show another).
-    return (
-        isinstance(f, np.ufunc)
-        and f.signature is None
-        and f.nout == 1
-        and f.nin == len(args)
-        and len(args) in (1, 2)
-        and f not in _KEYWORD_OUT
-    )
-
-
-_KEYWORD_OUT = frozenset({np.maximum, np.minimum})
-#: Whether an in-place one-block run computes a float's ``absolute`` as its sign bit
-#: cleared (``Layout._sign_bit``; off, numpy's ``absolute``: for measuring).
-ABS_AS_BITS = True
-_and = np.bitwise_and
-#: Per float dtype: the integer dtype of its bits and the mask (0-d) that clears the sign.
-_SIGN_MASKS: dict[np.dtype[Any], tuple[np.dtype[Any], Any]] = {
-    np.dtype(np.float32): (np.dtype(np.int32), np.array(0x7FFFFFFF, np.int32)),
-    np.dtype(np.float64): (np.dtype(np.int64), np.array(0x7FFFFFFFFFFFFFFF, np.int64)),
-}
-
-
-#: Whether a one-block run asks malloc again for a result that is not 32-byte aligned
-#: (:func:`_aligned_result`; off, the first chunk is taken as it comes: for measuring).
-ALIGN_RESULT = True
-
-
-def _aligned_result(
-    shape: tuple[int, ...], dtype: np.dtype[Any], empty: Callable[..., Any] = np.empty, tries: int = 2
-) -> Any:
-    # A fresh result for a one-block run, whose ops all store into it: ten ops storing
-    # into a 256x256 float32 result 16 bytes off a 32-byte boundary took 35 µs against
-    # 30.5 µs aligned (AVX stores across cache lines), and malloc hands a process the same
-    # chunk call after call, so one process paid it on every call (the 256x256 chain's
-    # "uvloop" gap). Asked again while the first is held, malloc gives another chunk; at
-    # most ``tries`` chunks are asked for, the misaligned ones held until an aligned one
-    # comes (then freed), else the first is the result. One retry was not enough: in
-    # some benchmark processes the second chunk, from malloc's bins, was 16 bytes off as
-    # well on ~85% of calls (48 mod 64, kernel 36 µs against 31 µs); with the chunks held,
-    # the third or fourth comes from elsewhere. A plain array either way (the registry
-    # owns it as any result); for a moment the run holds up to ``tries`` results' worth
-    # (one-block runs: under ``BLOCK_FROM_ITEMS`` elements). The misaligned chunks are
-    # parked (``aligned_fresh``'s ``park``: three of up to 512 KiB at most), not freed:
-    # freed, malloc handed them back first at the next call, so an awaited 256x256 chain
-    # asked for 3.5 chunks per call and still got a misaligned one every other call
-    # (48.7 µs per await against 46.0 parked, numpy's chain 44.7, in one process).
-    if math.prod(shape) * dtype.itemsize < _ALIGN_FROM:
-        return empty(shape, dtype)
-    return aligned_fresh(shape, dtype, empty, tries, park=True)
-
-
-#: Chunks a one-block run asks malloc for at most, for a 32-byte-aligned result.
-RESULT_TRIES = 4
-#: Results smaller than this are not checked (small arrays: the stores are few).
-_ALIGN_FROM = 1 << 16
 
 
 def _typed_constants(run: BlockedRun, dtypes: list[np.dtype[Any]], template: list[Any]) -> list[tuple[int, ...]]:
