@@ -75,6 +75,16 @@ async def run_batches(
     return got
 
 
+async def ones_batches(times: int, config: at.SessionConfig = POOL) -> at.BatchStats:
+    """``times`` batches of 32 callers of (16, 64) ones through the MLP in a new session: the function's stats."""
+    xs = [np.ones((16, 64), np.float32) for _ in range(32)]
+    async with at.AsyncEagerSession(config=config) as s:
+        params = [await s.constant(w) for w in mlp_weights()]
+        f = at.batched(max_batch_size=4096)(mlp)
+        await run_batches(s, f, xs, params, times)
+    return f.stats()
+
+
 # -- where: a caller boundary on BLAS's row multiple, near the middle ------------------
 
 
@@ -188,12 +198,7 @@ async def test_no_free_core_keeps_one_part_and_the_stats_say_so(
     free_core: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_batch_split, "pool_for", lambda engine: None)  # no worker or core free
-    xs = [np.ones((16, 64), np.float32) for _ in range(32)]
-    async with at.AsyncEagerSession(config=POOL) as s:
-        params = [await s.constant(w) for w in mlp_weights()]
-        f = at.batched(max_batch_size=4096)(mlp)
-        await run_batches(s, f, xs, params, 5)
-    stats = f.stats()
+    stats = await ones_batches(5)
     assert stats.split == 0
     assert stats.not_split == 2  # (the first run is measured, the next two timed in one part)
 
@@ -227,32 +232,19 @@ async def test_a_short_batch_stays_one_part_without_asking_for_a_core(
 
     monkeypatch.setattr(_batch_split, "pool_for", pool_for)
     monkeypatch.setattr(_batch_split, "SPLIT_MIN_US", 1e9)
-    xs = [np.ones((16, 64), np.float32) for _ in range(32)]
-    async with at.AsyncEagerSession(config=POOL) as s:
-        params = [await s.constant(w) for w in mlp_weights()]
-        f = at.batched(max_batch_size=4096)(mlp)
-        await run_batches(s, f, xs, params, 4)
-    assert (f.stats().split, f.stats().not_split, asked) == (0, 0, [])
+    stats = await ones_batches(4)
+    assert (stats.split, stats.not_split, asked) == (0, 0, [])
 
 
 async def test_multi_threaded_blas_keeps_one_part(free_core: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_batch_split, "gate_slots", lambda: _batch_split._CORES - 1)
-    xs = [np.ones((16, 64), np.float32) for _ in range(32)]
-    async with at.AsyncEagerSession(config=POOL) as s:
-        params = [await s.constant(w) for w in mlp_weights()]
-        f = at.batched(max_batch_size=4096)(mlp)
-        await run_batches(s, f, xs, params, 4)
-    assert f.stats().split == 0
+    stats = await ones_batches(4)
+    assert stats.split == 0
 
 
 async def test_a_batch_under_a_memory_limit_stays_one_part(free_core: None) -> None:
-    config = at.SessionConfig(inline_threshold_us=0, max_workers=2, memory_limit=64 << 20)
-    xs = [np.ones((16, 64), np.float32) for _ in range(32)]
-    async with at.AsyncEagerSession(config=config) as s:
-        params = [await s.constant(w) for w in mlp_weights()]
-        f = at.batched(max_batch_size=4096)(mlp)
-        await run_batches(s, f, xs, params, 4)
-    assert (f.stats().split, f.stats().not_split) == (0, 0)
+    stats = await ones_batches(4, at.SessionConfig(inline_threshold_us=0, max_workers=2, memory_limit=64 << 20))
+    assert (stats.split, stats.not_split) == (0, 0)
 
 
 async def test_a_batch_run_on_the_thread_that_made_it_stays_one_part(free_core: None) -> None:
@@ -274,13 +266,9 @@ async def test_one_part_in_refresh_every_measures_the_one_part_time_again(
 ) -> None:
     monkeypatch.setattr(_batch_split, "REFRESH_EVERY", 3)
     monkeypatch.setattr("aiotensor._fusion._batch_task.REFRESH_EVERY", 3)
-    xs = [np.ones((16, 64), np.float32) for _ in range(32)]
-    async with at.AsyncEagerSession(config=POOL) as s:
-        params = [await s.constant(w) for w in mlp_weights()]
-        f = at.batched(max_batch_size=4096)(mlp)
-        await run_batches(s, f, xs, params, 9)
+    stats = await ones_batches(9)
     # Measured, timed twice, then two parts but for each third run since the first timed.
-    assert (f.stats().batches, f.stats().split) == (9, 4)
+    assert (stats.batches, stats.split) == (9, 4)
 
 
 # -- errors, warnings, the budget -------------------------------------------------------
