@@ -42,7 +42,9 @@ def straight_line(
     # ten calls. Each step's line is kept: an op that raises is found from the traceback
     # (:func:`failed_step`), so its error names it as the loop's did.
     lines = ["def in_place(inputs, out, bits, mask):"]
-    env: dict[str, Any] = {"_and": _and}
+    # (``__name__``: numpy's warnings from these calls are attributed to this module, as
+    # they were from the loop it replaces: a user's "error" filter for aiotensor sees them)
+    env: dict[str, Any] = {"__name__": __name__, "_and": _and}
     line_of: dict[int, int] = {}
 
     def arg(i: int) -> str:
