@@ -280,7 +280,7 @@ async def test_a_one_block_run_asks_for_its_result_with_result_tries(
     s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     asked: list[int] = []
-    real = _blocked_layout.aligned_result
+    real = _blocked_whole.aligned_result
 
     def spy(shape: tuple[int, ...], dtype: np.dtype[Any], tries: int = 2) -> Any:
         asked.append(tries)
