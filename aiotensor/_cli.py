@@ -245,6 +245,7 @@ def collect_info() -> dict[str, Any]:
     from ._backends._priority import describe
     from ._fusion._batch_split import settings as batch_split_settings
     from ._loopload import BUSY_ABOVE, BUSY_FREE_US, BUSY_INLINE_US, GIL_TRANSFER_US, IDLE_BELOW
+    from ._programs._blocked_jit import available as compiled_runs
     from ._programs._blocked_run import settings as blocked_settings
 
     pool = default_executor()
@@ -263,6 +264,7 @@ def collect_info() -> dict[str, Any]:
         "blas": _blas(),
         "physical_memory": PHYSICAL_MEMORY,
         "blocked": blocked_settings(),  # element-wise runs in blocks (measured: docs/performance.md)
+        "numba": compiled_runs(),  # runs of correctly rounded float ops as one compiled loop, when installed
         "batch_split": batch_split_settings(),  # a long batch's callers in two parts (the same page)
         # Where a cheap kernel runs: on the loop up to the first estimate, up to the second
         # while the loop is saturated and contended (busy-loop placement, at.loop_load()),
@@ -303,6 +305,9 @@ def _info(args: argparse.Namespace) -> int:
         " {split_idle_min_bytes:,} while a core is free, then in blocks of {split_block_items:,}, waiting up to"
         " {split_wait_us} µs for the second worker); one-block results aligned, {parked_bytes:,} bytes of"
         " misaligned chunks kept from malloc (at most {parked_max_bytes:,})".format(**info["blocked"]),
+        "compiled runs": f"numba {info['numba']}: runs of + - * / abs sqrt square on one float dtype as one loop"
+        if info["numba"]
+        else "numba not installed (pip install aiotensor[jit]): runs in blocks of ufunc calls",
         "batched kernels": "a batch whose one-part kernel took {min_us:g} µs or more runs its callers in two"
         " parts on two workers while a core is free and BLAS is single-threaded (one run in {refresh_every}"
         " in one part, timed again), cut at a caller boundary on the first of {row_multiples} rows that keeps"

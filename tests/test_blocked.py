@@ -38,9 +38,17 @@ BINARY = sorted(n for n, d in OPS.items() if d.ufunc and d.data == 2)
 DTYPES = ["bool", "int8", "uint8", "int32", "int64", "float16", "float32", "float64", "complex128"]
 
 
-@pytest.fixture(params=["blocks", "one block"])
+@pytest.fixture(autouse=True)
+def interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs through the interpreter's blocks, not one compiled loop (``_blocked_jit``), unless ``blocking`` says so."""
+    monkeypatch.setattr(_blocked_layout, "JIT", False)
+
+
+@pytest.fixture(params=["blocks", "one block", "compiled"])
 def blocking(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[Callable[[bool], None]]:
-    """Turn blocked runs on (runs from 256 items, in blocks of 96 or in one block) or off; no program cached across."""
+    """Turn blocked runs on (runs from 256 items, in blocks of 96, in one block, or eligible runs
+    as one compiled loop: ``_blocked_jit``) or off; no program cached across."""
+    monkeypatch.setattr(_blocked_layout, "JIT", request.param == "compiled")
 
     def switch(on: bool) -> None:
         monkeypatch.setattr(_blocked_run, "MIN_ITEMS", 256 if on else 1 << 62)
@@ -547,8 +555,10 @@ async def test_a_one_block_run_in_place_names_the_op_that_failed_without_running
     # A one-block run of ufuncs writing in place into its result (``Layout.in_place``:
     # the output given by position; not with maximum, whose positional output numpy
     # deprecates) computes numpy's values and maps an op's error itself, as op by op
-    # would name it; blocks rerun op by op for it.
+    # would name it; blocks rerun op by op for it. (The interpreter's paths: a compiled
+    # loop, ``_blocked_jit``, drops a result that is not finite and reruns op by op.)
     blocking(True)
+    monkeypatch.setattr(_blocked_layout, "JIT", False)
     x = await s.constant(np.linspace(1.0, 3.0, 1200, dtype=np.float32).reshape(40, 30))
     reran: list[int] = []
     layouts: list[Any] = []

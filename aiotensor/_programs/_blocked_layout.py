@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._kernels import kernel_error
-from . import _blocked_split
+from . import _blocked_jit, _blocked_split
 from ._blocked_split import _OUT, in_parts, split_pool
 from ._blocked_var import aligned_empty
 from ._blocked_whole import (
@@ -55,6 +55,8 @@ class Layout:
         "hoisted",
         "in_place",
         "in_place_run",
+        "jit",
+        "jit_consts",
         "loop",
         "oshape",
         "out_dtype",
@@ -112,6 +114,12 @@ class Layout:
             self.rshape = (*oshape[:-1], 1) if keep else oshape[:-1]
         self.template: list[Any] = [None] * run.nin + [*run.consts] + [None] * n
         typed = _typed_constants(run, all_dtypes, self.template)
+        #: The run as one compiled loop (``_blocked_jit``) when it is eligible, and its constants' values; else None.
+        self.jit = None
+        if self.reducer is None:
+            same = all(sh == oshape for sh in in_shapes)
+            self.jit = _blocked_jit.plan(run.ufuncs, typed, run.nin, nconst, all_dtypes, self.template, same)
+        self.jit_consts = [self.template[i][()] for i in self.jit.const_slots] if self.jit is not None else []
         # Ops on whole inputs alone (``std + 1e-8``): once per call, not per block.
         self.hoisted = [(run.ufuncs[k], typed[k], nbase + k) for k in range(n) if not varies[nbase + k]]
         # The loop: (ufunc, args, scratch index or -1 for the result's block, value slot)
@@ -209,6 +217,8 @@ class Layout:
             out = aligned_result(self.rshape, self.out_dtype, tries=RESULT_TRIES)
         else:
             out = np.empty(self.rshape, self.out_dtype)
+        if self.jit is not None and JIT and self._compiled(inputs, out, flagged):
+            return out
         straight = self.in_place_run
         if straight is not None:  # one block in place: each op once, as op by op (numpy's own warnings)
             self._in_place(straight, inputs, out)
@@ -245,6 +255,37 @@ class Layout:
         in_parts(part, rows, walker.h, out.nbytes, pool, _blocked_split.START_WAIT_S if tall else 0.0)
         with np.errstate(call=record, **watch):  # type: ignore[arg-type]
             return self._finish(out)
+
+    def _compiled(self, inputs: tuple[Any, ...], out: Any, flagged: list[str]) -> bool:
+        # Whether the run's compiled loop (``_blocked_jit``) computed ``out`` (or
+        # ``flagged`` says the run is computed again op by op). Not when the caller does
+        # not ignore underflow (finite values: the loop cannot tell), nor on inputs or a
+        # result the loop cannot read as flat C arrays. A value that was not finite: the
+        # loop's result is dropped (a NaN's sign and payload may not be numpy's loops'
+        # where two NaNs meet); when the caller ignores overflow, invalid and division
+        # by zero, the interpreter's path computes it, else op by op (numpy's warnings),
+        # as it does when the result is one of the inputs (the loop wrote over it).
+        err = np.geterr()
+        if err["under"] != "ignore" or not out.flags.c_contiguous:
+            return False
+        for x in inputs:
+            if not (x.flags.c_contiguous and x.flags.aligned):
+                return False
+        loop = _blocked_jit.kernel(self.jit)  # type: ignore[arg-type]
+        if loop is None:
+            return False
+        try:
+            bad = loop(*[x.reshape(-1) for x in inputs], *self.jit_consts, out.reshape(-1))
+        except (TypeError, ValueError):  # (arguments numba does not take: before the loop ran)
+            return False
+        if not bad:
+            return True
+        if err["over"] == err["invalid"] == err["divide"] == "ignore" and not any(
+            np.may_share_memory(x, out) for x in inputs
+        ):
+            return False
+        flagged.append("not finite")
+        return True
 
     def _split_layout(self) -> Layout:
         # The same run in the taller blocks of a split run (``SPLIT_BLOCK_ITEMS``: each
@@ -365,6 +406,9 @@ class Layout:
             if reducer is not None:  # each row of the block reduced as numpy reduces it
                 reducer[0].reduce(vals[last], axis=-1, keepdims=reducer[1], out=out[r0:r1])
 
+
+#: Whether an eligible run is one compiled loop (``_blocked_jit``; off, the interpreter's path: for measuring).
+JIT = True
 
 #: Whether an in-place one-block run computes a float's ``absolute`` as its sign bit
 #: cleared (``Layout._sign_bit``; off, numpy's ``absolute``: for measuring).
