@@ -10,7 +10,10 @@ each op into its scratch block, the last one into the result's block (or each ro
 reduced into the result's rows). One block (the whole rows) runs each op once over
 whole arrays, in place in the result. A run large enough is shared with the pool's
 other workers (``_blocked_split``); each participant walks its rows with scratch of
-its own.
+its own. Before all that, a run of correctly rounded float ops on one dtype whose
+inputs have the result's shape is one compiled loop when numba is installed
+(``_blocked_jit``, :data:`JIT`), on the thread the run was placed on, unsplit: the
+placement's cost estimate is still the interpreter's (it overestimates such a run).
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ inputs of given shapes and dtypes compute is their ``Layout`` (``_blocked_layout
 Large runs on the pool share their blocks with the other workers and write into a
 buffer the session's cache recycled (``_blocked_split``: ``SPLIT_MIN_BYTES``, and
 ``SPLIT_IDLE_MIN_BYTES`` in taller blocks while a core is free, ``with_pool``, the
-backend's hook, ``result_buffer``). A run may end with a ``sum``,
+backend's hook, ``result_buffer``). A run of correctly rounded float ops on one
+dtype may instead be one compiled loop (``_blocked_jit``, with numba: the same values,
+a non-finite one sending the run back here). A run may end with a ``sum``,
 ``mean``, ``max`` or ``min`` over its last axis: each block's rows are reduced into
 the result's rows.
 
