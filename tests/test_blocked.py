@@ -25,6 +25,7 @@ from aiotensor._expr import Expr
 from aiotensor._opdef import OPS
 from aiotensor._programs import (
     _blocked_center,
+    _blocked_jit,
     _blocked_layout,
     _blocked_run,
     _blocked_split,
@@ -49,6 +50,7 @@ def blocking(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) ->
     """Turn blocked runs on (runs from 256 items, in blocks of 96, in one block, or eligible runs
     as one compiled loop: ``_blocked_jit``) or off; no program cached across."""
     monkeypatch.setattr(_blocked_layout, "JIT", request.param == "compiled")
+    monkeypatch.setattr(_blocked_jit, "BACKGROUND", False)  # (compiled at the first run, not meanwhile)
 
     def switch(on: bool) -> None:
         monkeypatch.setattr(_blocked_run, "MIN_ITEMS", 256 if on else 1 << 62)

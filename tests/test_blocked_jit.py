@@ -80,8 +80,10 @@ EXPRESSIONS: dict[str, tuple[Callable[[Any, Any], Expr], Callable[[Any, Any], An
 
 @pytest.fixture(autouse=True)
 def small_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Runs from 256 items (so that small arrays take the blocked path); no program cached across tests."""
+    """Runs from 256 items (so that small arrays take the blocked path), loops compiled at their first run
+    (not on a thread of their own); no program cached across tests."""
     monkeypatch.setattr(_blocked_run, "MIN_ITEMS", 256)
+    monkeypatch.setattr(_blocked_jit, "BACKGROUND", False)
     _compile._CACHE.clear()
     yield
     _compile._CACHE.clear()
@@ -335,3 +337,23 @@ def test_the_loop_source_and_its_version() -> None:
     assert body.index("        a1 = x1[j]") < body.index("        t0 = a0 * c0") < body.index("        out[j] = t1")
     version = _blocked_jit.available()
     assert version is None or version[0].isdigit()
+
+
+async def test_on_the_event_loop_a_loop_compiles_on_a_thread_of_its_own(
+    s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch, compiled: list[bool]
+) -> None:
+    # An inline run (on the loop's thread) does not hold the loop while numba compiles:
+    # the interpreter computes it meanwhile; once the loop is made, runs take it.
+    monkeypatch.setattr(_blocked_jit, "BACKGROUND", True)
+    monkeypatch.setattr(_blocked_jit, "_KERNELS", {})
+    xv, yv = _values("float64", 9, False)
+    x, y = await s.constant(xv), await s.constant(yv)
+    make, reference = EXPRESSIONS["positive sqrt square subtract"]
+    _same(await make(x, y).eval(), reference(xv, yv))
+    threads = list(_blocked_jit._PENDING.values())  # (empty if it finished already)
+    assert all(t.name == "aiotensor-jit-compile" for t in threads)
+    for t in threads:
+        t.join()
+    assert not _blocked_jit._PENDING
+    _same(await make(x, y).eval(), reference(xv, yv))
+    assert compiled == [False, True]

@@ -11,7 +11,8 @@ whether a run is eligible: one float dtype (float32 or float64) for every input,
 and constant (no promotion), inputs of the result's shape (no broadcasting), no
 reduction. :func:`kernel` compiles the loop the first time a plan runs, and keeps it
 (per loop source and dtype, shared by runs of the same ops), releasing the GIL while
-it runs. numba is imported then, not before; when it is missing or a compile fails
+it runs; asked for on an event loop's thread, it compiles on a thread of its own, the
+run taking the interpreter's path meanwhile. numba is imported then, not before; when it is missing or a compile fails
 the run takes the interpreter's path, as without it.
 
 **Floating-point warnings, NaN.** numpy's flags come from its own loops: the compiled
@@ -29,6 +30,7 @@ runs only when the caller ignores it (numpy's default); the loop keeps subnormal
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.metadata
 import math
@@ -129,17 +131,43 @@ def plan(
 
 
 def kernel(p: Plan) -> Callable[..., bool] | None:
-    """The compiled loop of ``p`` (compiled at its first call, then kept), or None when numba cannot make it."""
+    """The compiled loop of ``p`` (compiled at its first call, then kept), or None when there is none yet.
+
+    None when numba cannot make it; and, on an event loop's thread (an inline run) with
+    :data:`BACKGROUND`, while it compiles on a thread of its own: importing numba and
+    compiling took ~0.37 s for the first loop, ~0.1 s for another, which would hold the
+    loop; meanwhile the run takes the interpreter's path. A worker compiles it itself.
+    """
     key = (p.source, p.dtype)
     found = _KERNELS.get(key, _UNSEEN)
     if found is not _UNSEEN:
         return found  # type: ignore[no-any-return]
-    with _LOCK:  # (two threads asking at once compile once)
+    if key in _PENDING:
+        return None  # (compiling on its thread: not waited for)
+    if BACKGROUND and asyncio._get_running_loop() is not None:
+        with _LOCK:
+            if key not in _PENDING and key not in _KERNELS:
+                # (not a daemon: the interpreter waits for it at exit rather than leave LLVM mid-compile)
+                thread = threading.Thread(target=_compile_into, args=(p, key), name="aiotensor-jit-compile")
+                _PENDING[key] = thread
+                thread.start()
+        return None
+    with _COMPILING:  # (two threads asking at once compile once)
         found = _KERNELS.get(key, _UNSEEN)
         if found is _UNSEEN:
-            found = _compile(p)
-            _KERNELS[key] = found
+            found = _KERNELS[key] = _compile(p)
     return found  # type: ignore[no-any-return]
+
+
+def _compile_into(p: Plan, key: tuple[str, np.dtype[Any]]) -> None:
+    # The background compile of :func:`kernel`.
+    try:
+        with _COMPILING:
+            if key not in _KERNELS:
+                _KERNELS[key] = _compile(p)
+    finally:
+        with _LOCK:
+            _PENDING.pop(key, None)
 
 
 def _compile(p: Plan) -> Callable[..., bool] | None:
@@ -176,5 +204,11 @@ def available() -> str | None:
 #: numba once imported; None before the first compile, False when it could not be imported.
 _numba: Any = None
 _KERNELS: dict[tuple[str, np.dtype[Any]], Callable[..., bool] | None] = {}
-_LOCK = threading.Lock()
+#: Loops compiling on a thread of their own (``kernel`` on an event loop's thread), and the thread.
+_PENDING: dict[tuple[str, np.dtype[Any]], threading.Thread] = {}
+_LOCK = threading.Lock()  # (_PENDING's, held briefly: the event loop takes it)
+_COMPILING = threading.Lock()  # (one compile at a time)
+#: Whether a loop first asked for on an event loop's thread compiles on a thread of its own
+#: (off: there and then, holding the loop: for tests).
+BACKGROUND = True
 _UNSEEN: Any = object()
