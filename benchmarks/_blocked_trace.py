@@ -162,8 +162,21 @@ async def trace(
 ) -> tuple[dict[str, float], int, float, float]:
     """(stage -> median µs from the await's start, runs that split, numpy µs, hand split µs).
 
-    ``config``: the session's (the default sends a 1024x1024 chain to the pool).
+    ``config``: the session's (the default sends a 1024x1024 chain to the pool). The
+    interpreter's runs are traced: a run as one compiled loop (``_blocked_layout.JIT``)
+    does not split, so that is off for the trace.
     """
+    jit = _blocked_layout.JIT
+    _blocked_layout.JIT = False
+    try:
+        return await _trace(formula, shape, runs, config)
+    finally:
+        _blocked_layout.JIT = jit
+
+
+async def _trace(
+    formula: Callable[[Any], Any], shape: tuple[int, ...], runs: int, config: at.SessionConfig | None
+) -> tuple[dict[str, float], int, float, float]:
     settle_allocator()
     value = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     rows: list[dict[str, float]] = []

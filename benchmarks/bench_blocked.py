@@ -190,8 +190,20 @@ def calibrate(rounds: int, only_split: bool = False) -> None:
     """Print the chain's time per block size (one thread), and split vs one thread on the pool.
 
     Ratios to numpy's chain (or to one worker), first quartile of ``rounds * 10`` calls
-    per variant, the variants interleaved call by call (see :func:`_quartiles`).
+    per variant, the variants interleaved call by call (see :func:`_quartiles`). The
+    interpreter's blocks are measured: runs as one compiled loop (``_blocked_layout.JIT``) are off.
     """
+    from aiotensor._programs import _blocked_layout
+
+    jit = _blocked_layout.JIT
+    _blocked_layout.JIT = False
+    try:
+        _calibrate(rounds, only_split)
+    finally:
+        _blocked_layout.JIT = jit
+
+
+def _calibrate(rounds: int, only_split: bool) -> None:
     from aiotensor._backends._base import default_executor
     from aiotensor._programs import _blocked_run as _blocked
     from aiotensor._programs import _blocked_split as _split
@@ -279,7 +291,22 @@ def _split_variants(shape: tuple[int, int], pool: Any, split_mod: Any) -> tuple[
 
 
 def kernel_sweep(rounds: int) -> list[tuple[float, float]]:
-    """The compiled chain's kernel alone (one thread, no dispatch) against numpy's chain, per size."""
+    """The compiled chain's kernel alone (one thread, no dispatch) against numpy's chain, per size.
+
+    The kernel an awaited run takes: one compiled loop when numba is installed, made at
+    its first run here (not on a thread of its own while the interpreter runs).
+    """
+    from aiotensor._programs import _blocked_jit
+
+    background = _blocked_jit.BACKGROUND
+    _blocked_jit.BACKGROUND = False
+    try:
+        return _kernel_sweep(rounds)
+    finally:
+        _blocked_jit.BACKGROUND = background
+
+
+def _kernel_sweep(rounds: int) -> list[tuple[float, float]]:
     settle_allocator()
     points = []
     for n in (64, 128, 256, 512, 1024, 1448, 2048, 2896, 4096):

@@ -357,3 +357,25 @@ async def test_on_the_event_loop_a_loop_compiles_on_a_thread_of_its_own(
     assert not _blocked_jit._PENDING
     _same(await make(x, y).eval(), reference(xv, yv))
     assert compiled == [False, True]
+
+
+@pytest.mark.parametrize("state", [{}, {"over": "raise"}, {"all": "ignore"}])
+async def test_an_overflow_hidden_by_a_division_is_numpys(
+    s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch, state: dict[str, str]
+) -> None:
+    # ``y * y`` overflows to inf and ``x / inf`` is a finite 0: the loop checks its divisors
+    # as well as its result, so numpy's overflow warning (or error) still comes.
+    xv, yv = _values("float32", 10, False)
+    yv[abs(yv) < 1e-10] = 1.0  # (no square underflowing to 0: no division by zero)
+    yv.flat[::31] = np.finfo(np.float32).max
+    x, y = await s.constant(xv), await s.constant(yv)
+
+    def make() -> Expr:
+        return (x + 1.0) / (y * y)
+
+    with np.errstate(**state):  # type: ignore[arg-type]
+        on = await _outcome(make)
+        monkeypatch.setattr(_blocked_layout, "JIT", False)
+        off = await _outcome(make)
+    assert on == off
+    assert (on[0], len(on[-1])) == {"over": ("error", 0), "all": ("ok", 0)}.get(next(iter(state), ""), ("ok", 1))

@@ -17,7 +17,9 @@ the run takes the interpreter's path, as without it.
 
 **Floating-point warnings, NaN.** numpy's flags come from its own loops: the compiled
 loop raises none numpy sees. So the loop also says whether any value it computed was
-not finite (every overflow, invalid operation and division by zero makes one); when
+not finite (every overflow, invalid operation and division by zero makes one; the
+loop checks its result and its divisors: every op of the list keeps a value that is
+not finite so, but a divisor, ``x / inf`` being 0); when
 one was, its result is dropped and the run computed again by the interpreter (op by
 op, with numpy's own warnings, when the caller does not ignore all three:
 ``_blocked_layout.Layout._compiled``). Always, not only for warnings: where two NaNs
@@ -92,6 +94,7 @@ def plan(
     first_typed = nbase + len(ufuncs)
     consts: dict[int, str] = {}
     names: list[str] = []
+    checked: set[str] = set()
     lines = []
     for k, (f, args) in enumerate(zip(ufuncs, typed, strict=True)):
         pattern = _EXPRESSIONS.get(f)
@@ -111,9 +114,19 @@ def plan(
                 if i not in consts:
                     consts[i] = f"c{len(consts)}"
                 operands.append(consts[i])
+        if f is np.true_divide:  # (a divisor not finite may give a finite quotient: x / inf is 0)
+            if args[1] >= nin and not (nbase <= args[1] < first_typed):
+                if not np.isfinite(template[args[1]]):
+                    return None  # (a constant divisor: finite, or not eligible)
+            else:
+                checked.add(operands[1])
         lines.append(f"        t{k} = {pattern.format(*operands)}")
-        lines.append(f"        bad |= not (abs(t{k}) <= FMAX)")
         names.append(f"t{k}")
+    # Not finite: a value every op of the list keeps not finite (inf + x is inf, inf * 0
+    # and inf - inf are NaN, NaN stays NaN, sqrt(-inf) is NaN), but a divisor's: so the
+    # result and the divisors are checked, and an overflow, invalid operation or division
+    # by zero anywhere (each makes an inf or a NaN, rounding to nearest) shows there.
+    checks = [f"        bad |= not (abs({name}) <= FMAX)" for name in sorted(checked | {names[-1]})]
     loads = [f"        a{i} = x{i}[j]" for i in range(nin)]
     params = [*(f"x{i}" for i in range(nin)), *consts.values(), "out"]
     source = "\n".join(
@@ -123,6 +136,7 @@ def plan(
             "    for j in range(out.shape[0]):",
             *loads,  # (every input read before the result's element is written: it may be one of them)
             *lines,
+            *checks,
             f"        out[j] = {names[-1]}",
             "    return bad",
         ]
