@@ -71,6 +71,10 @@ EXPRESSIONS: dict[str, tuple[Callable[[Any, Any], Expr], Callable[[Any, Any], An
         lambda x, y: _run("subtract", _run("positive", _run("sqrt", x)), _run("square", y)),
         lambda x, y: np.subtract(np.positive(np.sqrt(x)), np.square(y)),
     ),
+    "Python ints": (
+        lambda x, y: (x * 3 - 2) / 7 + y * -5,
+        lambda x, y: (x * 3 - 2) / 7 + y * -5,
+    ),
     "the chain, Python constants": (
         lambda x, y: abs(((x * 2.0 + 1.0) - 0.5) * x / 3.0 + y) * 0.1 - x + 1.0,
         lambda x, y: abs(((x * 2.0 + 1.0) - 0.5) * x / 3.0 + y) * 0.1 - x + 1.0,
@@ -231,6 +235,7 @@ async def test_warnings_and_errors_are_numpys(
         ("integers", lambda f, x, y, r, d, i: (i + 3) * i - 1),
         ("a comparison", lambda f, x, y, r, d, i: f("less", x * 2.0, y) * 1.0),
         ("maximum", lambda f, x, y, r, d, i: f("maximum", x * 2.0, y) + 1.0),
+        ("an int float32 does not hold", lambda f, x, y, r, d, i: x * 16777217 + 1.0),
     ],
 )
 async def test_runs_not_eligible_take_the_interpreters_path(

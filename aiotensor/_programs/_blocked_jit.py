@@ -57,19 +57,23 @@ _EXPRESSIONS: dict[Any, str] = {
     np.square: "{0} * {0}",
 }
 _FLOATS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
+#: Per float dtype, the largest Python int every smaller one of which it holds exactly.
+_EXACT_INTS = {np.dtype(np.float32): 1 << 24, np.dtype(np.float64): 1 << 53}
 
 
 class Plan:
     """An eligible run's loop: its source, dtype, and the template slots of its constants."""
 
-    __slots__ = ("const_slots", "dtype", "nin", "source")
+    __slots__ = ("const_slots", "dtype", "nin", "source", "values")
 
-    def __init__(self, source: str, dtype: np.dtype[Any], nin: int, const_slots: list[int]) -> None:
+    def __init__(self, source: str, dtype: np.dtype[Any], nin: int, const_slots: list[int], values: list[Any]) -> None:
         self.source = source
         self.dtype = dtype
         self.nin = nin
         #: The slots (in the layout's template) of the constants the loop takes, in order.
         self.const_slots = const_slots
+        #: Their values, as scalars of the dtype (the loop's arguments after its inputs).
+        self.values = values
 
 
 def plan(
@@ -93,6 +97,7 @@ def plan(
     nbase = nin + nconst
     first_typed = nbase + len(ufuncs)
     consts: dict[int, str] = {}
+    values: list[Any] = []
     names: list[str] = []
     checked: set[str] = set()
     lines = []
@@ -108,11 +113,15 @@ def plan(
                 operands.append(f"t{i - nbase}")
             else:
                 value = template[i]
+                if type(value) is int and abs(value) <= _EXACT_INTS[dtype]:
+                    # (NEP 50: a Python int meets a float array as its dtype; exactly, up to here)
+                    value = dtype.type(value)
                 # (not ``getattr(value, "dtype", None) != dtype``: a dtype equals None, float64)
                 if not isinstance(value, (np.ndarray, np.generic)) or value.dtype != dtype or value.ndim != 0:
                     return None  # (a Python scalar numpy's loop casts: not typed once here)
                 if i not in consts:
                     consts[i] = f"c{len(consts)}"
+                    values.append(dtype.type(value))  # (a scalar: numba takes no 0-d array for it)
                 operands.append(consts[i])
         if f is np.true_divide:  # (a divisor not finite may give a finite quotient: x / inf is 0)
             if args[1] >= nin and not (nbase <= args[1] < first_typed):
@@ -141,7 +150,7 @@ def plan(
             "    return bad",
         ]
     )
-    return Plan(source, dtype, nin, list(consts))
+    return Plan(source, dtype, nin, list(consts), values)
 
 
 def kernel(p: Plan) -> Callable[..., bool] | None:

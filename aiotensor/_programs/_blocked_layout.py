@@ -122,7 +122,7 @@ class Layout:
         if self.reducer is None:
             same = all(sh == oshape for sh in in_shapes)
             self.jit = _blocked_jit.plan(run.ufuncs, typed, run.nin, nconst, all_dtypes, self.template, same)
-        self.jit_consts = [self.template[i][()] for i in self.jit.const_slots] if self.jit is not None else []
+        self.jit_consts = self.jit.values if self.jit is not None else []
         # Ops on whole inputs alone (``std + 1e-8``): once per call, not per block.
         self.hoisted = [(run.ufuncs[k], typed[k], nbase + k) for k in range(n) if not varies[nbase + k]]
         # The loop: (ufunc, args, scratch index or -1 for the result's block, value slot)
