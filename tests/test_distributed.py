@@ -785,6 +785,22 @@ async def test_a_users_error_filter_raises_numpys_warning_as_locally(backend: Da
                 await f(x)
 
 
+async def test_a_result_whose_warning_a_filter_raised_is_freed_at_once(backend: DaskBackend, client: Client) -> None:
+    # The op's result exists on a worker when its warning is raised as an error: it is
+    # freed then, not when the garbage collector frees the traceback that held it.
+    gc.disable()
+    try:
+        async with at.AsyncEagerSession(backend=backend) as s:
+            x = await s.constant(np.array([1.0, 0.0]))
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                with pytest.raises(RuntimeWarning):
+                    await s.divide(x, 0.0)
+            assert len(await until(client, lambda keys: len(keys) <= 1, timeout=2.0)) == 1  # x's buffer only
+    finally:
+        gc.enable()
+
+
 async def test_a_kernel_on_a_worker_sees_read_only_views_of_its_inputs() -> None:
     # The one rule of kernel inputs (_kernels.read_only_view): the worker's stored
     # replica is left as it is, and a kernel returning its input gets a copy owned.

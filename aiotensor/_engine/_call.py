@@ -154,7 +154,14 @@ async def call(
                 raise BackendError(f"{label}: the backend cannot run kernels: {exc}") from exc
             result = await self._await_kernel(pending)
             if errors:
-                _fpwarn.reissue(label, errors)
+                try:
+                    _fpwarn.reissue(label, errors)
+                except BaseException:  # a warnings filter made it an error: the result is nobody's
+                    # (freed now: a remote one would otherwise wait for the garbage collector
+                    # to free the traceback's frames that hold its handles)
+                    for buf in result.buffers:
+                        self.backend.release(buf.handle)
+                    raise
     except (asyncio.CancelledError, AioTensorError):
         raise
     except Exception as exc:
