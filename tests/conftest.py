@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
 
@@ -96,3 +97,19 @@ def fresh_recycler() -> Iterator[None]:
     clear()
     yield
     clear()
+
+
+@pytest.fixture
+def layouts_run(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every blocked run's ``Layout`` as it runs, in order (so a test knows, and sees, the blocked path ran)."""
+    from aiotensor._programs import _blocked_layout
+
+    seen: list[Any] = []
+    real = _blocked_layout.Layout.run
+
+    def run(self: Any, inputs: Any, flagged: Any) -> Any:
+        seen.append(self)
+        return real(self, inputs, flagged)
+
+    monkeypatch.setattr(_blocked_layout.Layout, "run", run)
+    return seen

@@ -64,20 +64,6 @@ def blocking(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) ->
     _compile._CACHE.clear()
 
 
-@pytest.fixture
-def runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the blocked runs (layouts run), so that a test knows the blocked path ran."""
-    seen: list[int] = []
-    real = _blocked_layout.Layout.run
-
-    def run(self: Any, inputs: Any, flagged: Any) -> Any:
-        seen.append(1)
-        return real(self, inputs, flagged)
-
-    monkeypatch.setattr(_blocked_layout.Layout, "run", run)
-    return seen
-
-
 def _values(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
     # Values with the awkward cases of each kind: zeros (division), extremes (overflow),
     # NaN, infinities and negatives (invalid) for floats.
@@ -131,7 +117,7 @@ def _run(name: str, *args: Any) -> Expr:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 async def test_every_op_and_dtype_agrees_bit_for_bit(
-    s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int], dtype: str
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], layouts_run: list[Any], dtype: str
 ) -> None:
     x = await s.constant(_values(dtype, (37, 29), 1))
     others = {
@@ -153,7 +139,7 @@ async def test_every_op_and_dtype_agrees_bit_for_bit(
                 assert blocked == plain, (name, dtype, label)
                 blocked, plain = await _both(blocking, lambda n=name, y=y: _run(n, 2.5, _run(n, y, _run(n, x, 3))))
                 assert blocked == plain, (name, dtype, label, "python scalars")
-    assert runs  # the blocked path ran (and gave the op-by-op values)
+    assert layouts_run  # the blocked path ran (and gave the op-by-op values)
 
 
 @pytest.mark.parametrize(
@@ -161,7 +147,7 @@ async def test_every_op_and_dtype_agrees_bit_for_bit(
     [("int8", "float32"), ("uint8", "int64"), ("float16", "float64"), ("bool", "int32"), ("int32", "float32")],
 )
 async def test_mixed_dtypes_promote_as_op_by_op(
-    s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int], xdtype: str, ydtype: str
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], layouts_run: list[Any], xdtype: str, ydtype: str
 ) -> None:
     x = await s.constant(_values(xdtype, (40, 30), 6))
     y = await s.constant(_values(ydtype, (30,), 7))
@@ -173,7 +159,7 @@ async def test_mixed_dtypes_promote_as_op_by_op(
         ):
             blocked, plain = await _both(blocking, make)
             assert blocked == plain
-    assert runs
+    assert layouts_run
 
 
 @pytest.mark.parametrize("shape", [(1001,), (37, 29), (5, 7, 11), (0, 29), (), (1, 500), (500, 1)])
@@ -195,20 +181,13 @@ async def test_shapes_not_multiples_of_the_block_and_degenerate_ones(
 
 
 async def test_values_every_block_reads_whole_are_copied_over_a_block_with_the_same_values(
-    s: at.AsyncEagerSession, blocking: Callable[[bool], None], monkeypatch: pytest.MonkeyPatch
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], monkeypatch: pytest.MonkeyPatch, layouts_run: list[Any]
 ) -> None:
     # A row vector and a hoisted op's value (``row * 2.0``) read by every block are copied
     # once over a block's shape (``Layout.tiled``); a column is sliced with the rows; a
     # value its readers broadcast to two block shapes, or of one element, is read as it
     # is. Tail blocks too.
-    layouts: list[Any] = []
-    real = _blocked_layout.Layout.run
-
-    def run(self: Any, inputs: Any, flagged: Any) -> Any:
-        layouts.append(self)
-        return real(self, inputs, flagged)
-
-    monkeypatch.setattr(_blocked_layout.Layout, "run", run)
+    layouts = layouts_run
     x = await s.constant(_values("float32", (37, 29), 30))
     x3 = await s.constant(_values("float32", (37, 5, 29), 31))
     row = await s.constant(_values("float32", (29,), 32))
@@ -306,7 +285,7 @@ async def test_a_one_block_run_asks_for_its_result_with_result_tries(
 
 
 async def test_non_contiguous_inputs(
-    s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int]
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], layouts_run: list[Any]
 ) -> None:
     x = await s.constant(_values("float64", (40, 60), 11))
     with np.errstate(all="ignore"):
@@ -318,11 +297,11 @@ async def test_non_contiguous_inputs(
             blocked, plain = await _both(blocking, make)
             assert blocked == plain
             assert blocked[0] == "ok"
-    assert runs
+    assert layouts_run
 
 
 async def test_the_standardization_keeps_numpy_values(
-    s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int]
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], layouts_run: list[Any]
 ) -> None:
     v = _values("float32", (300, 17), 12)
     x = await s.constant(v)
@@ -331,7 +310,7 @@ async def test_the_standardization_keeps_numpy_values(
     with np.errstate(all="ignore"):
         want = (v - v.mean(axis=0)) / (v.std(axis=0) + 1e-8)
     assert blocked[3] == want.tobytes()
-    assert runs
+    assert layouts_run
 
 
 @pytest.fixture
@@ -425,7 +404,7 @@ async def test_a_fused_standardization_of_awkward_inputs_is_op_by_op(
 
 
 async def test_a_fused_standardization_on_the_pool_writes_over_its_deviations(
-    s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch, centered: list[bool], runs: list[int]
+    s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch, centered: list[bool], layouts_run: list[Any]
 ) -> None:
     monkeypatch.setattr(_blocked_split, "SPLIT_MIN_BYTES", 0)
     monkeypatch.setattr(_blocked_run, "BLOCK_FROM_ITEMS", 0)
@@ -437,12 +416,12 @@ async def test_a_fused_standardization_on_the_pool_writes_over_its_deviations(
         got = await ((x - x.mean(axis=0)) / (x.std(axis=0) + 1e-8)).eval()
         assert got.tobytes() == ((v - v.mean(axis=0)) / (v.std(axis=0) + 1e-8)).tobytes()
     assert centered == [True] * 3
-    assert runs
+    assert layouts_run
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "float16"])
 async def test_a_trailing_reduction_over_the_last_axis_keeps_numpy_values(
-    s: at.AsyncEagerSession, blocking: Callable[[bool], None], runs: list[int], dtype: str
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], layouts_run: list[Any], dtype: str
 ) -> None:
     # Joined to the run and reduced block by block when each row's reduction is numpy's
     # (the last axis: pairwise sums along each row); numpy's call on the run's result
@@ -468,7 +447,7 @@ async def test_a_trailing_reduction_over_the_last_axis_keeps_numpy_values(
     with np.errstate(all="ignore"):
         await e
     if dtype in ("float32", "float64"):
-        assert runs
+        assert layouts_run
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "float16"])
@@ -552,7 +531,7 @@ async def test_warnings_and_errors_follow_errstate_as_op_by_op(
 
 
 async def test_a_one_block_run_in_place_names_the_op_that_failed_without_running_again(
-    s: at.AsyncEagerSession, blocking: Callable[[bool], None], monkeypatch: pytest.MonkeyPatch
+    s: at.AsyncEagerSession, blocking: Callable[[bool], None], monkeypatch: pytest.MonkeyPatch, layouts_run: list[Any]
 ) -> None:
     # A one-block run of ufuncs writing in place into its result (``Layout.in_place``:
     # the output given by position; not with maximum, whose positional output numpy
@@ -563,19 +542,14 @@ async def test_a_one_block_run_in_place_names_the_op_that_failed_without_running
     monkeypatch.setattr(_blocked_layout, "JIT", False)
     x = await s.constant(np.linspace(1.0, 3.0, 1200, dtype=np.float32).reshape(40, 30))
     reran: list[int] = []
-    layouts: list[Any] = []
-    real_op_by_op, real_run = _blocked_run.BlockedRun.op_by_op, _blocked_layout.Layout.run
+    layouts = layouts_run
+    real_op_by_op = _blocked_run.BlockedRun.op_by_op
 
     def op_by_op(self: Any, inputs: Any) -> Any:
         reran.append(1)
         return real_op_by_op(self, inputs)
 
-    def run(self: Any, inputs: Any, flagged: Any) -> Any:
-        layouts.append(self)
-        return real_run(self, inputs, flagged)
-
     monkeypatch.setattr(_blocked_run.BlockedRun, "op_by_op", op_by_op)
-    monkeypatch.setattr(_blocked_layout.Layout, "run", run)
     v = s._engine.peek(x)
     got = await (await (abs(x * 2.0 - 1.0) + x)).numpy()
     np.testing.assert_array_equal(got, abs(v * np.float32(2.0) - np.float32(1.0)) + v)
@@ -618,7 +592,7 @@ async def test_the_blocked_program_pickles(s: at.AsyncEagerSession, blocking: Ca
 
 
 async def test_large_runs_split_over_the_pool_with_the_same_values(
-    s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch, runs: list[int]
+    s: at.AsyncEagerSession, monkeypatch: pytest.MonkeyPatch, layouts_run: list[Any]
 ) -> None:
     split: list[int] = []
     real = _blocked_split._aligned
@@ -639,7 +613,7 @@ async def test_large_runs_split_over_the_pool_with_the_same_values(
     with np.errstate(all="ignore"):
         want = ((v * 2.0 + 1.0) * v - (v[0] + 1)) / 3.0 + v
     assert got.tobytes() == want.tobytes()
-    assert runs
+    assert layouts_run
     assert split  # shared out between the workers
     # The other workers' threads record the flags the caller does not ignore, not their own errstate's.
     again: list[int] = []

@@ -122,20 +122,6 @@ def loops(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return seen
 
 
-@pytest.fixture
-def layouts(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The layouts run."""
-    seen: list[Any] = []
-    real = _blocked_layout.Layout.run
-
-    def run(self: Any, inputs: Any, flagged: Any) -> Any:
-        seen.append(self)
-        return real(self, inputs, flagged)
-
-    monkeypatch.setattr(_blocked_layout.Layout, "run", run)
-    return seen
-
-
 def _bits(a: Any) -> Any:
     a = np.ascontiguousarray(a)
     return a.view({4: np.int32, 8: np.int64, 2: np.int16}[a.dtype.itemsize])
@@ -239,7 +225,7 @@ async def test_warnings_and_errors_are_numpys(
     ],
 )
 async def test_runs_not_eligible_take_the_interpreters_path(
-    s: at.AsyncEagerSession, layouts: list[Any], compiled: list[bool], label: str, make: Callable[..., Expr]
+    s: at.AsyncEagerSession, layouts_run: list[Any], compiled: list[bool], label: str, make: Callable[..., Expr]
 ) -> None:
     xv, yv = _values("float32", 4, False)
     args = [xv, yv, yv[0], xv.astype(np.float64), (xv * 10).astype(np.int32)]
@@ -248,8 +234,8 @@ async def test_runs_not_eligible_take_the_interpreters_path(
         got = await make(_run, *tensors).eval()
         want = make(lambda name, *a: getattr(np, name)(*a), *args)
     _same(np.asarray(got), np.asarray(want))
-    assert layouts
-    assert all(layout.jit is None for layout in layouts), label
+    assert layouts_run
+    assert all(layout.jit is None for layout in layouts_run), label
     assert compiled == []
 
 
