@@ -12,7 +12,6 @@ import asyncio
 import os
 import pickle
 import threading
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,6 +32,7 @@ from aiotensor._programs import (
     _blocked_whole,
     _compile,
 )
+from tests._results import outcome
 
 UNARY = sorted(n for n, d in OPS.items() if d.ufunc and d.data == 1)
 BINARY = sorted(n for n, d in OPS.items() if d.ufunc and d.data == 2)
@@ -88,22 +88,11 @@ def _values(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, An
     return flat.reshape(shape)
 
 
-async def _outcome(make: Callable[[], Expr]) -> tuple[Any, ...]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            value = await make().eval()
-            got: tuple[Any, ...] = ("ok", value.dtype, value.shape, np.ascontiguousarray(value).tobytes())
-        except Exception as exc:
-            got = ("error", type(exc), str(exc))
-    return (*got, [(w.category, str(w.message)) for w in caught])
-
-
 async def _both(blocking: Callable[[bool], None], make: Callable[..., Expr]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     blocking(True)
-    blocked = await _outcome(make)
+    blocked = await outcome(make)
     blocking(False)
-    plain = await _outcome(make)
+    plain = await outcome(make)
     return blocked, plain
 
 
@@ -521,11 +510,11 @@ async def test_warnings_and_errors_follow_errstate_as_op_by_op(
         ):
             calls.clear()
             blocking(True)
-            blocked = await _outcome(make)
+            blocked = await outcome(make)
             blocked_calls = list(calls)
             calls.clear()
             blocking(False)
-            plain = await _outcome(make)
+            plain = await outcome(make)
             assert blocked == plain  # the same result or error, and the same warnings in the same order
             assert blocked_calls == calls  # errstate's callback called as often, with the same kinds
 

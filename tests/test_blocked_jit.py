@@ -7,7 +7,6 @@ across tests, and a loop is kept per source and dtype for the whole process.
 from __future__ import annotations
 
 import importlib
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +17,7 @@ import aiotensor as at
 from aiotensor._expr import Expr
 from aiotensor._opdef import OPS
 from aiotensor._programs import _blocked_jit, _blocked_layout, _blocked_run, _compile
+from tests._results import outcome
 
 pytest.importorskip("numba")
 
@@ -160,17 +160,6 @@ async def test_finite_values_take_the_loop_under_numpys_default_errstate(
     assert compiled == [True]
 
 
-async def _outcome(make: Callable[[], Expr]) -> tuple[Any, ...]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            value = await make().eval()
-            got: tuple[Any, ...] = ("ok", value.dtype, value.shape, np.ascontiguousarray(value).tobytes())
-        except Exception as exc:
-            got = ("error", type(exc), str(exc))
-    return (*got, sorted((w.category.__name__, str(w.message)) for w in caught))
-
-
 @pytest.mark.parametrize("shape", [SHAPE, (400, 300)])  # (inline; on the pool)
 @pytest.mark.parametrize(
     "state",
@@ -204,9 +193,9 @@ async def test_warnings_and_errors_are_numpys(
         return (x * 2.0 + 1.0) / x * 0.001 - x
 
     with np.errstate(**state):  # type: ignore[arg-type]
-        on = await _outcome(make)
+        on = await outcome(make, ordered=False)
         monkeypatch.setattr(_blocked_layout, "JIT", False)
-        off = await _outcome(make)
+        off = await outcome(make, ordered=False)
     assert on == off
     # The loop ran when underflow is ignored; its result (not finite) was dropped.
     assert loops == ([1] if state.get("under", state.get("all", "ignore")) == "ignore" else [])
@@ -365,8 +354,8 @@ async def test_an_overflow_hidden_by_a_division_is_numpys(
         return (x + 1.0) / (y * y)
 
     with np.errstate(**state):  # type: ignore[arg-type]
-        on = await _outcome(make)
+        on = await outcome(make, ordered=False)
         monkeypatch.setattr(_blocked_layout, "JIT", False)
-        off = await _outcome(make)
+        off = await outcome(make, ordered=False)
     assert on == off
     assert (on[0], len(on[-1])) == {"over": ("error", 0), "all": ("ok", 0)}.get(next(iter(state), ""), ("ok", 1))
