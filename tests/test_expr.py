@@ -16,6 +16,7 @@ import pytest
 
 import aiotensor as at
 from benchmarks.bench_blocked import chain
+from tests._moved_loop import NEW_LOOPS, moved_session
 
 from ._results import one
 from .conftest import settle
@@ -815,14 +816,7 @@ async def test_an_expression_awaited_in_a_device_scope_takes_the_general_path(mo
         del t, u
 
 
-_NEW_LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
-with contextlib.suppress(ImportError):  # (uvloop is a test extra)
-    import uvloop
-
-    _NEW_LOOPS["uvloop"] = uvloop.new_event_loop
-
-
-@pytest.mark.parametrize("new_loop", list(_NEW_LOOPS.values()), ids=list(_NEW_LOOPS))
+@pytest.mark.parametrize("new_loop", list(NEW_LOOPS.values()), ids=list(NEW_LOOPS))
 def test_an_expression_awaited_on_another_loop_is_refused_even_in_the_thread_that_opened_its_session(
     new_loop: Callable[[], asyncio.AbstractEventLoop],
 ) -> None:
@@ -830,16 +824,7 @@ def test_an_expression_awaited_on_another_loop_is_refused_even_in_the_thread_tha
     # (uvloop). The session's loop first ran in this thread, then runs in another one,
     # and this thread runs a loop of its own (and then a second one in turn): awaiting
     # an expression of its tensor here is the wrong loop, on every path.
-    loop = new_loop()
-    s = at.AsyncEagerSession()
-
-    async def make() -> at.Tensor:
-        return await s.constant(np.arange(3.0))
-
-    t = loop.run_until_complete(make())
-    worker = threading.Thread(target=loop.run_forever)
-    worker.start()
-    try:
+    with moved_session(new_loop) as (s, t, loop):
 
         async def evaluate() -> Any:
             return await ((t * 2.0 + 1.0) * t)  # (the await itself refuses: no tensor made)
@@ -859,7 +844,3 @@ def test_an_expression_awaited_on_another_loop_is_refused_even_in_the_thread_tha
 
         assert asyncio.run_coroutine_threadsafe(live(), loop).result(10) == 1  # t alone: nothing made by a refusal
         asyncio.run_coroutine_threadsafe(s.close(), loop).result(10)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        worker.join(10)
-        loop.close()

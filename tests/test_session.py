@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
+from tests._moved_loop import NEW_LOOPS, moved_session
 
 IB = at.ResourceCleanupStrategy.IN_BACKGROUND
 
@@ -188,32 +189,14 @@ async def test_session_is_bound_to_its_loop() -> None:
     await s.close()
 
 
-_LOOPS = {"asyncio": asyncio.new_event_loop}
-try:
-    import uvloop
-
-    _LOOPS["uvloop"] = uvloop.new_event_loop
-except ImportError:  # pragma: no cover - uvloop is a test extra
-    pass
-
-
-@pytest.mark.parametrize("new_loop", list(_LOOPS.values()), ids=list(_LOOPS))
+@pytest.mark.parametrize("new_loop", list(NEW_LOOPS.values()), ids=list(NEW_LOOPS))
 def test_a_loop_moved_to_another_thread_keeps_its_session_from_the_thread_it_left(
     new_loop: Callable[[], asyncio.AbstractEventLoop],
 ) -> None:
     # A session's loop first ran in this thread, then runs in another one; this thread
     # runs a loop of its own: reading the session's tensor from it is the wrong loop,
     # though this thread opened the session and its loop is running (elsewhere).
-    loop = new_loop()
-    s = at.AsyncEagerSession()
-
-    async def make() -> at.Tensor:
-        return await s.constant(np.arange(3.0))
-
-    t = loop.run_until_complete(make())
-    worker = threading.Thread(target=loop.run_forever)
-    worker.start()
-    try:
+    with moved_session(new_loop) as (s, t, loop):
 
         async def read() -> Any:
             return await t.numpy()
@@ -224,10 +207,6 @@ def test_a_loop_moved_to_another_thread_keeps_its_session_from_the_thread_it_lef
         value = asyncio.run_coroutine_threadsafe(read(), loop).result(10)
         np.testing.assert_array_equal(value, np.arange(3.0))
         asyncio.run_coroutine_threadsafe(s.close(), loop).result(10)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        worker.join(10)
-        loop.close()
 
 
 async def test_close_settles_in_flight_ops(strategy: at.ResourceCleanupStrategy) -> None:
