@@ -16,6 +16,7 @@ import pytest
 
 import aiotensor as at
 from benchmarks.bench_blocked import chain
+from tests._in_flight import request_in_flight
 from tests._moved_loop import NEW_LOOPS, moved_session
 
 from ._results import one
@@ -773,26 +774,14 @@ async def test_an_awaited_program_in_the_busy_band_follows_the_busy_loop_rule() 
                 np.testing.assert_array_equal(await (await _chain10(x)).numpy(), want)
             load = at.loop_load()
             assert (load.kept_inline, load.offloaded) == (3, 0)
-            began, done = asyncio.Event(), asyncio.Event()
 
-            async def request() -> None:  # another caller in flight: the loop is contended
-                _loopload.enter()
-                try:
-                    began.set()
-                    await done.wait()
-                finally:
-                    _loopload.leave()
-
-            other = asyncio.create_task(request())
-            await began.wait()
-            clock["busy"] = 1.0
-            try:
+            async def contended() -> None:  # another caller in flight: the loop is contended
+                clock["busy"] = 1.0
                 for _ in range(12):
                     tick()
                     np.testing.assert_array_equal(await (await _chain10(x)).numpy(), want)
-            finally:
-                done.set()
-                await other
+
+            await request_in_flight(contended)
             load = at.loop_load()
             assert load.busy
             assert load.offloaded >= 3  # once the average says saturated: the pool

@@ -15,6 +15,7 @@ import pytest
 import aiotensor as at
 from aiotensor import _loopload
 from aiotensor._loopload import BUSY_ABOVE, BUSY_FREE_US, BUSY_INLINE_US, IDLE_BELOW, WINDOW_S, Sensor
+from tests._in_flight import request_in_flight
 
 # An add of two float64 (230, 230) arrays: the cost model puts it between BUSY_INLINE_US
 # and the default inline threshold (50 µs), the band whose placement depends on the loop.
@@ -115,28 +116,6 @@ async def two_callers(clocks: Clocks, work: Callable[[asyncio.Barrier], Awaitabl
     await asyncio.gather(work(lockstep), work(lockstep))
 
 
-async def request_in_flight(clocks: Clocks, work: Callable[[], Awaitable[None]]) -> None:
-    """``work`` while another task has a request in flight (as the web middleware counts it)."""
-    began, done = asyncio.Event(), asyncio.Event()
-
-    async def request() -> None:
-        _loopload.enter()
-        try:
-            began.set()
-            await done.wait()
-        finally:
-            _loopload.leave()
-
-    other = asyncio.create_task(request())
-    await began.wait()
-    try:
-        await work()
-    finally:
-        done.set()
-        await other
-    assert at.loop_load().requests == 0
-
-
 async def test_a_saturated_loop_with_one_serial_caller_keeps_kernels_in_the_band_inline(clocks: Clocks) -> None:
     clocks.busy = True
     await add_ten_times(clocks)
@@ -173,7 +152,7 @@ async def test_a_saturated_contended_loop_sends_kernels_in_the_band_to_the_pool(
 
 async def test_a_request_in_flight_makes_a_saturated_loop_contended(clocks: Clocks) -> None:
     clocks.busy = True
-    await request_in_flight(clocks, lambda: add_ten_times(clocks))
+    await request_in_flight(lambda: add_ten_times(clocks))
     load = at.loop_load()
     assert load.callers == 2
     assert load.offloaded >= 9
@@ -212,7 +191,7 @@ async def double_ten_times(clocks: Clocks) -> None:
 
 async def test_a_busy_loop_sends_fused_calls_in_the_band_to_the_pool(clocks: Clocks) -> None:
     clocks.busy = True
-    await request_in_flight(clocks, lambda: double_ten_times(clocks))
+    await request_in_flight(lambda: double_ten_times(clocks))
     load = at.loop_load()
     assert load.offloaded >= 8  # (the first call runs on the pool to be measured)
     assert load.offloaded + load.kept_inline == 9  # each later call counted once
@@ -266,7 +245,7 @@ async def test_a_busy_loop_keeps_a_fused_function_of_small_ops_inline(clocks: Cl
     for _ in range(15):
         want = want * 0.5 + 1.0
     clocks.busy = True
-    await request_in_flight(clocks, lambda: call_ten_times(clocks, at.function(small_ops), [a], want))
+    await request_in_flight(lambda: call_ten_times(clocks, at.function(small_ops), [a], want))
     load = at.loop_load()
     assert load.busy
     assert load.offloaded == 0
@@ -294,7 +273,7 @@ async def test_a_busy_loop_keeps_a_fused_function_that_hands_the_gil_back_and_fo
     clocks.busy = True
     at.set_blas_threads(1)  # as a server runs BLAS: threads spinning on a loaded machine slow a run 100x
     try:
-        await request_in_flight(clocks, lambda: call_ten_times(clocks, at.function(mlp), [x, w1, b1, w2, b2], want))
+        await request_in_flight(lambda: call_ten_times(clocks, at.function(mlp), [x, w1, b1, w2, b2], want))
     finally:
         at.set_blas_threads(None)
     load = at.loop_load()
@@ -327,7 +306,7 @@ async def test_a_busy_loop_keeps_a_single_op_that_holds_the_gil_inline(clocks: C
                 y = await s.erf(x)
                 np.testing.assert_allclose(await y.numpy(), [math.erf(v) for v in a], rtol=1e-12, atol=1e-15)
 
-    await request_in_flight(clocks, erf_ten_times)
+    await request_in_flight(erf_ten_times)
     load = at.loop_load()
     assert load.busy
     assert (load.offloaded, load.kept_inline) == (0, 10)
@@ -353,7 +332,7 @@ async def test_a_busy_loop_keeps_a_program_of_small_steps_inline(clocks: Clocks)
                 y = await e
                 np.testing.assert_allclose(await y.numpy(), want)
 
-    await request_in_flight(clocks, programs)
+    await request_in_flight(programs)
     load = at.loop_load()
     assert load.busy
     assert load.offloaded == 0
@@ -432,7 +411,7 @@ async def test_a_busy_loop_sends_a_program_it_would_run_in_slices_to_the_pool(cl
                 y = await ((x + x) * x - x)  # three ops: one program, in slices on an idle loop
                 np.testing.assert_allclose(await y.numpy(), (a + a) * a - a)
 
-    await request_in_flight(clocks, three_programs)
+    await request_in_flight(three_programs)
     load = at.loop_load()
     assert load.offloaded >= 2
     assert load.kept_inline <= 1
