@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 import aiotensor as at
 from benchmarks import bench_dispatch, bench_memory, bench_overheads
@@ -338,3 +339,36 @@ def test_request_session_profile_times_every_life_in_and_out_of_a_request(capsys
         for tensor in ("", ", one tensor"):
             for where in ("back to back, bare loop", "inside a request, the first", "inside a request, the later"):
                 assert f"| {make}{tensor} | {where} |" in out
+
+
+def test_the_batch_trace_summarizes_stamps_of_the_window_only() -> None:
+    from benchmarks import trace_batches as tb
+
+    events: list[tb.Event] = [
+        (0.5, "req", None),  # before the window: counted in the app, not as a request of the window
+        (1.0, "req", None),
+        (2.0, "flush", 2),  # from here both requests in the app wait inside the batch ...
+        (3.0, "kernel", (0.5, 0.25, 2, 1, 0)),  # 2 callers, 0.5 s: 250,000 µs per caller, CPU/wall 0.5
+        (4.0, "resumed", 2),  # ... until here: 2 s of the 10 s window
+        (5.0, "resp", None),
+        (6.0, "resp", None),
+        (7.0, "req", None),
+        (7.5, "flush", 1),  # a batch of one: no µs per caller (a caller alone is not a batch's cost)
+        (8.0, "kernel", (1.0, 1.0, 1, 1, 0)),
+        (8.5, "resumed", 1),
+        (9.0, "resp", None),
+        (12.0, "flush", 3),  # after the window
+    ]
+    s = tb.summarize(events, 0.0, 10.0)
+    assert s.requests == 3
+    assert s.batches == 2
+    assert s.callers_median == 1.5
+    assert s.all_in_batches == pytest.approx((2.0 + 1.0) / 10.0)  # 2..4, and 7.5..8.5 (one request, in its batch)
+    assert s.us_per_caller == {1: pytest.approx(250_000.0)}
+    assert s.cpu_over_wall == pytest.approx(0.75)  # median of 0.5 and 1.0
+    assert tb.summarize(events, 10.0, 11.0).batches == 0
+    console = Console(record=True, width=120)
+    console.print(tb.table(s, 100.0, None))
+    text = console.export_text()
+    assert "every request in the app waiting inside a batch" in text
+    assert "n/a" in text  # no loop share off Linux
