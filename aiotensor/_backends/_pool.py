@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import _jobs, _priority
+from . import _affinity, _jobs, _priority
 from ._jobs import CallJob, Failed, Job, Pending, Spawned, inbox_for, inbox_wakeups
 from ._priority import Priority
 
@@ -63,7 +63,18 @@ class _Crew:
     """What a pool's workers share with it. Workers hold this, never the pool, so that a
     pool nobody references is collected, and its finalizer stops the workers."""
 
-    __slots__ = ("blas_lowered", "growing", "idle", "lock", "priority", "queue", "stopped", "threads")
+    __slots__ = (
+        "blas_lowered",
+        "growing",
+        "idle",
+        "lock",
+        "priority",
+        "queue",
+        "steered",
+        "stopped",
+        "threads",
+        "tids",
+    )
 
     def __init__(self, priority: Priority) -> None:
         self.priority = priority
@@ -74,11 +85,16 @@ class _Crew:
         self.growing = True  # fewer threads than max_workers: submissions may start one
         self.stopped = False
         self.blas_lowered = False
+        self.tids: dict[Mailbox, int] = {}  # each worker's mailbox -> its thread's native id
+        # The mailboxes of workers woken for a spawned part with their CPUs narrowed
+        # (``_affinity.steer``): each widens them again after its next job.
+        self.steered: set[Mailbox] = set()
 
 
 def _work(crew: _Crew, mailbox: Mailbox) -> None:
     _priority.lower(crew.priority)
-    backlog, idle = crew.queue, crew.idle
+    crew.tids[mailbox] = threading.get_native_id()
+    backlog, idle, steered = crew.queue, crew.idle, crew.steered
     empty, take, go_idle = backlog.empty, backlog.get_nowait, idle.append
     # Not idle before a first look at the backlog: the job that started this worker is
     # there, and a worker on the idle stack would be woken for the next one instead of
@@ -89,6 +105,9 @@ def _work(crew: _Crew, mailbox: Mailbox) -> None:
         job = _wait(crew, mailbox)
     while job is not _STOP:
         ran = job.run()
+        if steered and mailbox in steered:
+            steered.discard(mailbox)
+            _affinity.unsteer()
         # Idle (or holding the backlog's next job) before the awaiter hears of this result:
         # the job it submits next wakes this worker (see the module docstring).
         following = None
@@ -261,7 +280,10 @@ class WorkerPool(concurrent.futures.Executor):
         idle = self._idle
         if idle:
             try:
-                idle.pop().put(_WAKE)
+                mailbox = idle.pop()
+                if type(job) is Spawned and _affinity.STEER:
+                    self._steer(mailbox)
+                mailbox.put(_WAKE)
             except IndexError:  # taken meanwhile by another thread
                 if self._crew.growing:
                     self._grow()
@@ -271,6 +293,15 @@ class WorkerPool(concurrent.futures.Executor):
         # would sit behind the workers' stop marks (mypy does not see the other thread).
         if self._shutdown:
             self._cancel_queued()  # type: ignore[unreachable]
+
+    def _steer(self, mailbox: Mailbox) -> None:
+        # A part spawned by a thread that goes on computing (see _affinity): the worker
+        # about to be woken for it runs on another core than this thread's.
+        crew = self._crew
+        tid = crew.tids.get(mailbox)
+        cpu = _affinity.current_cpu()
+        if tid is not None and cpu is not None and _affinity.steer(tid, cpu):
+            crew.steered.add(mailbox)
 
     def _grow(self) -> None:
         # No worker idle: start one, if the pool may.
