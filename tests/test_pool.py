@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 import aiotensor as at
+from aiotensor._backends import _affinity
 from aiotensor._backends._pool import Pending, WorkerPool, default_pool, inbox_wakeups
 
 from ._results import one
@@ -290,6 +292,37 @@ async def test_spawn_runs_in_the_spawners_context_and_logs_errors(
             while "spawned and failed" not in caplog.text:
                 await asyncio.sleep(0.001)
     assert await pool.run(lambda: 2) == 2  # the worker lives on
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or len(getattr(os, "sched_getaffinity", lambda _: ())(0)) < 2,
+    reason="per-thread CPU affinity needs Linux and two allowed CPUs",
+)
+@pytest.mark.parametrize("steer", [True, False])
+def test_a_worker_woken_for_a_spawned_part_runs_off_the_spawners_core_for_that_job(
+    steer: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_affinity, "STEER", steer)
+    allowed = os.sched_getaffinity(0)
+    with WorkerPool(1) as pool:
+        assert pool.submit(int).result(5) == 0  # the worker exists, and waits idle
+        while pool.idle_workers() < 1:
+            time.sleep(0.001)
+        seen: list[set[int]] = []
+        done = threading.Event()
+
+        def part() -> None:
+            seen.append(os.sched_getaffinity(0))
+            done.set()
+
+        pool.spawn(part)
+        assert done.wait(5)
+        after = pool.submit(os.sched_getaffinity, 0).result(5)  # the same worker's next job
+    # Steered: every CPU of the process but one, the spawner's at the spawn (it may
+    # have moved since); the next job has them all again. Not steered: all of them.
+    assert len(seen[0]) == (len(allowed) - 1 if steer else len(allowed))
+    assert seen[0] <= allowed
+    assert after == allowed
 
 
 def test_the_pool_is_a_concurrent_futures_executor() -> None:

@@ -6,11 +6,11 @@ wake a thread on the waker's core (it expects the two to share data and the wake
 sleep soon), and this one does not sleep: the woken worker then waits on that core's
 run queue until the first part ends, and the parts run one after the other while the
 other core idles (measured on 2 cores: a spawned part started 640-740 µs late when
-woken there, 76-99 µs when woken on the other core; the web example's two-part
-batches took 91-103 µs a caller against 58-65 with the workers pinned to one core
-each). So the submitter of a spawned part narrows the woken worker's CPUs to the
-process's others than its own for that job (``sched_setaffinity`` takes a thread id),
-and the worker widens them again when the job ends. Nothing is pinned otherwise: the
+woken there, 76-99 µs when woken on the other core; under wrk, the web example's
+batches run in two parts took 91-103 µs a caller unsteered, 58-64 steered:
+``benchmarks/trace_batches.py``). So the submitter of a spawned part narrows the woken
+worker's CPUs to the process's others than its own for that job (``sched_setaffinity``
+takes a thread id), and the worker widens them again when the job ends. Nothing is pinned otherwise: the
 scheduler keeps placing workers wherever a core is free.
 
 Linux only (glibc's ``sched_getcpu`` through ctypes, ~0.2 µs; the affinity calls
