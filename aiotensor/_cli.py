@@ -241,6 +241,7 @@ def collect_info() -> dict[str, Any]:
     """What ``aiotensor info`` reports: versions, devices, pool size and priority, BLAS threads, placement constants."""
     import numpy
 
+    from ._backends import _affinity
     from ._backends._base import DEFAULT_PRIORITY, default_executor
     from ._backends._priority import describe
     from ._fusion._batch_split import settings as batch_split_settings
@@ -266,6 +267,8 @@ def collect_info() -> dict[str, Any]:
         "blocked": blocked_settings(),  # element-wise runs in blocks (measured: docs/performance.md)
         "numba": compiled_runs(),  # runs of correctly rounded float ops as one compiled loop, when installed
         "batch_split": batch_split_settings(),  # a long batch's callers in two parts (the same page)
+        # Whether the worker woken for a split's second part is kept off its spawner's core (_affinity).
+        "parts_steered": _affinity.STEER and _affinity.current_cpu() is not None,
         # Where a cheap kernel runs: on the loop up to the first estimate, up to the second
         # while the loop is saturated and contended (busy-loop placement, at.loop_load()),
         # and above it too for kernels that run mostly holding the GIL.
@@ -312,6 +315,9 @@ def _info(args: argparse.Namespace) -> int:
         " parts on two workers while a core is free and BLAS is single-threaded (one run in {refresh_every}"
         " in one part, timed again), cut at a caller boundary on the first of {row_multiples} rows that keeps"
         " BLAS products' rows bit for bit".format(**info["batch_split"]),
+        "split parts": "the worker woken for a second part runs off the core of the thread computing the first"
+        if info["parts_steered"]
+        else "placed by the OS scheduler (per-thread CPU affinity is Linux's)",
         "inline kernels": "estimated up to {inline_threshold_us:g} µs run on the loop; up to {busy_inline_us:g} µs"
         " while its thread is busy (over {busy_above:.0%}, until under {idle_below:.0%}), and above that"
         " if at most {busy_free_us:g} µs run without the GIL ({gil_transfer_us:g} µs off per release after"
