@@ -150,6 +150,9 @@ def _wait(crew: _Crew, mailbox: Mailbox) -> Any:
         job = _take(backlog)
         if job is not None:
             return job
+        if mailbox in crew.steered:  # woken for a spawned part another worker took: not kept narrowed
+            crew.steered.discard(mailbox)
+            _affinity.unsteer()
         idle.append(mailbox)  # another worker took it
 
 
