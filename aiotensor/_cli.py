@@ -268,7 +268,7 @@ def collect_info() -> dict[str, Any]:
         "numba": compiled_runs(),  # runs of correctly rounded float ops as one compiled loop, when installed
         "batch_split": batch_split_settings(),  # a long batch's callers in two parts (the same page)
         # Whether the worker woken for a split's second part is kept off its spawner's core (_affinity).
-        "parts_steered": _affinity.STEER and _affinity.current_cpu() is not None,
+        "parts_steered": _affinity.can_steer(),
         # Where a cheap kernel runs: on the loop up to the first estimate, up to the second
         # while the loop is saturated and contended (busy-loop placement, at.loop_load()),
         # and above it too for kernels that run mostly holding the GIL.

@@ -65,7 +65,12 @@ class Summary:
 
 
 def summarize(events: list[Event], start: float, end: float) -> Summary:
-    """The stamps of ``events`` (``_traced_app.EVENTS``) between ``start`` and ``end`` (``perf_counter`` s)."""
+    """The stamps of ``events`` (``_traced_app.EVENTS``) between ``start`` and ``end``.
+
+    Times are ``time.perf_counter()`` seconds, the server's and this process's: on Linux
+    (and macOS) one clock for every process (``CLOCK_MONOTONIC``), which the window of
+    wrk's run, taken here, relies on.
+    """
     in_app = in_batches = 0
     lockstep = 0.0
     last = start
@@ -74,7 +79,9 @@ def summarize(events: list[Event], start: float, end: float) -> Summary:
     ratios: list[float] = []
     requests = 0
     for t, kind, value in sorted(events, key=lambda e: e[0]):
-        if start <= t <= end:
+        if t > end:  # (the state at the end is the one its last stretch is judged by)
+            break
+        if t >= start:
             if in_app and in_batches >= in_app:
                 lockstep += t - max(last, start)
             last = t
@@ -82,14 +89,14 @@ def summarize(events: list[Event], start: float, end: float) -> Summary:
             in_app += 1
         elif kind == "resp":
             in_app -= 1
-            requests += start <= t <= end
+            requests += t >= start
         elif kind == "flush":
             in_batches += value
-            if start <= t <= end:
+            if t >= start:
                 callers.append(value)
         elif kind == "resumed":
             in_batches -= value
-        elif kind == "kernel" and start <= t <= end:
+        elif kind == "kernel" and t >= start:
             wall, cpu, n, parts = value[:4]
             if wall > 0:
                 ratios.append(cpu / wall)

@@ -24,26 +24,29 @@ def test_the_current_cpu_is_one_the_thread_may_run_on() -> None:
 
 
 @linux_two_cpus
-def test_a_steered_thread_may_run_anywhere_but_there_until_it_unsteers() -> None:
+def test_a_steered_thread_may_run_anywhere_but_there_until_it_is_given_its_cpus_back() -> None:
     allowed = os.sched_getaffinity(0)
     away = min(allowed)
     seen: list[set[int]] = []
     ready, steered, done = threading.Event(), threading.Event(), threading.Event()
     tid: list[int] = []
+    had: list[set[int]] = []
 
     def worker() -> None:
         tid.append(threading.get_native_id())
         ready.set()
         steered.wait(10)
         seen.append(os.sched_getaffinity(0))
-        _affinity.unsteer()
+        _affinity.restore(had[0])
         seen.append(os.sched_getaffinity(0))
         done.set()
 
     t = threading.Thread(target=worker)
     t.start()
     assert ready.wait(10)
-    assert _affinity.steer(tid[0], away) is True
+    cpus = _affinity.steer(tid[0], away)
+    assert cpus == allowed
+    had.append(cpus)
     steered.set()
     assert done.wait(10)
     t.join()
@@ -52,12 +55,18 @@ def test_a_steered_thread_may_run_anywhere_but_there_until_it_unsteers() -> None
 
 
 @linux_two_cpus
-def test_nothing_is_steered_with_one_cpu_allowed_a_cpu_not_allowed_or_no_thread(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    assert _affinity.steer(2**31 - 1, min(os.sched_getaffinity(0))) is False  # (no such thread)
+def test_nothing_is_steered_from_fewer_than_two_cpus_a_cpu_it_lacks_or_no_thread() -> None:
+    mine = os.sched_getaffinity(0)
+    assert _affinity.steer(2**31 - 1, min(mine)) is None  # (no such thread)
     me = threading.get_native_id()
-    assert _affinity.steer(me, 10_000) is False  # (no such CPU in the process's set)
-    monkeypatch.setattr(_affinity, "_allowed", lambda: {0})
-    assert _affinity.steer(me, 0) is False
-    assert os.sched_getaffinity(0) == os.sched_getaffinity(os.getpid())
+    assert _affinity.steer(me, 10_000) is None  # (a CPU it may not run on)
+    one = {min(mine)}
+    os.sched_setaffinity(0, one)
+    try:
+        assert _affinity.steer(me, min(mine)) is None
+        assert os.sched_getaffinity(0) == one
+        assert not _affinity.can_steer()
+    finally:
+        os.sched_setaffinity(0, mine)
+    assert os.sched_getaffinity(0) == mine
+    assert _affinity.can_steer() is _affinity.STEER

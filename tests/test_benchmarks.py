@@ -367,6 +367,10 @@ def test_the_batch_trace_summarizes_stamps_of_the_window_only() -> None:
     assert s.us_per_caller == {1: pytest.approx(250_000.0)}
     assert s.cpu_over_wall == pytest.approx(0.75)  # median of 0.5 and 1.0
     assert tb.summarize(events, 10.0, 11.0).batches == 0
+    # A window that ends inside a batch: judged by the state then, not after the trace.
+    assert tb.summarize(events, 0.0, 3.0).all_in_batches == pytest.approx(1.0 / 3.0)
+    assert tb.summarize(events, 2.5, 3.0).all_in_batches == pytest.approx(1.0)
+    assert tb.summarize(events, 3.0, 3.5).all_in_batches == pytest.approx(1.0)
     console = Console(record=True, width=120)
     console.print(tb.table(s, 100.0, None))
     text = console.export_text()

@@ -180,7 +180,7 @@ def test_info_text_and_without_threadpoolctl(
     assert 0 <= info["blocked"]["parked_bytes"] <= info["blocked"]["parked_max_bytes"]
     assert f"one-part kernel took {info['batch_split']['min_us']:g} µs or more" in lines["batched kernels"]
     steered = "runs off the core of the thread computing the first" in lines["split parts"]
-    assert steered is info["parts_steered"] is (sys.platform.startswith("linux") and _affinity.STEER)
+    assert steered is info["parts_steered"] is _affinity.can_steer()
     busy = info["inline"]
     assert (
         f"{busy['busy_inline_us']:g} µs while its thread is busy (over {busy['busy_above']:.0%}"

@@ -325,6 +325,61 @@ def test_a_worker_woken_for_a_spawned_part_runs_off_the_spawners_core_for_that_j
     assert after == allowed
 
 
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or len(getattr(os, "sched_getaffinity", lambda _: ())(0)) < 2,
+    reason="per-thread CPU affinity needs Linux and two allowed CPUs",
+)
+def test_a_steered_worker_gets_its_cpus_back_when_it_finds_no_job_and_a_worker_it_starts_has_them() -> None:
+    allowed = os.sched_getaffinity(0)
+    with WorkerPool(2) as pool:
+        assert pool.submit(int).result(5) == 0
+        while pool.idle_workers() < 2:  # one worker, idle, and room for a second
+            time.sleep(0.001)
+        crew = pool._crew
+        (mailbox, tid), *_ = crew.tids.items()
+        # Steered for a spawned part that another worker took: woken, nothing to run.
+        had = _affinity.steer(tid, min(allowed))
+        assert had == allowed
+        crew.steered[tid] = had
+        assert crew.idle.pop() is mailbox
+        mailbox.put(object())  # (a wake-up: the pool's own mark is private; any object wakes it)
+        while tid in crew.steered or mailbox not in crew.idle:
+            time.sleep(0.001)
+        assert os.sched_getaffinity(tid) == allowed
+        # A spawned part whose worker starts another: the new worker has the CPUs the
+        # first had before it was steered, not its narrowed ones.
+        seen: list[set[int]] = []
+        done = threading.Event()
+
+        def part() -> None:
+            seen.append(os.sched_getaffinity(0))
+            seen.append(pool.submit(os.sched_getaffinity, 0).result(5))  # (no worker idle: a second starts)
+            done.set()
+
+        pool.spawn(part)
+        assert done.wait(5)
+    assert len(seen[0]) == len(allowed) - 1
+    assert seen[1] == allowed
+
+
+def test_a_wake_up_is_sent_even_when_steering_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    with WorkerPool(1) as pool:
+        assert pool.submit(int).result(5) == 0
+        while pool.idle_workers() < 1:
+            time.sleep(0.001)
+
+        def broken(mailbox: Any) -> None:
+            raise RuntimeError("steering failed")
+
+        monkeypatch.setattr(pool, "_steer", broken)
+        monkeypatch.setattr(_affinity, "STEER", True)
+        ran = threading.Event()
+        with pytest.raises(RuntimeError, match="steering failed"):
+            pool.spawn(ran.set)
+        assert ran.wait(5)  # the worker was woken, and ran the part
+        assert pool.submit(abs, -3).result(5) == 3  # and is still the pool's
+
+
 def test_the_pool_is_a_concurrent_futures_executor() -> None:
     with WorkerPool(2) as pool:
         assert isinstance(pool, concurrent.futures.Executor)

@@ -85,15 +85,28 @@ class _Crew:
         self.growing = True  # fewer threads than max_workers: submissions may start one
         self.stopped = False
         self.blas_lowered = False
-        self.tids: dict[Mailbox, int] = {}  # each worker's mailbox -> its thread's native id
+        self.tids: dict[Mailbox, int] = {}  # each live worker's mailbox -> its thread's native id
         # The mailboxes of workers woken for a spawned part with their CPUs narrowed
-        # (``_affinity.steer``): each widens them again after its next job.
-        self.steered: set[Mailbox] = set()
+        # (``_affinity.steer``), by thread id: the CPUs each had, put back after its next job.
+        self.steered: dict[int, set[int]] = {}
 
 
-def _work(crew: _Crew, mailbox: Mailbox) -> None:
+def _work(crew: _Crew, mailbox: Mailbox, cpus: set[int] | None = None) -> None:
+    # ``cpus``: the CPUs of the worker that started this one, as they were before it was
+    # steered (a new thread inherits its creator's narrowed ones).
+    if cpus is not None:
+        _affinity.restore(cpus)
     _priority.lower(crew.priority)
-    crew.tids[mailbox] = threading.get_native_id()
+    me = threading.get_native_id()
+    crew.tids[mailbox] = me
+    try:
+        _serve(crew, mailbox, me)
+    finally:  # (its thread id may be another thread's later: not steered then)
+        crew.tids.pop(mailbox, None)
+        crew.steered.pop(me, None)
+
+
+def _serve(crew: _Crew, mailbox: Mailbox, me: int) -> None:
     backlog, idle, steered = crew.queue, crew.idle, crew.steered
     empty, take, go_idle = backlog.empty, backlog.get_nowait, idle.append
     # Not idle before a first look at the backlog: the job that started this worker is
@@ -105,9 +118,10 @@ def _work(crew: _Crew, mailbox: Mailbox) -> None:
         job = _wait(crew, mailbox)
     while job is not _STOP:
         ran = job.run()
-        if steered and mailbox in steered:
-            steered.discard(mailbox)
-            _affinity.unsteer()
+        if steered:
+            had = steered.pop(me, None)
+            if had is not None:
+                _affinity.restore(had)
         # Idle (or holding the backlog's next job) before the awaiter hears of this result:
         # the job it submits next wakes this worker (see the module docstring).
         following = None
@@ -150,9 +164,10 @@ def _wait(crew: _Crew, mailbox: Mailbox) -> Any:
         job = _take(backlog)
         if job is not None:
             return job
-        if mailbox in crew.steered:  # woken for a spawned part another worker took: not kept narrowed
-            crew.steered.discard(mailbox)
-            _affinity.unsteer()
+        if crew.steered:  # woken for a spawned part another worker took: not kept narrowed
+            had = crew.steered.pop(threading.get_native_id(), None)
+            if had is not None:
+                _affinity.restore(had)
         idle.append(mailbox)  # another worker took it
 
 
@@ -284,12 +299,15 @@ class WorkerPool(concurrent.futures.Executor):
         if idle:
             try:
                 mailbox = idle.pop()
-                if type(job) is Spawned and _affinity.STEER:
-                    self._steer(mailbox)
-                mailbox.put(_WAKE)
             except IndexError:  # taken meanwhile by another thread
                 if self._crew.growing:
                     self._grow()
+            else:
+                try:
+                    if type(job) is Spawned and _affinity.STEER:
+                        self._steer(mailbox)
+                finally:  # (whatever happens: a worker off the idle stack and never woken is lost)
+                    mailbox.put(_WAKE)
         elif self._crew.growing:
             self._grow()
         # Shut down meanwhile by another thread, after its sweep of the queue: this job
@@ -303,8 +321,10 @@ class WorkerPool(concurrent.futures.Executor):
         crew = self._crew
         tid = crew.tids.get(mailbox)
         cpu = _affinity.current_cpu()
-        if tid is not None and cpu is not None and _affinity.steer(tid, cpu):
-            crew.steered.add(mailbox)
+        if tid is not None and cpu is not None:
+            had = _affinity.steer(tid, cpu)
+            if had is not None:
+                crew.steered[tid] = had
 
     def _grow(self) -> None:
         # No worker idle: start one, if the pool may.
@@ -316,7 +336,10 @@ class WorkerPool(concurrent.futures.Executor):
                 crew.blas_lowered = True
                 _priority.lower_blas_threads(self._priority)
             name = f"{self._name}_{len(crew.threads)}"
-            t = threading.Thread(target=_work, name=name, args=(crew, queue.SimpleQueue()), daemon=True)
+            # Started by a steered worker (a spawned part that submits), it would keep that
+            # worker's narrowed CPUs for good: it starts on the ones that worker had.
+            cpus = crew.steered.get(threading.get_native_id()) if crew.steered else None
+            t = threading.Thread(target=_work, name=name, args=(crew, queue.SimpleQueue(), cpus), daemon=True)
             t.start()
             crew.threads.append(t)
             if len(crew.threads) >= self._max_workers:
