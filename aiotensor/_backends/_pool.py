@@ -86,8 +86,8 @@ class _Crew:
         self.stopped = False
         self.blas_lowered = False
         self.tids: dict[Mailbox, int] = {}  # each live worker's mailbox -> its thread's native id
-        # The mailboxes of workers woken for a spawned part with their CPUs narrowed
-        # (``_affinity.steer``), by thread id: the CPUs each had, put back after its next job.
+        # Workers woken for a spawned part with their CPUs narrowed (``_affinity.steer``),
+        # by thread id: the CPUs each had, given back after its next job (``_give_back``).
         self.steered: dict[int, set[int]] = {}
 
 
@@ -119,9 +119,7 @@ def _serve(crew: _Crew, mailbox: Mailbox, me: int) -> None:
     while job is not _STOP:
         ran = job.run()
         if steered:
-            had = steered.pop(me, None)
-            if had is not None:
-                _affinity.restore(had)
+            _give_back(steered, me)
         # Idle (or holding the backlog's next job) before the awaiter hears of this result:
         # the job it submits next wakes this worker (see the module docstring).
         following = None
@@ -136,6 +134,13 @@ def _serve(crew: _Crew, mailbox: Mailbox, me: int) -> None:
             job.publish()
         del job  # not kept while waiting for the next one
         job = _wait(crew, mailbox) if following is None else following
+
+
+def _give_back(steered: dict[int, set[int]], me: int) -> None:
+    # The calling worker's CPUs as they were before it was steered, if it was.
+    had = steered.pop(me, None)
+    if had is not None:
+        _affinity.restore(had)
 
 
 def _take(backlog: Mailbox) -> Any:
@@ -165,9 +170,7 @@ def _wait(crew: _Crew, mailbox: Mailbox) -> Any:
         if job is not None:
             return job
         if crew.steered:  # woken for a spawned part another worker took: not kept narrowed
-            had = crew.steered.pop(threading.get_native_id(), None)
-            if had is not None:
-                _affinity.restore(had)
+            _give_back(crew.steered, threading.get_native_id())
         idle.append(mailbox)  # another worker took it
 
 
