@@ -6,7 +6,7 @@ batch's task (flushed, callers resumed) and each batch's kernel (wall and CPU ti
 the thread that ran it, callers, parts), loads it with ``wrk -t1 -cN`` as
 ``bench_web`` does, and reports over the measured seconds:
 
-* the event loop thread's share of them spent running (``/proc``'s ``schedstat``,
+* the event loop thread's share of them spent running (its CPU time from ``/proc``,
   Linux): the rest it waited for I/O or for the GIL;
 * the share of them in which every request in the app was waiting inside a batch
   (nothing left for the loop to run: the batches and the loop take turns);
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: the checkout's root, not examples/ (see bench_web)
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_web import INSTALL_HINT, write_bodies, wrk  # noqa: E402 -- needs the checkout on the path
+from benchmarks.bench_web import INSTALL_HINT, thread_cpu, write_bodies, wrk  # noqa: E402 -- needs the checkout on the path
 from examples.web_service.server import serve  # noqa: E402
 
 Event = tuple[float, str, Any]
@@ -118,10 +118,10 @@ def summarize(events: list[Event], start: float, end: float) -> Summary:
 
 
 def loop_running_s(pid: int) -> float | None:
-    """Seconds the process's main thread (the event loop's) has run (``schedstat``), or None off Linux."""
+    """CPU seconds of the process's main thread, the event loop's (``bench_web.thread_cpu``), or None off Linux."""
     try:
-        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
+        return thread_cpu(pid)[0]
+    except OSError:  # (no /proc)
         return None
 
 
